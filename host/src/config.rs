@@ -1,0 +1,229 @@
+//! The one typed configuration of the daemon.
+//!
+//! Owns: every knob of `outboxd run`, its default, its unit, and the
+//! precedence rule — command-line flags win over `OUTBOXD_*` environment
+//! variables, which win over the TOML file, which wins over the defaults.
+//! Environment keys map to config keys by lower-casing, `__` for nesting and
+//! `_` for `-`: `OUTBOXD_DELIVERY__BATCH_SIZE` → `delivery.batch-size`.
+//!
+//! Must never: read configuration anywhere else, or hold a duration as a bare
+//! integer of unknown unit (durations are `Duration`, written "30s", "5m").
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// Errors found while reading or validating the configuration. Each names
+/// the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The merged sources do not form a valid `Config` (wrong type, unknown
+    /// key, unparsable duration...). The message names the key and source.
+    #[error("configuration: {0}")]
+    Invalid(String),
+    /// A value is well-formed but not allowed.
+    #[error("configuration key `{key}`: {problem}")]
+    Value { key: String, problem: String },
+}
+
+/// The effective configuration of `outboxd run`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Config {
+    /// Address of the HTTP API (ingest, read API, health). Default
+    /// `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// Folder for the embedded SQLite database (`outboxd.db`) and the
+    /// compiled-plugin cache. Default `./data`.
+    pub data_dir: PathBuf,
+    /// Database URL. Unset: SQLite at `<data-dir>/outboxd.db`.
+    /// `sqlite://PATH` picks another SQLite file.
+    pub database_url: Option<String>,
+    /// Folder scanned at start for plugin manifests (`NAME.toml`) and their
+    /// components. Default `./target/plugins`, where
+    /// `scripts/build-plugins.sh` puts the shipped plugins.
+    pub plugins_dir: PathBuf,
+    /// Routes from events to sinks. Unset: every event goes to every sink.
+    /// Set (even to an empty list): an event goes to the sinks of every
+    /// route it matches, and an event matching none is stored but creates no
+    /// delivery.
+    pub routes: Option<Vec<Route>>,
+    /// Limits of the ingest API.
+    pub ingest: IngestConfig,
+    /// The delivery loop's knobs.
+    pub delivery: DeliveryConfig,
+    /// Log format: `text` (default) or `json`.
+    pub log_format: LogFormat,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("data"),
+            database_url: None,
+            plugins_dir: PathBuf::from("target/plugins"),
+            routes: None,
+            ingest: IngestConfig::default(),
+            delivery: DeliveryConfig::default(),
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// A route: events whose `type` matches one of `types` (and whose stream
+/// matches one of `streams`, when given) get one delivery per sink named in
+/// `sinks`. Patterns are globs where `*` matches any run of characters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Route {
+    /// Event type patterns, e.g. `["com.github.issues.*"]`. Default `["*"]`.
+    #[serde(default = "match_all")]
+    pub types: Vec<String>,
+    /// Stream patterns. Default `["*"]`.
+    #[serde(default = "match_all")]
+    pub streams: Vec<String>,
+    /// Sink names (the `name` of a plugin manifest).
+    pub sinks: Vec<String>,
+}
+
+fn match_all() -> Vec<String> {
+    vec!["*".to_string()]
+}
+
+/// Limits applied to `POST /v1/events`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct IngestConfig {
+    /// Largest request body accepted, in bytes (413 beyond). Default 1 MiB.
+    pub max_body_bytes: usize,
+    /// Most events in one batch request (413 beyond). Default 1000.
+    pub max_batch_items: usize,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig { max_body_bytes: 1 << 20, max_batch_items: 1000 }
+    }
+}
+
+/// Knobs of the delivery loop (one loop per sink).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct DeliveryConfig {
+    /// Lease taken on claimed deliveries. Must be comfortably longer than
+    /// every sink's deadline: at least twice the deadline plus 5 s, checked
+    /// at start. Default 70 s (twice the default 30 s deadline plus 10 s).
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Longest idle sleep between claims when no wake-up arrives. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub max_poll_interval: Duration,
+    /// Timeout of each database call made by the loop. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub db_timeout: Duration,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            lease: Duration::from_secs(70),
+            max_poll_interval: Duration::from_secs(1),
+            db_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The top-level keys of [`Config`] (`listen`, `data-dir`, ...).
+fn top_level_keys() -> Vec<String> {
+    let mut keys: Vec<String> = match serde_json::to_value(Config::default()) {
+        Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
+        _ => Vec::new(),
+    };
+    // Optional keys are absent from the serialised default.
+    keys.extend(["database-url".to_string(), "routes".to_string()]);
+    keys
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Config {
+    /// Merge defaults ← TOML file (when given) ← `OUTBOXD_*` environment ←
+    /// `overrides` (the command-line flags, as a partial config), then
+    /// validate.
+    ///
+    /// Errors: a missing or malformed file, an unknown key, a value of the
+    /// wrong type — each naming the key.
+    pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!("file {} does not exist", file.display())));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        figment = figment
+            .merge(
+                Env::prefixed("OUTBOXD_")
+                    // Only variables naming a config key: plugin manifests
+                    // may read other OUTBOXD_* variables of their own.
+                    .filter(|key| {
+                        let top = key.as_str().split("__").next().unwrap_or("").replace('_', "-").to_ascii_lowercase();
+                        top_level_keys().contains(&top)
+                    })
+                    .map(|key| key.as_str().replace("__", ".").replace('_', "-").into()),
+            )
+            .merge(Serialized::defaults(overrides));
+        let config: Config = figment.extract().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Check the values that types alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let value = |key: &str, problem: &str| {
+            Err(ConfigError::Value { key: key.to_string(), problem: problem.to_string() })
+        };
+        if self.ingest.max_body_bytes == 0 {
+            return value("ingest.max-body-bytes", "must be greater than 0");
+        }
+        if self.ingest.max_batch_items == 0 {
+            return value("ingest.max-batch-items", "must be greater than 0");
+        }
+        if self.delivery.max_poll_interval.is_zero() {
+            return value("delivery.max-poll-interval", "must be greater than 0s");
+        }
+        if self.delivery.db_timeout.is_zero() {
+            return value("delivery.db-timeout", "must be greater than 0s");
+        }
+        if let Some(routes) = &self.routes {
+            for (i, route) in routes.iter().enumerate() {
+                if route.sinks.is_empty() {
+                    return value(&format!("routes[{i}].sinks"), "names no sink");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The database URL in force: the configured one, else SQLite at
+    /// `<data-dir>/outboxd.db`.
+    pub fn effective_database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}", self.data_dir.join("outboxd.db").display()),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Assembling a running daemon from a [`Config`].
+//!
+//! Owns: start-up order (store → migrations check → plugins → routes →
+//! delivery loops → HTTP listener), and graceful shutdown (stop accepting,
+//! stop claiming, let in-flight batches finish, return).
+//!
+//! Must never: start delivering while migrations are pending, or start with
+//! a route that names an unknown sink.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::ingest::http::IngestState;
+use crate::ingest::routes::Router as Routes;
+use crate::ops::OpsState;
+use crate::plugin::{self, Runtime};
+use crate::store::{self, StoreError};
+
+/// Why the daemon did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Routes(#[from] crate::ingest::routes::UnknownSink),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("WebAssembly runtime: {0}")]
+    Runtime(String),
+}
+
+/// How to treat pending migrations at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Migrations {
+    /// Apply them (`outboxd run --migrate`).
+    Apply,
+    /// Apply them only to a new, empty database; otherwise refuse to start
+    /// while any are pending, naming them.
+    RequireCurrent,
+}
+
+/// A running daemon.
+pub struct Daemon {
+    /// The address the HTTP API listens on (useful with port 0).
+    pub addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Start everything; returns once the listener is bound.
+    pub async fn start(config: Config, migrations: Migrations) -> Result<Daemon, StartError> {
+        let url = config.effective_database_url();
+        let store = store::open(&url).await?;
+        let pending = store.pending_migrations().await?;
+        if !pending.is_empty() {
+            if migrations == Migrations::Apply || store.is_uninitialised().await? {
+                tracing::info!(migrations = %pending.join(", "), "applying database migrations");
+                store.migrate().await?;
+            } else {
+                return Err(StoreError::PendingMigrations(pending.join(", ")).into());
+            }
+        }
+
+        let runtime = Runtime::new().map_err(|e| StartError::Runtime(format!("{e:#}")))?;
+        let plugins = plugin::load_dir(&runtime, &config.plugins_dir);
+        let routes = Arc::new(Routes::new(config.routes.clone(), plugins.known_sinks())?);
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let wake = Arc::new(Notify::new());
+        let mut tasks = Vec::new();
+        for plugin in plugins.loaded.values() {
+            tasks.push(tokio::spawn(crate::delivery::run_sink(
+                store.clone(),
+                plugin.clone(),
+                config.delivery.clone(),
+                wake.clone(),
+                shutdown_rx.clone(),
+            )));
+        }
+
+        let app = crate::ingest::http::router(IngestState {
+            store: store.clone(),
+            routes,
+            limits: config.ingest.clone(),
+            wake,
+        })
+        .merge(crate::ops::router(OpsState {
+            store: store.clone(),
+            sinks: plugins.loaded.keys().cloned().collect(),
+            plugin_failures: plugins
+                .failed
+                .iter()
+                .map(|f| format!("{}: {}", f.file.display(), f.reason))
+                .collect(),
+        }));
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Listen { addr: config.listen, source })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Listen { addr: config.listen, source })?;
+        let mut rx = shutdown_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+                tracing::error!("HTTP server failed: {e}");
+            }
+        }));
+        tracing::info!(
+            listen = %addr,
+            store = %store::redact_url(&url),
+            plugins_dir = %config.plugins_dir.display(),
+            sinks = ?plugins.loaded.keys().collect::<Vec<_>>(),
+            refused = plugins.failed.len(),
+            "outboxd started"
+        );
+        Ok(Daemon { addr, shutdown, tasks })
+    }
+
+    /// Stop claiming and accepting, wait for in-flight batches, return.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        tracing::info!("outboxd stopped");
+    }
+}

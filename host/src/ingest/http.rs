@@ -1,0 +1,195 @@
+//! `POST /v1/events` and `GET /v1/events/{id}`.
+//!
+//! Owns: content types (`application/cloudevents+json` for one event,
+//! `application/cloudevents-batch+json` for an array), the body size and
+//! batch item limits, and mapping every refusal to a 4xx with a JSON body
+//! `{"error": "...", "field": "..."}` naming what was wrong.
+//!
+//! Batches are all-or-nothing: one transaction per request. If any item is
+//! invalid or conflicts, nothing of the request is stored and the error
+//! names the item (`[3].id`).
+//!
+//! Must never: answer before the commit, or with a 5xx for bad input (a
+//! store failure is 503: the producer should retry).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde_json::json;
+use tokio::sync::Notify;
+
+use super::routes::Router as Routes;
+use crate::config::IngestConfig;
+use crate::event::{self, DataFormat, EventError};
+use crate::store::{IngestError, IngestItem, Store};
+
+/// What the ingest handlers need.
+#[derive(Clone)]
+pub struct IngestState {
+    pub store: Arc<dyn Store>,
+    pub routes: Arc<Routes>,
+    pub limits: IngestConfig,
+    /// Woken after every commit that queued deliveries.
+    pub wake: Arc<Notify>,
+}
+
+/// The ingest and read routes.
+pub fn router(state: IngestState) -> Router {
+    Router::new()
+        .route("/v1/events", post(post_events))
+        .route("/v1/events/{id}", get(get_event))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Response {
+    let mut body = json!({ "error": message.into() });
+    if let Some(field) = field {
+        body["field"] = json!(field);
+    }
+    (status, Json(body)).into_response()
+}
+
+fn bad_event(e: EventError) -> Response {
+    error(StatusCode::BAD_REQUEST, Some(&e.field), e.to_string())
+}
+
+async fn post_events(State(state): State<IngestState>, headers: HeaderMap, body: Body) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+    let batch = match content_type.as_deref() {
+        Some("application/cloudevents+json") => false,
+        Some("application/cloudevents-batch+json") => true,
+        other => {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Some("content-type"),
+                format!(
+                    "content-type {} is not accepted: use application/cloudevents+json (one event) or \
+                     application/cloudevents-batch+json (a JSON array of events)",
+                    other.map(|o| format!("{o:?}")).unwrap_or_else(|| "(missing)".into())
+                ),
+            )
+        }
+    };
+    let limit = state.limits.max_body_bytes;
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Some("body"),
+                format!("request body is over the limit of {limit} bytes (ingest.max-body-bytes)"),
+            )
+        }
+    };
+    let events = if batch {
+        match event::parse_batch(&bytes) {
+            Ok(evs) => evs,
+            Err(e) => return bad_event(e),
+        }
+    } else {
+        match event::parse_one(&bytes) {
+            Ok(ev) => vec![ev],
+            Err(e) => return bad_event(e),
+        }
+    };
+    if batch && events.len() > state.limits.max_batch_items {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Some("body"),
+            format!(
+                "batch has {} events, over the limit of {} (ingest.max-batch-items)",
+                events.len(),
+                state.limits.max_batch_items
+            ),
+        );
+    }
+    if batch && events.is_empty() {
+        return error(StatusCode::BAD_REQUEST, Some("body"), "batch is empty");
+    }
+    let items: Vec<IngestItem> = events
+        .into_iter()
+        .map(|event| {
+            let sinks = state.routes.sinks_for(&event);
+            IngestItem { event, sinks }
+        })
+        .collect();
+    match state.store.ingest(&items).await {
+        Ok(results) => {
+            let created = results.iter().any(|r| !r.duplicate);
+            if created {
+                state.wake.notify_waiters();
+            }
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            if batch {
+                (status, Json(json!({ "events": results }))).into_response()
+            } else {
+                (status, Json(json!(results[0]))).into_response()
+            }
+        }
+        Err(e @ IngestError::Conflict { .. }) => {
+            let IngestError::Conflict { index, attributes, .. } = &e else { unreachable!() };
+            let field = if batch { format!("[{index}].{}", attributes.join(",")) } else { attributes.join(",") };
+            let mut body = json!({ "error": e.to_string(), "field": field, "attributes": attributes });
+            if !batch {
+                body["error"] = json!(e.to_string().replacen("event [0] ", "event ", 1));
+            }
+            (StatusCode::CONFLICT, Json(body)).into_response()
+        }
+        Err(e @ IngestError::SequenceNotIncreasing { .. }) => {
+            let IngestError::SequenceNotIncreasing { index, .. } = &e else { unreachable!() };
+            let field = if batch { format!("[{index}].sequence") } else { "sequence".to_string() };
+            error(StatusCode::CONFLICT, Some(&field), e.to_string())
+        }
+        Err(IngestError::Store(e)) => {
+            tracing::error!("ingest failed: {e}");
+            error(StatusCode::SERVICE_UNAVAILABLE, None, format!("store unavailable, nothing stored: {e}"))
+        }
+    }
+}
+
+async fn get_event(State(state): State<IngestState>, Path(id): Path<String>) -> Response {
+    match state.store.event(&id).await {
+        Ok(None) => error(StatusCode::NOT_FOUND, Some("id"), format!("no event with id {id:?}")),
+        Ok(Some((stored, deliveries))) => {
+            let ev = &stored.event;
+            let mut body = json!({
+                "specversion": "1.0",
+                "id": ev.id,
+                "source": ev.source,
+                "type": ev.ty,
+                "partitionkey": ev.stream,
+                "sequence": stored.sequence,
+                "ingested_at_ms": stored.ingested_at_ms,
+            });
+            for (k, v) in [("subject", &ev.subject), ("time", &ev.time), ("datacontenttype", &ev.datacontenttype), ("dataschema", &ev.dataschema)] {
+                if let Some(v) = v {
+                    body[k] = json!(v);
+                }
+            }
+            for (k, v) in &ev.extensions {
+                body[k] = json!(v);
+            }
+            match ev.data_format {
+                DataFormat::Json => {
+                    body["data"] = serde_json::from_slice(&ev.data).unwrap_or(serde_json::Value::Null)
+                }
+                DataFormat::Text => body["data"] = json!(String::from_utf8_lossy(&ev.data)),
+                DataFormat::Binary => {
+                    body["data_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&ev.data))
+                }
+                DataFormat::None => {}
+            }
+            Json(json!({ "event": body, "deliveries": deliveries })).into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, None, format!("store unavailable: {e}")),
+    }
+}

@@ -1,0 +1,63 @@
+//! Routing: which sinks get a delivery of an event.
+//!
+//! Owns: matching an event's `type` and stream against the configured
+//! routes, and checking at start that every route names a known sink.
+//!
+//! Must never: look at anything but the event's attributes (routing is
+//! decided once, at ingest, inside the ingest transaction's input).
+
+use crate::config::Route;
+use crate::event::{glob_match, NewEvent};
+
+/// The routing table.
+#[derive(Debug, Clone)]
+pub struct Router {
+    /// `None`: no routes configured, every event goes to every sink.
+    routes: Option<Vec<Route>>,
+    sinks: Vec<String>,
+}
+
+/// A route that names a sink no plugin manifest declares.
+#[derive(Debug, thiserror::Error)]
+#[error("routes[{index}] names sink {sink:?}, which no plugin manifest declares (known sinks: {known})")]
+pub struct UnknownSink {
+    pub index: usize,
+    pub sink: String,
+    pub known: String,
+}
+
+impl Router {
+    /// Build the table over the known sink names. Errors name the route.
+    pub fn new(routes: Option<Vec<Route>>, sinks: Vec<String>) -> Result<Router, UnknownSink> {
+        if let Some(routes) = &routes {
+            for (index, route) in routes.iter().enumerate() {
+                for sink in &route.sinks {
+                    if !sinks.contains(sink) {
+                        return Err(UnknownSink {
+                            index,
+                            sink: sink.clone(),
+                            known: if sinks.is_empty() { "none".into() } else { sinks.join(", ") },
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Router { routes, sinks })
+    }
+
+    /// The sinks `event` goes to, sorted, without repeats.
+    pub fn sinks_for(&self, event: &NewEvent) -> Vec<String> {
+        let Some(routes) = &self.routes else {
+            return self.sinks.clone();
+        };
+        let mut out: Vec<String> = routes
+            .iter()
+            .filter(|r| r.types.iter().any(|p| glob_match(p, &event.ty)))
+            .filter(|r| r.streams.iter().any(|p| glob_match(p, &event.stream)))
+            .flat_map(|r| r.sinks.iter().cloned())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}

@@ -1,0 +1,11 @@
+//! Host bindings for the `outboxd:sink` world, generated once from `wit/`.
+//! The rest of the host uses these types through this module only.
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "sink",
+    exports: { default: async },
+});
+
+pub use self::outboxd::sink::log::Level;
+pub use self::outboxd::sink::types::RetryInfo;

@@ -1,0 +1,74 @@
+//! `outboxd plugin check FILE.wasm`: what a plugin author runs before
+//! dropping a plugin in.
+//!
+//! Owns: printing a component's imports and exports, and the verdict of the
+//! same checks the daemon makes at load.
+//!
+//! Must never: run the plugin's code (nothing is instantiated).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use super::{compile_checked, Manifest, Runtime};
+
+/// Check `file` (with `manifest`, or the `.toml` beside it when present),
+/// print the report on stdout, and return the exit code: success when the
+/// daemon would load it.
+pub fn run(file: &Path, manifest: Option<&Path>) -> ExitCode {
+    let runtime = match Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            println!("refused: cannot start the WebAssembly runtime: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let refuse = |reason: String| {
+        println!("verdict: refused\n  {}: {reason}", file.display());
+        ExitCode::FAILURE
+    };
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => return refuse(format!("cannot read: {e}")),
+    };
+    let component = match compile_checked(&runtime, &bytes) {
+        Ok(c) => c,
+        Err(reason) => return refuse(reason),
+    };
+    let ty = component.component_type();
+    println!("component: {} ({} bytes)", file.display(), bytes.len());
+    println!("imports:");
+    for (name, _) in ty.imports(runtime.engine()) {
+        println!("  {name}");
+    }
+    println!("exports:");
+    for (name, _) in ty.exports(runtime.engine()) {
+        println!("  {name}");
+    }
+    let manifest_path = manifest.map(Path::to_path_buf).unwrap_or_else(|| file.with_extension("toml"));
+    let manifest = if manifest_path.exists() {
+        match Manifest::load(&manifest_path) {
+            Ok(m) => {
+                println!("manifest: {} (sink {:?}, version {})", manifest_path.display(), m.name, m.version);
+                m
+            }
+            Err(e) => return refuse(e.to_string()),
+        }
+    } else {
+        println!("manifest: none found at {}; checking with no capabilities granted", manifest_path.display());
+        let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").to_ascii_lowercase();
+        let name: String =
+            name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect();
+        let text = format!("name = {name:?}\nversion = \"0\"\nwit = \"outboxd:sink@0.1.0\"\n");
+        match Manifest::parse(&text, file) {
+            Ok(m) => m,
+            Err(e) => return refuse(e.to_string()),
+        }
+    };
+    match runtime.prepare(manifest, &component) {
+        Ok(_) => {
+            println!("verdict: ok (matches world outboxd:sink/sink)");
+            ExitCode::SUCCESS
+        }
+        Err(reason) => refuse(reason),
+    }
+}

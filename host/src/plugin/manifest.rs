@@ -1,0 +1,247 @@
+//! Plugin manifests: the TOML file beside each component.
+//!
+//! Owns: the manifest's shape and defaults, `${VAR}` / `${VAR:-default}`
+//! references to the host's environment, and the check that a manifest
+//! targets a WIT version this host speaks.
+//!
+//! Must never: log or echo a configuration value (they may be secrets); let
+//! an unknown key pass (it is an error naming the key).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The WIT package this host implements.
+pub const WIT_PACKAGE: &str = "outboxd:sink";
+/// Its version. Manifests must target the same major version (for 0.x: the
+/// same minor), per semver.
+pub const WIT_VERSION: (u64, u64, u64) = (0, 1, 0);
+
+/// A parsed, resolved manifest.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Manifest {
+    /// Sink name: what routes and the store call this sink. Lower-case
+    /// letters, digits, `-` and `_`.
+    pub name: String,
+    /// The plugin's own version, for logs.
+    pub version: String,
+    /// Component file, relative to the manifest. Default `<name>.wasm`.
+    pub component: Option<PathBuf>,
+    /// WIT package the component targets, e.g. `outboxd:sink@0.1.0`.
+    pub wit: String,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub capabilities: Capabilities,
+    /// Handed to the plugin's `init`. Values may reference the host's
+    /// environment; never logged.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+}
+
+/// Resource limits of one batch.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Limits {
+    /// Linear memory cap per instance, MiB. Default 64.
+    pub memory_mib: u64,
+    /// Wall-clock deadline for one batch (instantiate, `init`, `deliver`).
+    /// Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub deadline: Duration,
+    /// Most events per batch. Default 100.
+    pub max_batch: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { memory_mib: 64, deadline: Duration::from_secs(30), max_batch: 100 }
+    }
+}
+
+/// What the plugin may reach.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Capabilities {
+    /// Outbound HTTP allow-list: `scheme://host[:port]` patterns; `*.` before
+    /// a host matches its subdomains, `*` as host or port matches any.
+    /// Empty: `wasi:http` is not linked at all.
+    #[serde(default)]
+    pub http: Vec<String>,
+}
+
+/// Retry schedule of this sink: exponential backoff with jitter, inside a
+/// retry window counted from the first attempt.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct RetryPolicy {
+    /// Delay after the first failed attempt. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub base: Duration,
+    /// Growth per attempt. Default 2.
+    pub factor: f64,
+    /// Longest delay. Default 10 min.
+    #[serde(with = "humantime_serde")]
+    pub cap: Duration,
+    /// How long after the first attempt retries may go on before the
+    /// delivery is dead-lettered. Default 24 h.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            base: Duration::from_secs(1),
+            factor: 2.0,
+            cap: Duration::from_secs(600),
+            window: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// Why a manifest was refused. Messages name the file and the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{file}: cannot read: {source}")]
+    Read { file: PathBuf, source: std::io::Error },
+    #[error("{file}: {message}")]
+    Invalid { file: PathBuf, message: String },
+}
+
+impl Manifest {
+    /// Read, parse, resolve environment references and check a manifest.
+    pub fn load(file: &Path) -> Result<Manifest, ManifestError> {
+        let text = std::fs::read_to_string(file)
+            .map_err(|source| ManifestError::Read { file: file.to_path_buf(), source })?;
+        Manifest::parse(&text, file)
+    }
+
+    /// As [`Manifest::load`], from text; `file` is used in messages and to
+    /// resolve the component path.
+    pub fn parse(text: &str, file: &Path) -> Result<Manifest, ManifestError> {
+        let invalid = |message: String| ManifestError::Invalid { file: file.to_path_buf(), message };
+        let mut m: Manifest = toml::from_str(text).map_err(|e| invalid(e.to_string().trim().to_string()))?;
+        if m.name.is_empty()
+            || !m.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        {
+            return Err(invalid(format!(
+                "name {:?}: use lower-case letters, digits, '-' and '_'",
+                m.name
+            )));
+        }
+        check_wit(&m.wit).map_err(invalid)?;
+        if m.limits.memory_mib == 0 || m.limits.memory_mib > 4096 {
+            return Err(invalid("limits.memory-mib: must be between 1 and 4096".into()));
+        }
+        if m.limits.deadline.is_zero() {
+            return Err(invalid("limits.deadline: must be greater than 0s".into()));
+        }
+        if m.limits.max_batch == 0 {
+            return Err(invalid("limits.max-batch: must be at least 1".into()));
+        }
+        if m.retry.factor < 1.0 || !m.retry.factor.is_finite() {
+            return Err(invalid("retry.factor: must be at least 1".into()));
+        }
+        for (key, value) in m.config.iter_mut() {
+            *value = interpolate(value).map_err(|e| invalid(format!("config.{key}: {e}")))?;
+        }
+        for (i, pattern) in m.capabilities.http.iter_mut().enumerate() {
+            *pattern = interpolate(pattern).map_err(|e| invalid(format!("capabilities.http[{i}]: {e}")))?;
+        }
+        let component = m.component.clone().unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
+        let base = file.parent().unwrap_or(Path::new("."));
+        m.component = Some(base.join(component));
+        Ok(m)
+    }
+
+    /// Path of the component file.
+    pub fn component_path(&self) -> &Path {
+        self.component.as_deref().expect("resolved in Manifest::parse")
+    }
+}
+
+/// Check `outboxd:sink@X.Y.Z` against [`WIT_VERSION`].
+fn check_wit(wit: &str) -> Result<(), String> {
+    let Some((package, version)) = wit.split_once('@') else {
+        return Err(format!("wit {wit:?}: expected \"{WIT_PACKAGE}@<version>\""));
+    };
+    if package != WIT_PACKAGE {
+        return Err(format!("wit {wit:?}: this host implements {WIT_PACKAGE}, not {package}"));
+    }
+    let parts: Vec<u64> = version.split('.').map(|p| p.parse().unwrap_or(u64::MAX)).collect();
+    let (major, minor) = (parts.first().copied().unwrap_or(u64::MAX), parts.get(1).copied().unwrap_or(u64::MAX));
+    let (hmaj, hmin, _) = WIT_VERSION;
+    let compatible = major == hmaj && (hmaj != 0 || minor == hmin);
+    if !compatible {
+        return Err(format!(
+            "wit {wit:?}: incompatible with this host's {WIT_PACKAGE}@{hmaj}.{hmin}.x"
+        ));
+    }
+    Ok(())
+}
+
+/// Replace `${VAR}` and `${VAR:-default}` with the host environment's
+/// value. Errors name the variable (never a value).
+pub fn interpolate(value: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or_else(|| "unclosed ${ reference".to_string())?;
+        let reference = &after[..end];
+        let (var, default) = match reference.split_once(":-") {
+            Some((v, d)) => (v, Some(d)),
+            None => (reference, None),
+        };
+        if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!("${{{reference}}} is not a valid environment variable reference"));
+        }
+        match (std::env::var(var), default) {
+            (Ok(v), _) if !v.is_empty() => out.push_str(&v),
+            (_, Some(d)) => out.push_str(d),
+            _ => return Err(format!("environment variable {var} is not set")),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "name = \"s\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n";
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = Manifest::parse(&format!("{MINIMAL}colour = 1\n"), Path::new("s.toml")).unwrap_err();
+        assert!(e.to_string().contains("colour"), "{e}");
+        let e = Manifest::parse(&format!("{MINIMAL}[limits]\nmemory = 1\n"), Path::new("s.toml")).unwrap_err();
+        assert!(e.to_string().contains("memory"), "{e}");
+    }
+
+    #[test]
+    fn wit_major_version_checked() {
+        let text = MINIMAL.replace("0.1.0", "0.2.0");
+        let e = Manifest::parse(&text, Path::new("s.toml")).unwrap_err();
+        assert!(e.to_string().contains("incompatible"), "{e}");
+        assert!(Manifest::parse(&MINIMAL.replace("0.1.0", "0.1.7"), Path::new("s.toml")).is_ok());
+    }
+
+    #[test]
+    fn environment_references() {
+        std::env::set_var("OUTBOXD_TEST_MANIFEST_VAR", "v");
+        assert_eq!(interpolate("a${OUTBOXD_TEST_MANIFEST_VAR}b").unwrap(), "avb");
+        assert_eq!(interpolate("${OUTBOXD_TEST_MANIFEST_UNSET:-d}").unwrap(), "d");
+        let e = interpolate("${OUTBOXD_TEST_MANIFEST_UNSET}").unwrap_err();
+        assert!(e.contains("OUTBOXD_TEST_MANIFEST_UNSET"));
+    }
+}

@@ -1,0 +1,297 @@
+//! The WebAssembly runtime: one wasmtime engine, one instance per batch.
+//!
+//! Owns: the engine settings (component model, async, epoch interruption),
+//! the per-store sandbox (WASI 0.2 with an empty context — no preopened
+//! files, no environment, no sockets; `wasi:http` linked only for plugins
+//! whose manifest grants HTTP), the memory cap, the batch deadline, and the
+//! translation of everything a guest can do wrong into a [`SinkFailure`].
+//!
+//! Every batch gets a fresh `Store` instantiated from the plugin's
+//! `InstancePre` (about 19 µs here, DESIGN §8): after a trap an instance
+//! only answers `CannotEnterComponent`, and a fresh store also means no
+//! state leaks between batches.
+//!
+//! Must never: let a guest fault, hang or allocate its way into the host —
+//! every failure becomes a value; keep a store after it trapped.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use super::bindings::{self, Event, Level, Outcome, Sink, SinkPre};
+use super::egress::{EgressHooks, EgressPolicy, HttpClient};
+use super::manifest::Manifest;
+
+/// How often the epoch ticks; the deadline is checked at this grain.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Most table elements per table (guards host memory).
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Most instances per store (a component instantiates a few core modules).
+const MAX_INSTANCES: usize = 100;
+
+/// A batch the plugin failed as a whole; every event is retried.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SinkFailure {
+    /// The guest trapped: panic, out of memory, deadline, stack overflow,
+    /// or an answer of the wrong shape. `kind` is short (`deadline`,
+    /// `out of memory`, `panic`, ...).
+    #[error("plugin trap: {kind}")]
+    Trap { kind: String, detail: String },
+    /// `init` refused its configuration.
+    #[error("plugin init failed: {0}")]
+    Init(String),
+}
+
+/// The engine and what every plugin shares.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    client: HttpClient,
+}
+
+impl Runtime {
+    /// Create the engine and start its epoch ticker (a thread that stops
+    /// when the engine is dropped).
+    pub fn new() -> wasmtime::Result<Runtime> {
+        let mut config = wasmtime::Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config)?;
+        let weak = engine.weak();
+        std::thread::Builder::new().name("outboxd-epoch".into()).spawn(move || loop {
+            std::thread::sleep(EPOCH_TICK);
+            match weak.upgrade() {
+                Some(engine) => engine.increment_epoch(),
+                None => return,
+            }
+        })
+        .map_err(|e| wasmtime::format_err!("cannot start the epoch thread: {e}"))?;
+        Ok(Runtime { engine, client: super::egress::http_client() })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// A linker with WASI 0.2 and our `log` import; with `wasi:http` when
+    /// `http` is true.
+    pub fn linker(&self, http: bool) -> wasmtime::Result<Linker<HostState>> {
+        let mut linker = Linker::new(&self.engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        if http {
+            wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        }
+        Sink::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+        Ok(linker)
+    }
+
+    /// Compile a component file.
+    pub fn compile(&self, bytes: &[u8]) -> wasmtime::Result<Component> {
+        Component::new(&self.engine, bytes)
+    }
+
+    /// Prepare a plugin: check its manifest's capabilities, link, and
+    /// pre-instantiate. Errors say which import is not granted or which
+    /// export is missing.
+    pub fn prepare(&self, manifest: Manifest, component: &Component) -> Result<Plugin, String> {
+        let policy = EgressPolicy::new(&manifest.capabilities.http).map_err(|e| format!("capabilities.http: {e}"))?;
+        let grants_http = !manifest.capabilities.http.is_empty();
+        let linker = self.linker(grants_http).map_err(|e| format!("linking: {e:#}"))?;
+        let pre = linker.instantiate_pre(component).map_err(|e| explain_link_error(&e, grants_http))?;
+        let pre = SinkPre::new(pre).map_err(|e| format!("does not match the world outboxd:sink/sink: {e:#}"))?;
+        let config = manifest.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        Ok(Plugin {
+            name: Arc::from(manifest.name.as_str()),
+            manifest,
+            pre,
+            config,
+            policy: Arc::new(policy),
+            runtime: self.clone(),
+        })
+    }
+}
+
+/// Turn a linker error into a sentence naming the import.
+fn explain_link_error(e: &wasmtime::Error, grants_http: bool) -> String {
+    let text = format!("{e:#}");
+    if text.contains("wasi:http") && !grants_http {
+        return format!(
+            "imports wasi:http, which its manifest does not grant (add capabilities.http): {text}"
+        );
+    }
+    if text.contains("outboxd:sink/") {
+        return format!("imports an outboxd:sink interface this host does not provide (built against another WIT version?): {text}");
+    }
+    format!("imports something this host does not provide: {text}")
+}
+
+/// Per-store state of one plugin instance.
+pub struct HostState {
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    table: ResourceTable,
+    limits: MemoryCap,
+    hooks: EgressHooks,
+    plugin: Arc<str>,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.hooks }
+    }
+}
+
+impl bindings::outboxd::sink::log::Host for HostState {
+    fn log(&mut self, level: Level, message: String) {
+        let plugin = &*self.plugin;
+        let message: String = message.chars().take(4096).collect();
+        match level {
+            Level::Trace => tracing::trace!(plugin, "{message}"),
+            Level::Debug => tracing::debug!(plugin, "{message}"),
+            Level::Info => tracing::info!(plugin, "{message}"),
+            Level::Warn => tracing::warn!(plugin, "{message}"),
+            Level::Error => tracing::error!(plugin, "{message}"),
+        }
+    }
+}
+
+impl bindings::outboxd::sink::types::Host for HostState {}
+
+/// Memory cap that remembers a refused growth, so a guest that dies of it
+/// (a Rust guest then hits `unreachable`, DESIGN §8) is reported as out of
+/// memory.
+struct MemoryCap {
+    max_bytes: usize,
+    refused: Option<usize>,
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.max_bytes {
+            self.refused = Some(desired);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_INSTANCES
+    }
+}
+
+/// A loaded plugin: its manifest and its pre-instantiated component.
+#[derive(Clone)]
+pub struct Plugin {
+    name: Arc<str>,
+    manifest: Manifest,
+    pre: SinkPre<HostState>,
+    config: Vec<(String, String)>,
+    policy: Arc<EgressPolicy>,
+    runtime: Runtime,
+}
+
+impl Plugin {
+    /// Sink name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The manifest it was loaded from.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Deliver one batch in a fresh instance: instantiate, `init`, `deliver`,
+    /// all inside the manifest's deadline and memory cap.
+    ///
+    /// Returns one outcome per event, or a [`SinkFailure`] for the whole
+    /// batch (trap, deadline, wrong number of outcomes, init refused).
+    pub async fn deliver(&self, batch: &[Event]) -> Result<Vec<Outcome>, SinkFailure> {
+        let deadline = self.manifest.limits.deadline;
+        let state = HostState {
+            wasi: WasiCtx::builder().build(),
+            http: WasiHttpCtx::new(),
+            table: ResourceTable::new(),
+            limits: MemoryCap { max_bytes: (self.manifest.limits.memory_mib as usize) << 20, refused: None },
+            hooks: EgressHooks {
+                plugin: self.name.clone(),
+                policy: self.policy.clone(),
+                client: self.runtime.client.clone(),
+            },
+            plugin: self.name.clone(),
+        };
+        let mut store = Store::new(self.runtime.engine(), state);
+        store.limiter(|s| &mut s.limits);
+        let started = Instant::now();
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if started.elapsed() >= deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+
+        let call = async {
+            let sink = self.pre.instantiate_async(&mut store).await?;
+            if let Err(reason) = sink.call_init(&mut store, &self.config).await? {
+                return Ok(Err(reason));
+            }
+            let outcomes = sink.call_deliver(&mut store, batch).await?;
+            Ok::<_, wasmtime::Error>(Ok(outcomes))
+        };
+        // The epoch deadline stops a guest that computes; this timeout stops
+        // one that waits on the host (an HTTP response that never comes).
+        let result = tokio::time::timeout(deadline + EPOCH_TICK * 10, call).await;
+        let refused_memory = store.data().limits.refused;
+        match result {
+            Err(_) => Err(SinkFailure::Trap { kind: "deadline".into(), detail: format!("batch exceeded {deadline:?}") }),
+            Ok(Ok(Err(reason))) => Err(SinkFailure::Init(reason)),
+            Ok(Ok(Ok(outcomes))) if outcomes.len() != batch.len() => Err(SinkFailure::Trap {
+                kind: "wrong number of outcomes".into(),
+                detail: format!("{} outcomes for {} events", outcomes.len(), batch.len()),
+            }),
+            Ok(Ok(Ok(outcomes))) => Ok(outcomes),
+            Ok(Err(e)) => Err(classify_trap(&e, refused_memory, started.elapsed() >= deadline)),
+        }
+    }
+}
+
+/// Name the kind of a guest failure.
+fn classify_trap(e: &wasmtime::Error, refused_memory: Option<usize>, past_deadline: bool) -> SinkFailure {
+    let detail = format!("{e:#}");
+    let kind = match e.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => "deadline".to_string(),
+        Some(wasmtime::Trap::StackOverflow) => "stack overflow".to_string(),
+        _ if refused_memory.is_some() => "out of memory".to_string(),
+        Some(wasmtime::Trap::UnreachableCodeReached) => "panic".to_string(),
+        Some(wasmtime::Trap::OutOfFuel) => "out of fuel".to_string(),
+        Some(trap) => trap.to_string(),
+        None if past_deadline => "deadline".to_string(),
+        None => "error".to_string(),
+    };
+    SinkFailure::Trap { kind, detail }
+}

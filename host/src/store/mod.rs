@@ -1,0 +1,190 @@
+//! Durable state: events, per-stream sequences and deliveries.
+//!
+//! Owns: the [`Store`] trait every backend implements, the records that
+//! cross it, and the rules each backend must keep:
+//!
+//! - ingest writes the events of a request and one delivery per routed sink
+//!   in one transaction — all of it or none of it;
+//! - idempotent on `id`: same canonical content → duplicate success with the
+//!   original sequence, nothing queued; different content → conflict naming
+//!   the attributes; never an overwrite;
+//! - `sequence` per stream strictly increasing (gapless when assigned here);
+//! - claims take only the head of each (stream, sink), set a random lease
+//!   token and an expiry from the database's clock, and count the attempt;
+//! - every change after a claim is fenced on (delivery, lease token).
+//!
+//! Must never: decide policy (retry delays, routing, what counts as
+//! permanent) — callers pass decisions in; call plugins or the network.
+
+pub mod sqlite;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::event::NewEvent;
+
+/// An event with its routing decision, ready to be stored.
+#[derive(Debug, Clone)]
+pub struct IngestItem {
+    pub event: NewEvent,
+    /// Sinks that get a delivery (may be empty: stored, not delivered).
+    pub sinks: Vec<String>,
+}
+
+/// The answer for one ingested event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Ingested {
+    pub id: String,
+    pub stream: String,
+    pub sequence: u64,
+    /// True when an event with this id and the same content was already
+    /// stored; `sequence` is then the original one and nothing was queued.
+    pub duplicate: bool,
+}
+
+/// Why an ingest request stored nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// Same id, different content (HTTP 409).
+    #[error("event [{index}] id {id:?} was already stored with different {}", attributes.join(", "))]
+    Conflict { index: usize, id: String, attributes: Vec<String> },
+    /// A producer-supplied sequence not above the stream's last one (HTTP 409).
+    #[error("event [{index}] id {id:?}: sequence {given} does not advance stream {stream:?} (last sequence {last})")]
+    SequenceNotIncreasing { index: usize, id: String, stream: String, given: u64, last: u64 },
+    /// The database failed (HTTP 503).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A database failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database has pending migrations: {0}; run `outboxd migrate` or start with --migrate")]
+    PendingMigrations(String),
+    #[error("stored row is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// An event as stored.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub event: NewEvent,
+    /// Position in its stream (assigned or producer-supplied).
+    pub sequence: u64,
+    /// Commit time of the ingest, Unix milliseconds.
+    pub ingested_at_ms: i64,
+}
+
+/// One delivery as reported by the read API.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeliveryInfo {
+    pub sink: String,
+    /// `pending`, `leased`, `retrying`, `delivered` or `dead`.
+    pub status: String,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// Unix milliseconds; `None` once delivered or dead.
+    pub next_attempt_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+}
+
+/// A delivery handed to a worker by [`Store::claim`].
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub delivery_id: i64,
+    /// Fencing token: every later change must present it.
+    pub lease_token: String,
+    /// Attempts including this one.
+    pub attempts: u32,
+    /// When the first attempt was claimed, Unix milliseconds (database clock).
+    pub first_attempt_at_ms: i64,
+    /// Database time of this claim, Unix milliseconds.
+    pub claimed_at_ms: i64,
+    pub event: StoredEvent,
+}
+
+/// How a claimed delivery ends this attempt.
+#[derive(Debug, Clone)]
+pub enum Finish {
+    /// The sink acknowledged it.
+    Delivered,
+    /// Try again after `delay` (from the database's now).
+    Retry { delay: Duration, reason: String },
+    /// Dead-letter it with `reason`.
+    Dead { reason: String },
+}
+
+/// The durable store. Implementations: [`sqlite::SqliteStore`].
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Store a request's events and their deliveries in one transaction.
+    /// Returns one [`Ingested`] per item, in order. Either every new event
+    /// is stored or, on error, none is.
+    async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError>;
+
+    /// An event and its deliveries, by id.
+    async fn event(&self, id: &str) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError>;
+
+    /// Claim up to `limit` deliveries of `sink` that are due (pending and
+    /// their next attempt time reached, or holding an expired lease) and at
+    /// the head of their stream for this sink. Sets a fresh lease token and
+    /// expiry `now + lease` (database clock) and counts the attempt.
+    async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError>;
+
+    /// Record the outcome of a claimed delivery, fenced on its lease token.
+    /// Returns false when the lease was lost (nothing changed).
+    async fn finish(&self, delivery_id: i64, lease_token: &str, finish: &Finish) -> Result<bool, StoreError>;
+
+    /// Time until the earliest pending delivery of `sink` becomes due (zero
+    /// if one is due now); `None` when it has none pending.
+    async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError>;
+
+    /// Names of migrations not yet applied.
+    async fn pending_migrations(&self) -> Result<Vec<String>, StoreError>;
+
+    /// True when no migration was ever applied (a new, empty database).
+    async fn is_uninitialised(&self) -> Result<bool, StoreError>;
+
+    /// Apply pending migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Check that the database answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// Open the store named by a database URL (`sqlite://PATH`).
+///
+/// Errors: an unsupported scheme, or the database cannot be opened.
+pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+        return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path).await?));
+    }
+    Err(StoreError::Database(sqlx::Error::Configuration(
+        format!("unsupported database URL {:?}: expected sqlite://PATH", redact_url(url)).into(),
+    )))
+}
+
+/// The URL with any password replaced by `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &userinfo[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Random lease token: 128 bits as 32 hex digits.
+pub(crate) fn new_lease_token() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
+}

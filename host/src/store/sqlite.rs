@@ -1,0 +1,415 @@
+//! The embedded default store: one SQLite file in WAL mode.
+//!
+//! Owns: the SQLite schema (`migrations/sqlite/`) and the SQL that keeps the
+//! rules of [`crate::store`]. SQLite has one writer at a time, so every write
+//! (ingest, claim, finish) goes through a pool of exactly one connection —
+//! this is what makes claims exclusive here, where PostgreSQL uses
+//! `FOR UPDATE SKIP LOCKED`. Reads use a separate pool. `synchronous=FULL`:
+//! an acknowledged event survives power loss, not only a process crash.
+//!
+//! Must never: hold the writer across anything but SQL (no plugin call, no
+//! network), or compute a lease time from the process clock.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+
+use super::{
+    new_lease_token, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store, StoreError,
+    StoredEvent,
+};
+use crate::event::{DataFormat, NewEvent};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+/// Database time in Unix milliseconds.
+const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// The SQLite store. Cheap to share behind an `Arc`.
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Open (creating if missing) the database file at `path`, creating its
+    /// folder too.
+    pub async fn open(path: &str) -> Result<SqliteStore, StoreError> {
+        if let Some(parent) = std::path::Path::new(path).parent() {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    StoreError::Database(sqlx::Error::Configuration(
+                        format!("cannot create folder {} for the database: {e}", parent.display()).into(),
+                    ))
+                })?;
+            }
+        }
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+            .await?;
+        let reader = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        Ok(SqliteStore { writer, reader })
+    }
+}
+
+async fn now_ms(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(&format!("SELECT {NOW_MS}")).fetch_one(conn).await
+}
+
+const EVENT_COLUMNS: &str = "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
+     producer_sequence, extensions, data, data_format, ingested_at";
+
+fn event_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredEvent, StoreError> {
+    let extensions: String = row.try_get("extensions")?;
+    let extensions: BTreeMap<String, String> = serde_json::from_str(&extensions)
+        .map_err(|e| StoreError::Corrupt(format!("events.extensions: {e}")))?;
+    let sequence: i64 = row.try_get("sequence")?;
+    let producer_sequence: bool = row.try_get("producer_sequence")?;
+    let data_format: String = row.try_get("data_format")?;
+    Ok(StoredEvent {
+        event: NewEvent {
+            id: row.try_get("id")?,
+            source: row.try_get("source")?,
+            ty: row.try_get("type")?,
+            subject: row.try_get("subject")?,
+            time: row.try_get("time")?,
+            datacontenttype: row.try_get("datacontenttype")?,
+            dataschema: row.try_get("dataschema")?,
+            stream: row.try_get("stream")?,
+            sequence: producer_sequence.then_some(sequence as u64),
+            extensions,
+            data: row.try_get("data")?,
+            data_format: DataFormat::parse(&data_format),
+        },
+        sequence: sequence as u64,
+        ingested_at_ms: row.try_get("ingested_at")?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError> {
+        let mut tx = self.writer.begin().await.map_err(StoreError::from)?;
+        let now = now_ms(&mut tx).await.map_err(StoreError::from)?;
+        let mut out = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let ev = &item.event;
+            let hash = ev.content_hash();
+            let existing = sqlx::query(&format!("SELECT {EVENT_COLUMNS}, content_hash FROM events WHERE id = ?"))
+                .bind(&ev.id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+            if let Some(row) = existing {
+                let stored_hash: String = row.try_get("content_hash").map_err(StoreError::from)?;
+                let stored = event_from_row(&row)?;
+                if stored_hash == hash {
+                    out.push(Ingested {
+                        id: ev.id.clone(),
+                        stream: stored.event.stream,
+                        sequence: stored.sequence,
+                        duplicate: true,
+                    });
+                    continue;
+                }
+                let mut attributes = ev.differences(&stored.event);
+                if attributes.is_empty() {
+                    attributes.push("content".to_string());
+                }
+                return Err(IngestError::Conflict { index, id: ev.id.clone(), attributes });
+            }
+
+            let last: Option<i64> = sqlx::query_scalar("SELECT last_sequence FROM streams WHERE stream = ?")
+                .bind(&ev.stream)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+            let last = last.unwrap_or(0) as u64;
+            let sequence = match ev.sequence {
+                Some(given) if given <= last => {
+                    return Err(IngestError::SequenceNotIncreasing {
+                        index,
+                        id: ev.id.clone(),
+                        stream: ev.stream.clone(),
+                        given,
+                        last,
+                    })
+                }
+                Some(given) => given,
+                None => last + 1,
+            };
+            sqlx::query(
+                "INSERT INTO streams (stream, last_sequence) VALUES (?, ?) \
+                 ON CONFLICT (stream) DO UPDATE SET last_sequence = excluded.last_sequence",
+            )
+            .bind(&ev.stream)
+            .bind(sequence as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
+
+            let extensions = serde_json::to_string(&ev.extensions).expect("string map serialises");
+            sqlx::query(
+                "INSERT INTO events (id, source, type, subject, time, datacontenttype, dataschema, stream, \
+                 sequence, producer_sequence, extensions, data, data_format, content_hash, ingested_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&ev.id)
+            .bind(&ev.source)
+            .bind(&ev.ty)
+            .bind(&ev.subject)
+            .bind(&ev.time)
+            .bind(&ev.datacontenttype)
+            .bind(&ev.dataschema)
+            .bind(&ev.stream)
+            .bind(sequence as i64)
+            .bind(ev.sequence.is_some())
+            .bind(extensions)
+            .bind(&ev.data)
+            .bind(ev.data_format.as_str())
+            .bind(&hash)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
+
+            for sink in &item.sinks {
+                sqlx::query(
+                    "INSERT INTO deliveries (event_id, sink, stream, sequence, next_attempt_at, created_at) \
+                     VALUES (?, ?, ?, ?, ?, ?)",
+                )
+                .bind(&ev.id)
+                .bind(sink)
+                .bind(&ev.stream)
+                .bind(sequence as i64)
+                .bind(now)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+            }
+            out.push(Ingested { id: ev.id.clone(), stream: ev.stream.clone(), sequence, duplicate: false });
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(out)
+    }
+
+    async fn event(&self, id: &str) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError> {
+        let mut conn = self.reader.acquire().await?;
+        let Some(row) = sqlx::query(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let event = event_from_row(&row)?;
+        let now = now_ms(&mut conn).await?;
+        let rows = sqlx::query(
+            "SELECT sink, status, attempts, last_error, next_attempt_at, lease_expires_at, finished_at \
+             FROM deliveries WHERE event_id = ? ORDER BY sink",
+        )
+        .bind(id)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for row in rows {
+            let status: String = row.try_get("status")?;
+            let attempts: i64 = row.try_get("attempts")?;
+            let lease: Option<i64> = row.try_get("lease_expires_at")?;
+            let pending = status == "pending";
+            let shown = match (pending, lease) {
+                (true, Some(until)) if until > now => "leased".to_string(),
+                (true, _) if attempts > 0 => "retrying".to_string(),
+                _ => status,
+            };
+            deliveries.push(DeliveryInfo {
+                sink: row.try_get("sink")?,
+                status: shown,
+                attempts: attempts as u32,
+                last_error: row.try_get("last_error")?,
+                next_attempt_at_ms: if pending { Some(row.try_get("next_attempt_at")?) } else { None },
+                finished_at_ms: row.try_get("finished_at")?,
+            });
+        }
+        Ok(Some((event, deliveries)))
+    }
+
+    async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError> {
+        let mut tx = self.writer.begin().await?;
+        let now = now_ms(&mut tx).await?;
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT d.id FROM deliveries d \
+             WHERE d.sink = ?1 AND d.status = 'pending' AND d.next_attempt_at <= ?2 \
+               AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= ?2) \
+               AND NOT EXISTS (SELECT 1 FROM deliveries p \
+                               WHERE p.sink = d.sink AND p.stream = d.stream \
+                                 AND p.status = 'pending' AND p.sequence < d.sequence) \
+             ORDER BY d.next_attempt_at, d.id LIMIT ?3",
+        )
+        .bind(sink)
+        .bind(now)
+        .bind(limit as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let token = new_lease_token();
+        let mut update = QueryBuilder::<Sqlite>::new("UPDATE deliveries SET lease_token = ");
+        update
+            .push_bind(&token)
+            .push(", lease_expires_at = ")
+            .push_bind(now + lease.as_millis() as i64)
+            .push(", attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, ")
+            .push_bind(now)
+            .push(") WHERE id IN (");
+        let mut sep = update.separated(", ");
+        for id in &ids {
+            sep.push_bind(id);
+        }
+        update.push(") RETURNING id, event_id, attempts, first_attempt_at");
+        let rows = update.build().fetch_all(&mut *tx).await?;
+
+        let mut select = QueryBuilder::<Sqlite>::new(format!("SELECT {EVENT_COLUMNS} FROM events WHERE id IN ("));
+        let mut sep = select.separated(", ");
+        for row in &rows {
+            sep.push_bind(row.try_get::<String, _>("event_id")?);
+        }
+        select.push(")");
+        let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
+        for row in select.build().fetch_all(&mut *tx).await? {
+            let ev = event_from_row(&row)?;
+            events.insert(ev.event.id.clone(), ev);
+        }
+        tx.commit().await?;
+
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let event_id: String = row.try_get("event_id")?;
+            let event = events
+                .get(&event_id)
+                .cloned()
+                .ok_or_else(|| StoreError::Corrupt(format!("delivery refers to missing event {event_id:?}")))?;
+            claimed.push(Claimed {
+                delivery_id: row.try_get("id")?,
+                lease_token: token.clone(),
+                attempts: row.try_get::<i64, _>("attempts")? as u32,
+                first_attempt_at_ms: row.try_get("first_attempt_at")?,
+                claimed_at_ms: now,
+                event,
+            });
+        }
+        // Batch order: by stream, then sequence, as the sink contract says.
+        claimed.sort_by(|a, b| {
+            (a.event.event.stream.as_str(), a.event.sequence).cmp(&(b.event.event.stream.as_str(), b.event.sequence))
+        });
+        Ok(claimed)
+    }
+
+    async fn finish(&self, delivery_id: i64, lease_token: &str, finish: &Finish) -> Result<bool, StoreError> {
+        let mut conn = self.writer.acquire().await?;
+        let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending'";
+        let result = match finish {
+            Finish::Delivered => {
+                sqlx::query(&format!(
+                    "UPDATE deliveries SET status = 'delivered', finished_at = {NOW_MS}, lease_token = NULL, \
+                     lease_expires_at = NULL {fence}"
+                ))
+                .bind(delivery_id)
+                .bind(lease_token)
+                .execute(&mut *conn)
+                .await?
+            }
+            Finish::Retry { delay, reason } => {
+                sqlx::query(&format!(
+                    "UPDATE deliveries SET next_attempt_at = {NOW_MS} + ?, last_error = ?, lease_token = NULL, \
+                     lease_expires_at = NULL {fence}"
+                ))
+                .bind(delay.as_millis() as i64)
+                .bind(reason)
+                .bind(delivery_id)
+                .bind(lease_token)
+                .execute(&mut *conn)
+                .await?
+            }
+            Finish::Dead { reason } => {
+                sqlx::query(&format!(
+                    "UPDATE deliveries SET status = 'dead', finished_at = {NOW_MS}, last_error = ?, \
+                     lease_token = NULL, lease_expires_at = NULL {fence}"
+                ))
+                .bind(reason)
+                .bind(delivery_id)
+                .bind(lease_token)
+                .execute(&mut *conn)
+                .await?
+            }
+        };
+        Ok(result.rows_affected() == 1)
+    }
+
+    async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
+        let mut conn = self.reader.acquire().await?;
+        let row = sqlx::query(&format!(
+            "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.lease_expires_at, 0))) - {NOW_MS} AS wait_ms \
+             FROM deliveries d \
+             WHERE d.sink = ? AND d.status = 'pending' \
+               AND NOT EXISTS (SELECT 1 FROM deliveries p \
+                               WHERE p.sink = d.sink AND p.stream = d.stream \
+                                 AND p.status = 'pending' AND p.sequence < d.sequence)"
+        ))
+        .bind(sink)
+        .fetch_one(&mut *conn)
+        .await?;
+        let wait: Option<i64> = row.try_get("wait_ms")?;
+        Ok(wait.map(|ms| Duration::from_millis(ms.max(0) as u64)))
+    }
+
+    async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.reader.acquire().await?;
+        let applied: Vec<i64> = if self.is_uninitialised().await? {
+            Vec::new()
+        } else {
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&mut *conn)
+                .await?
+        };
+        Ok(MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
+            .map(|m| format!("{}_{}", m.version, m.description.replace(' ', "_")))
+            .collect())
+    }
+
+    async fn is_uninitialised(&self) -> Result<bool, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(n == 0)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR.run(&self.writer).await?;
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,226 @@
+//! The request headers for one event: the CloudEvents HTTP binary binding
+//! (CloudEvents HTTP Protocol Binding 1.0.2, §3.1) and the Standard Webhooks
+//! signature (<https://www.standardwebhooks.com/>, "Signature scheme").
+//!
+//! Pure functions of the event, the key and the timestamp, so they are tested
+//! natively.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use hmac::Mac as _;
+
+use crate::bindings::Event;
+use crate::config::SigningKey;
+
+/// A header as `wasi:http/types.fields.from-list` takes it.
+pub type Header = (String, Vec<u8>);
+
+/// Sent as `user-agent`.
+const USER_AGENT: &str = concat!("outboxd-webhook/", env!("CARGO_PKG_VERSION"));
+
+/// Attributes this sink writes from the event's own fields. An extension of
+/// the same name is not sent again: the event's field is the one that counts.
+const OWN_ATTRIBUTES: [&str; 11] = [
+    "specversion",
+    "id",
+    "source",
+    "type",
+    "subject",
+    "time",
+    "datacontenttype",
+    "dataschema",
+    "data",
+    "partitionkey",
+    "sequence",
+];
+
+/// All headers of the POST for `event`, signed with `key` at `timestamp`
+/// (unix seconds).
+///
+/// `Err` holds the reason the event can never be sent as it is (a
+/// `datacontenttype` or extension name that cannot be an HTTP header); the
+/// caller rejects the event with it.
+pub fn headers(event: &Event, key: &SigningKey, timestamp: u64) -> Result<Vec<Header>, String> {
+    let mut headers = Vec::with_capacity(16 + event.extensions.len());
+    let mut add = |name: &str, value: String| headers.push((name.to_string(), value.into_bytes()));
+
+    add("ce-specversion", "1.0".into());
+    add("ce-id", percent_encode(&event.id));
+    add("ce-source", percent_encode(&event.source));
+    add("ce-type", percent_encode(&event.type_));
+    if let Some(subject) = &event.subject {
+        add("ce-subject", percent_encode(subject));
+    }
+    add("ce-time", percent_encode(&event.time));
+    add("ce-partitionkey", percent_encode(&event.stream));
+    add("ce-sequence", event.sequence.to_string());
+    if let Some(schema) = &event.dataschema {
+        add("ce-dataschema", percent_encode(schema));
+    }
+    for (name, value) in &event.extensions {
+        if name.is_empty() || !name.bytes().all(is_token_char) {
+            return Err(format!(
+                "extension name `{}` cannot be an HTTP header name",
+                name.escape_default()
+            ));
+        }
+        let name = name.to_ascii_lowercase();
+        if OWN_ATTRIBUTES.contains(&name.as_str()) {
+            continue;
+        }
+        add(&format!("ce-{name}"), percent_encode(value));
+    }
+
+    if let Some(content_type) = &event.datacontenttype {
+        if !is_header_value(content_type) {
+            return Err("datacontenttype is not a valid HTTP header value".into());
+        }
+        add("content-type", content_type.clone());
+    }
+    add("content-length", event.data.len().to_string());
+    add("user-agent", USER_AGENT.into());
+
+    // The signed id is the header value as sent, so a receiver that verifies
+    // from the headers always agrees with the signature.
+    let webhook_id = percent_encode(&event.id);
+    let signature = sign(key, &webhook_id, timestamp, &event.data);
+    add("webhook-id", webhook_id);
+    add("webhook-timestamp", timestamp.to_string());
+    add("webhook-signature", signature);
+    Ok(headers)
+}
+
+/// `v1,<base64 of HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`, the
+/// Standard Webhooks signature.
+pub fn sign(key: &SigningKey, id: &str, timestamp: u64, body: &[u8]) -> String {
+    let mut mac = key.clone();
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+}
+
+/// Percent-encodes an attribute value for a header (CloudEvents HTTP binding
+/// §3.1.3.2): every UTF-8 byte outside printable ASCII U+0021..U+007E, and
+/// space, `"` and `%`, becomes `%XY`.
+pub fn percent_encode(value: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_graphic() && byte != b'"' && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xF)]));
+        }
+    }
+    out
+}
+
+/// `tchar` of RFC 9110 §5.6.2, the characters of a header name.
+fn is_token_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Visible ASCII, space and tab, no surrounding whitespace (RFC 9110 §5.5,
+/// without obsolete text).
+fn is_header_value(value: &str) -> bool {
+    value.bytes().all(|b| b == b'\t' || b == b' ' || b.is_ascii_graphic())
+        && value.trim_matches([' ', '\t']).len() == value.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hmac::KeyInit as _;
+
+    fn event() -> Event {
+        Event {
+            id: "evt-1".into(),
+            source: "/orders".into(),
+            type_: "order.created".into(),
+            subject: None,
+            stream: "order-7".into(),
+            sequence: 42,
+            time: "2026-11-30T01:02:03.456Z".into(),
+            datacontenttype: Some("application/json".into()),
+            dataschema: None,
+            data: b"{}".to_vec(),
+            extensions: vec![("traceparent".into(), "00-ab cd-\"x\"-%".into())],
+            attempt: 1,
+            ingested_at: "2026-11-30T01:02:03.456789Z".into(),
+        }
+    }
+
+    fn get<'a>(headers: &'a [Header], name: &str) -> Option<&'a str> {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    #[test]
+    fn standard_webhooks_reference_signature() {
+        // The reference vector of the Standard Webhooks libraries.
+        let key = SigningKey::new_from_slice(
+            &STANDARD.decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, br#"{"test": 2432232314}"#),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+    }
+
+    #[test]
+    fn binary_binding_headers() {
+        let key = SigningKey::new_from_slice(b"key").unwrap();
+        let headers = headers(&event(), &key, 1_700_000_000).unwrap();
+        assert_eq!(get(&headers, "ce-specversion"), Some("1.0"));
+        assert_eq!(get(&headers, "ce-id"), Some("evt-1"));
+        assert_eq!(get(&headers, "ce-type"), Some("order.created"));
+        assert_eq!(get(&headers, "ce-partitionkey"), Some("order-7"));
+        assert_eq!(get(&headers, "ce-sequence"), Some("42"));
+        assert_eq!(get(&headers, "ce-subject"), None);
+        assert_eq!(get(&headers, "ce-traceparent"), Some("00-ab%20cd-%22x%22-%25"));
+        assert_eq!(get(&headers, "content-type"), Some("application/json"));
+        assert_eq!(get(&headers, "content-length"), Some("2"));
+        assert_eq!(get(&headers, "webhook-id"), Some("evt-1"));
+        assert_eq!(get(&headers, "webhook-timestamp"), Some("1700000000"));
+        assert_eq!(
+            get(&headers, "webhook-signature").map(String::from),
+            Some(sign(&key, "evt-1", 1_700_000_000, b"{}"))
+        );
+    }
+
+    #[test]
+    fn own_attributes_win_over_extensions() {
+        let key = SigningKey::new_from_slice(b"key").unwrap();
+        let mut event = event();
+        event.extensions = vec![("Sequence".into(), "1".into()), ("Tenant".into(), "a".into())];
+        let headers = headers(&event, &key, 0).unwrap();
+        assert_eq!(headers.iter().filter(|(n, _)| n == "ce-sequence").count(), 1);
+        assert_eq!(get(&headers, "ce-tenant"), Some("a"));
+    }
+
+    #[test]
+    fn unsendable_events_are_refused() {
+        let key = SigningKey::new_from_slice(b"key").unwrap();
+        let mut bad_name = event();
+        bad_name.extensions = vec![("a b".into(), "x".into())];
+        assert!(headers(&bad_name, &key, 0).is_err());
+        let mut bad_type = event();
+        bad_type.datacontenttype = Some("text/plain\r\nx-injected: 1".into());
+        assert!(headers(&bad_type, &key, 0).is_err());
+    }
+
+    #[test]
+    fn percent_encoding() {
+        assert_eq!(percent_encode("a-Z_0~!"), "a-Z_0~!");
+        assert_eq!(percent_encode("é €"), "%C3%A9%20%E2%82%AC");
+        assert_eq!(percent_encode("\"%\r\n"), "%22%25%0D%0A");
+    }
+}

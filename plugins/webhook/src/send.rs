@@ -1,0 +1,321 @@
+//! One POST through `wasi:http/outgoing-handler`, driven without blocking so
+//! that many can be in flight at once: the caller waits on
+//! [`Request::pollable`] together with the other requests' pollables
+//! (`wasi:io/poll.poll`) and calls [`Request::advance`] once it is ready.
+//!
+//! A request goes through four phases: writing the body, waiting for the
+//! body's flush, waiting for the response, reading (a bounded part of) the
+//! response body. Two rules hold throughout:
+//!
+//! - Host resources are dropped children first (pollable, then stream, then
+//!   body, then response): the host refuses to drop a resource whose children
+//!   are alive, and that refusal is a trap. Each phase declares its fields in
+//!   that order, so Rust's drop order keeps the rule.
+//! - A failed body write is never the answer. When the host refuses a
+//!   request (its allow-list, say), the body's stream closes before the
+//!   response future reports why; the body is finished anyway and the
+//!   future's error becomes the reason.
+
+use std::time::Duration;
+
+use wasip2::clocks::wall_clock;
+use wasip2::http::outgoing_handler;
+use wasip2::http::types::{
+    FutureIncomingResponse, HeaderError, IncomingBody, IncomingResponse, Method, OutgoingBody,
+    OutgoingRequest, RequestOptions, Scheme,
+};
+use wasip2::http::types::Fields;
+use wasip2::io::poll::Pollable;
+use wasip2::io::streams::{InputStream, OutputStream};
+
+use crate::bindings::Outcome;
+use crate::cloudevents::Header;
+use crate::config::{self, Config};
+use crate::outcome::{self, Class};
+
+/// Most bytes of a response body read (and then discarded); the rest is left
+/// unread. Enough to drain a typical acknowledgement so the connection can be
+/// reused, small enough that a chatty endpoint costs nothing.
+pub const RESPONSE_BODY_CAP: usize = 64 * 1024;
+
+/// Bytes asked for per read of the response body.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// An HTTP request in flight.
+pub struct Request<'a> {
+    /// The request body (the event's data), written as the host accepts it.
+    body: &'a [u8],
+    phase: Phase,
+}
+
+/// What [`Request::advance`] came to.
+pub enum Progress<'a> {
+    /// Still in flight: poll [`Request::pollable`] again.
+    Pending(Request<'a>),
+    /// Finished, with the event's outcome.
+    Done(Outcome),
+}
+
+enum Phase {
+    /// Handing the body to the host.
+    Writing(Writing),
+    /// All of the body handed over; waiting for the flush to complete.
+    Flushing(Writing),
+    /// Body finished; waiting for the response head.
+    Awaiting(Awaiting),
+    /// Reading up to [`RESPONSE_BODY_CAP`] of the response body.
+    Reading(Reading),
+}
+
+// Field order is drop order: children before parents.
+
+struct Writing {
+    ready: Pollable,
+    stream: OutputStream,
+    body: OutgoingBody,
+    written: usize,
+    response: FutureIncomingResponse,
+}
+
+struct Awaiting {
+    ready: Pollable,
+    response: FutureIncomingResponse,
+}
+
+struct Reading {
+    ready: Pollable,
+    stream: InputStream,
+    body: IncomingBody,
+    status: u16,
+    retry_after: Option<Vec<u8>>,
+    read: usize,
+    /// The start of the body, kept when it will be quoted in a reject reason.
+    kept: Vec<u8>,
+}
+
+/// What one phase step came to.
+enum Step {
+    /// Blocked: wait on the phase's pollable.
+    Wait(Phase),
+    /// Moved on: step the next phase at once.
+    Next(Phase),
+    Done(Outcome),
+}
+
+impl<'a> Request<'a> {
+    /// Sends `POST` with `headers` and `body` to the configured URL and makes
+    /// as much progress as possible without blocking.
+    pub fn start(config: &Config, headers: &[Header], body: &'a [u8]) -> Progress<'a> {
+        match begin(config, headers) {
+            Ok(phase) => Request { body, phase }.advance(),
+            Err(outcome) => Progress::Done(outcome),
+        }
+    }
+
+    /// What to wait on before calling [`Request::advance`] again.
+    pub fn pollable(&self) -> &Pollable {
+        match &self.phase {
+            Phase::Writing(w) | Phase::Flushing(w) => &w.ready,
+            Phase::Awaiting(a) => &a.ready,
+            Phase::Reading(r) => &r.ready,
+        }
+    }
+
+    /// Moves the request on as far as it goes without blocking.
+    pub fn advance(self) -> Progress<'a> {
+        let Request { body, mut phase } = self;
+        loop {
+            let step = match phase {
+                Phase::Writing(w) => write(w, body),
+                Phase::Flushing(w) => flush(w),
+                Phase::Awaiting(a) => await_response(a),
+                Phase::Reading(r) => read(r),
+            };
+            match step {
+                Step::Wait(waiting) => return Progress::Pending(Request { body, phase: waiting }),
+                Step::Next(next) => phase = next,
+                Step::Done(outcome) => return Progress::Done(outcome),
+            }
+        }
+    }
+}
+
+/// Builds the request, hands it to the host and opens the body for writing.
+fn begin(config: &Config, headers: &[Header]) -> Result<Phase, Outcome> {
+    let fields = Fields::from_list(headers).map_err(|err| {
+        Outcome::Reject(match err {
+            HeaderError::Forbidden => "a request header is forbidden by the host".into(),
+            _ => "a request header is not valid HTTP".into(),
+        })
+    })?;
+    let request = OutgoingRequest::new(fields);
+    let target = &config.target;
+    let scheme = match target.scheme {
+        config::Scheme::Http => Scheme::Http,
+        config::Scheme::Https => Scheme::Https,
+    };
+    let accepted = request.set_method(&Method::Post).is_ok()
+        && request.set_scheme(Some(&scheme)).is_ok()
+        && request.set_authority(Some(&target.authority)).is_ok()
+        && request.set_path_with_query(Some(&target.path_with_query)).is_ok();
+    if !accepted {
+        return Err(outcome::retry("the host refused the configured url"));
+    }
+    let Ok(body) = request.body() else {
+        return Err(outcome::retry("the host gave the request no body"));
+    };
+
+    // Setting a timeout may be refused by a host that does not support it;
+    // its own ceilings then apply.
+    let options = RequestOptions::new();
+    let timeout = Some(config.timeout_ns);
+    let _ = options.set_connect_timeout(timeout);
+    let _ = options.set_first_byte_timeout(timeout);
+    let _ = options.set_between_bytes_timeout(timeout);
+
+    let response = match outgoing_handler::handle(request, Some(options)) {
+        Ok(response) => response,
+        // `body` is dropped unfinished, which aborts it.
+        Err(code) => return Err(outcome::transport_error(&code)),
+    };
+    Ok(match body.write() {
+        Ok(stream) => Phase::Writing(Writing {
+            ready: stream.subscribe(),
+            stream,
+            body,
+            written: 0,
+            response,
+        }),
+        Err(()) => {
+            let _ = OutgoingBody::finish(body, None);
+            Phase::Awaiting(Awaiting::new(response))
+        }
+    })
+}
+
+/// Writes as much of the body as the stream takes now.
+fn write(mut w: Writing, body: &[u8]) -> Step {
+    loop {
+        let remaining = body.len().saturating_sub(w.written);
+        if remaining == 0 {
+            return match w.stream.flush() {
+                Ok(()) => Step::Next(Phase::Flushing(w)),
+                Err(_) => Step::Next(finish_body(w)),
+            };
+        }
+        match w.stream.check_write() {
+            Ok(0) => return Step::Wait(Phase::Writing(w)),
+            Ok(permitted) => {
+                let len = usize::try_from(permitted).unwrap_or(usize::MAX).min(remaining);
+                let end = w.written + len;
+                match w.stream.write(&body[w.written..end]) {
+                    Ok(()) => w.written = end,
+                    Err(_) => return Step::Next(finish_body(w)),
+                }
+            }
+            Err(_) => return Step::Next(finish_body(w)),
+        }
+    }
+}
+
+/// Waits for the flush: the stream accepts writes again once it is done.
+fn flush(w: Writing) -> Step {
+    match w.stream.check_write() {
+        Ok(0) => Step::Wait(Phase::Flushing(w)),
+        _ => Step::Next(finish_body(w)),
+    }
+}
+
+/// Closes the body, whether or not all of it was written, and moves on to
+/// the response, which tells what happened.
+fn finish_body(w: Writing) -> Phase {
+    let Writing { ready, stream, body, response, .. } = w;
+    drop(ready);
+    drop(stream);
+    // An error here (e.g. fewer bytes than content-length after a failed
+    // write) is a consequence; the response future carries the cause.
+    let _ = OutgoingBody::finish(body, None);
+    Phase::Awaiting(Awaiting::new(response))
+}
+
+impl Awaiting {
+    fn new(response: FutureIncomingResponse) -> Awaiting {
+        Awaiting { ready: response.subscribe(), response }
+    }
+}
+
+fn await_response(a: Awaiting) -> Step {
+    match a.response.get() {
+        None => Step::Wait(Phase::Awaiting(a)),
+        Some(Ok(Ok(response))) => {
+            drop(a);
+            start_reading(response)
+        }
+        Some(Ok(Err(code))) => Step::Done(outcome::transport_error(&code)),
+        Some(Err(())) => Step::Done(outcome::retry("the response was already taken")),
+    }
+}
+
+/// Takes the status and `Retry-After`, then opens the body for draining.
+fn start_reading(response: IncomingResponse) -> Step {
+    let status = response.status();
+    let retry_after = if outcome::classify(status) == Class::Retry {
+        let headers = response.headers();
+        headers.get("retry-after").into_iter().next()
+    } else {
+        None
+    };
+    let Ok(body) = response.consume() else {
+        return Step::Done(answer(status, retry_after.as_deref(), &[]));
+    };
+    drop(response);
+    let Ok(stream) = body.stream() else {
+        return Step::Done(answer(status, retry_after.as_deref(), &[]));
+    };
+    Step::Next(Phase::Reading(Reading {
+        ready: stream.subscribe(),
+        stream,
+        body,
+        status,
+        retry_after,
+        read: 0,
+        kept: Vec::new(),
+    }))
+}
+
+/// Reads what is there, up to [`RESPONSE_BODY_CAP`] in all.
+fn read(mut r: Reading) -> Step {
+    let keep = if outcome::classify(r.status) == Class::Reject {
+        outcome::REASON_BODY_BYTES
+    } else {
+        0
+    };
+    while r.read < RESPONSE_BODY_CAP {
+        let want = (RESPONSE_BODY_CAP - r.read).min(READ_CHUNK);
+        match r.stream.read(want as u64) {
+            Ok(bytes) if bytes.is_empty() => return Step::Wait(Phase::Reading(r)),
+            Ok(bytes) => {
+                r.read += bytes.len();
+                let room = keep.saturating_sub(r.kept.len());
+                r.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+            // Closed: the body is complete. Failed: the status still decides.
+            Err(_) => break,
+        }
+    }
+    let Reading { ready, stream, body, status, retry_after, kept, .. } = r;
+    drop(ready);
+    drop(stream);
+    drop(body);
+    Step::Done(answer(status, retry_after.as_deref(), &kept))
+}
+
+fn answer(status: u16, retry_after: Option<&[u8]>, body: &[u8]) -> Outcome {
+    outcome::for_response(status, retry_after, body, now())
+}
+
+/// Wall-clock time since the unix epoch (`wasi:clocks/wall-clock`).
+pub fn now() -> Duration {
+    let now = wall_clock::now();
+    Duration::from_secs(now.seconds).saturating_add(Duration::from_nanos(now.nanoseconds.into()))
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: set-up, plugins built from source, then every
+# unit and integration test against real servers on loopback.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/setup.sh
+bash scripts/build-plugins.sh
+cargo test --workspace --no-fail-fast

@@ -1,0 +1,276 @@
+//! Shared harness for the integration tests: builds the plugins from
+//! source, runs a real HTTP receiver on loopback, and starts a daemon in
+//! the test process on its own temporary SQLite database and plugins folder.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use base64::Engine as _;
+use outboxd::config::Config;
+use outboxd::daemon::{Daemon, Migrations};
+
+/// Repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Build every shipped plugin (once per test process) and return the folder
+/// holding `<name>.wasm` and `<name>.toml`.
+pub fn built_plugins() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = repo_root();
+            let status = std::process::Command::new("bash")
+                .arg(root.join("scripts/build-plugins.sh"))
+                .status()
+                .expect("run scripts/build-plugins.sh");
+            assert!(status.success(), "building the plugins failed");
+            root.join("target/plugins")
+        })
+        .clone()
+}
+
+/// A fresh Standard Webhooks secret.
+pub fn new_secret() -> String {
+    format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 24]>()))
+}
+
+/// One request seen by the receiver.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub at: Instant,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+    }
+}
+
+#[derive(Default)]
+struct ReceiverInner {
+    seen: Vec<Received>,
+    /// Scripted answers, used in order; when empty, 200.
+    script: VecDeque<(u16, Vec<(String, String)>, String)>,
+}
+
+/// A real HTTP server on 127.0.0.1 that records every request.
+#[derive(Clone)]
+pub struct Receiver {
+    pub addr: SocketAddr,
+    inner: Arc<Mutex<ReceiverInner>>,
+}
+
+impl Receiver {
+    pub async fn start() -> Receiver {
+        let inner = Arc::new(Mutex::new(ReceiverInner::default()));
+        let app = axum::Router::new().fallback(handle).with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Receiver { addr, inner }
+    }
+
+    /// Answer the next request with `status`, extra headers and body.
+    pub fn script(&self, status: u16, headers: &[(&str, &str)], body: &str) {
+        self.inner.lock().unwrap().script.push_back((
+            status,
+            headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            body.to_string(),
+        ));
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/webhook", self.addr)
+    }
+
+    pub fn origin(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn seen(&self) -> Vec<Received> {
+        self.inner.lock().unwrap().seen.clone()
+    }
+}
+
+async fn handle(State(inner): State<Arc<Mutex<ReceiverInner>>>, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
+    let mut inner = inner.lock().unwrap();
+    inner.seen.push(Received { headers, body, at: Instant::now() });
+    let (status, extra, text) = inner.script.pop_front().unwrap_or((200, Vec::new(), String::new()));
+    let mut out = HeaderMap::new();
+    for (k, v) in extra {
+        out.insert(axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+    }
+    (StatusCode::from_u16(status).unwrap(), out, text)
+}
+
+/// Verify a Standard Webhooks signature; returns true when valid.
+pub fn verify_signature(secret: &str, r: &Received) -> bool {
+    use hmac::{Hmac, Mac};
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(secret.trim_start_matches("whsec_"))
+        .unwrap();
+    let (Some(id), Some(ts), Some(sigs)) =
+        (r.header("webhook-id"), r.header("webhook-timestamp"), r.header("webhook-signature"))
+    else {
+        return false;
+    };
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{id}.{ts}.").as_bytes());
+    mac.update(&r.body);
+    let expected = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    sigs.split(' ').any(|s| s.strip_prefix("v1,") == Some(expected.as_str()))
+}
+
+/// A plugins folder of a test's own, with the webhook component and a
+/// manifest written for this test.
+pub struct PluginsDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl PluginsDir {
+    pub fn new() -> PluginsDir {
+        PluginsDir { dir: tempfile::tempdir().unwrap() }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Add a webhook sink named `name` posting to `url`, allowed to reach
+    /// `allow` (origins), with retry base `retry_base`.
+    pub fn add_webhook(&self, name: &str, url: &str, allow: &[String], secret: &str, extra: &str) {
+        let wasm = built_plugins().join("webhook.wasm");
+        std::fs::copy(&wasm, self.path().join("webhook.wasm")).unwrap();
+        let allow: Vec<String> = allow.iter().map(|a| format!("{a:?}")).collect();
+        let manifest = format!(
+            "name = {name:?}\nversion = \"0.1.0\"\ncomponent = \"webhook.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n\
+             [limits]\ndeadline = \"10s\"\nmax-batch = 50\n\
+             [capabilities]\nhttp = [{}]\n\
+             [retry]\nbase = \"100ms\"\ncap = \"1s\"\n\
+             [config]\nurl = {url:?}\nsecret = {secret:?}\n{extra}",
+            allow.join(", ")
+        );
+        std::fs::write(self.path().join(format!("{name}.toml")), manifest).unwrap();
+    }
+
+    /// Write an arbitrary file into the folder.
+    pub fn write(&self, file: &str, bytes: &[u8]) {
+        std::fs::write(self.path().join(file), bytes).unwrap();
+    }
+}
+
+/// A daemon running in this process on a temporary SQLite database.
+pub struct TestDaemon {
+    pub daemon: Option<Daemon>,
+    pub base: String,
+    pub data: tempfile::TempDir,
+    pub http: reqwest::Client,
+}
+
+impl TestDaemon {
+    pub async fn start(plugins: &Path) -> TestDaemon {
+        Self::start_with(plugins, |_| {}).await
+    }
+
+    pub async fn start_with(plugins: &Path, adjust: impl FnOnce(&mut Config)) -> TestDaemon {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data.path().to_path_buf(),
+            plugins_dir: plugins.to_path_buf(),
+            ..Config::default()
+        };
+        config.delivery.max_poll_interval = Duration::from_millis(200);
+        adjust(&mut config);
+        let daemon = Daemon::start(config, Migrations::Apply).await.expect("daemon starts");
+        let base = format!("http://{}", daemon.addr);
+        TestDaemon { daemon: Some(daemon), base, data, http: reqwest::Client::new() }
+    }
+
+    pub async fn post(&self, content_type: &str, body: impl Into<reqwest::Body>) -> (u16, serde_json::Value) {
+        let r = self
+            .http
+            .post(format!("{}/v1/events", self.base))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        let r = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    /// The deliveries of an event, as the read API reports them.
+    pub async fn deliveries(&self, id: &str) -> Vec<serde_json::Value> {
+        let (status, body) = self.get(&format!("/v1/events/{id}")).await;
+        assert_eq!(status, 200, "GET /v1/events/{id}: {body}");
+        body["deliveries"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Wait until `check` holds for the event's first delivery, or panic
+    /// with the last state seen.
+    pub async fn wait_delivery(&self, id: &str, timeout: Duration, check: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let d = self.deliveries(id).await;
+            if let Some(first) = d.first() {
+                if check(first) {
+                    return first.clone();
+                }
+            }
+            if start.elapsed() > timeout {
+                panic!("delivery of {id} did not reach the expected state within {timeout:?}: {d:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(d) = self.daemon.take() {
+            d.shutdown().await;
+        }
+    }
+}
+
+/// A CloudEvent in the JSON format.
+pub fn event(id: &str, stream: &str, ty: &str, data: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "specversion": "1.0",
+        "id": id,
+        "source": "https://example.com/tests",
+        "type": ty,
+        "partitionkey": stream,
+        "datacontenttype": "application/json",
+        "data": data,
+    })
+}
+
+/// Wait until `f` returns true or `timeout` passes; returns the last value.
+pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f()
+}
