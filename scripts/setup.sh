@@ -15,6 +15,28 @@ if ((${#need_apt[@]})); then
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${need_apt[@]}"
 fi
 
+# PostgreSQL: the tests run against a real server on 127.0.0.1:5432 with
+# trust authentication for local TCP connections.
+if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+    sudo_cmd=()
+    [[ "$(id -u)" -eq 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q postgresql
+fi
+pg_ready() { (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; }
+if ! pg_ready; then
+    version="$(ls /etc/postgresql | sort -V | tail -n1)"
+    hba="/etc/postgresql/$version/main/pg_hba.conf"
+    # A fresh Debian cluster wants passwords on TCP; the tests use trust
+    # on loopback only.
+    if [[ -f "$hba" ]] && ! grep -q "^host all all 127.0.0.1/32 trust" "$hba"; then
+        sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+    fi
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start
+    for _ in $(seq 1 30); do pg_ready && break; sleep 1; done
+fi
+pg_ready || { echo "setup: PostgreSQL does not answer on 127.0.0.1:5432" >&2; exit 1; }
+
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
     rustup target add wasm32-wasip2
 fi

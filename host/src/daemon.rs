@@ -72,7 +72,16 @@ impl Daemon {
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let wake = Arc::new(Notify::new());
+        store.forward_wakeups(wake.clone(), shutdown_rx.clone());
         let mut tasks = Vec::new();
+        let route_table = routes.clone();
+        tasks.push(tokio::spawn(crate::delivery::run_router(
+            store.clone(),
+            Arc::new(move |e: &crate::event::NewEvent| route_table.sinks_for(e)),
+            config.delivery.clone(),
+            wake.clone(),
+            shutdown_rx.clone(),
+        )));
         for plugin in plugins.loaded.values() {
             tasks.push(tokio::spawn(crate::delivery::run_sink(
                 store.clone(),

@@ -1,6 +1,7 @@
-//! Shared harness for the integration tests: builds the plugins from
-//! source, runs a real HTTP receiver on loopback, and starts a daemon in
-//! the test process on its own temporary SQLite database and plugins folder.
+//! Shared harness for the integration tests: builds the plugins and the test
+//! components (tests/components/) from source, runs a real HTTP receiver on
+//! loopback, and starts a daemon in the test process on its own temporary
+//! SQLite database and plugins folder.
 #![allow(dead_code)]
 
 use std::collections::VecDeque;
@@ -37,6 +38,59 @@ pub fn built_plugins() -> PathBuf {
             root.join("target/plugins")
         })
         .clone()
+}
+
+/// Build the test components of `tests/components/` (once per test process)
+/// and return the path of component `name` (`spin`, `membomb`, `panic`,
+/// `stackoverflow`, `wrongcount`, `ok`).
+///
+/// Build outputs go to `target/wasm-test-components/` at the repository
+/// root, never into the source folder.
+pub fn test_component(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let root = repo_root();
+        let target_dir = root.join("target/wasm-test-components");
+        add_wasm_target();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--release", "--target", WASM_TARGET, "--manifest-path"])
+            .arg(root.join("tests/components/Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target_dir)
+            .status()
+            .expect("run cargo build for tests/components");
+        assert!(status.success(), "building the test components (tests/components/) failed");
+        target_dir.join(WASM_TARGET).join("release")
+    });
+    let path = dir.join(format!("{}.wasm", name.replace('-', "_")));
+    assert!(path.is_file(), "no test component {name:?}: {} is missing", path.display());
+    path
+}
+
+/// The target plugins and test components are built for.
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+/// Install the wasm target with rustup when it is missing (as
+/// scripts/build-plugins.sh does); without rustup, the build says why.
+fn add_wasm_target() {
+    let Ok(out) = std::process::Command::new("rustup").args(["target", "list", "--installed"]).output() else {
+        return;
+    };
+    if !String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == WASM_TARGET) {
+        let status = std::process::Command::new("rustup").args(["target", "add", WASM_TARGET]).status();
+        assert!(status.is_ok_and(|s| s.success()), "rustup target add {WASM_TARGET} failed");
+    }
+}
+
+/// Send the daemon's logs to the test's captured output (shown only when a
+/// test fails). The filter is `RUST_LOG`, else `outboxd=info`.
+pub fn init_logs() {
+    static INIT: OnceLock<()> = OnceLock::new();
+    INIT.get_or_init(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outboxd=info"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    });
 }
 
 /// A fresh Standard Webhooks secret.
@@ -165,6 +219,17 @@ impl PluginsDir {
         std::fs::write(self.path().join(format!("{name}.toml")), manifest).unwrap();
     }
 
+    /// Add sink `name` running the component at `component` (copied in as
+    /// `<name>.wasm`), with `extra` appended to its manifest (TOML tables
+    /// such as `[limits]`, `[retry]`, `[config]`).
+    pub fn add_component(&self, name: &str, component: &Path, extra: &str) {
+        std::fs::copy(component, self.path().join(format!("{name}.wasm"))).unwrap();
+        let manifest = format!(
+            "name = {name:?}\nversion = \"0.1.0\"\ncomponent = \"{name}.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n{extra}"
+        );
+        std::fs::write(self.path().join(format!("{name}.toml")), manifest).unwrap();
+    }
+
     /// Write an arbitrary file into the folder.
     pub fn write(&self, file: &str, bytes: &[u8]) {
         std::fs::write(self.path().join(file), bytes).unwrap();
@@ -243,6 +308,35 @@ impl TestDaemon {
         }
     }
 
+    /// The delivery of event `id` to `sink`, as the read API reports it.
+    pub async fn delivery(&self, id: &str, sink: &str) -> Option<serde_json::Value> {
+        self.deliveries(id).await.into_iter().find(|x| x["sink"] == sink)
+    }
+
+    /// Wait until `check` holds for the delivery of `id` to `sink`, or panic
+    /// with the last state seen.
+    pub async fn wait_sink(
+        &self,
+        id: &str,
+        sink: &str,
+        timeout: Duration,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let d = self.delivery(id, sink).await;
+            if let Some(d) = &d {
+                if check(d) {
+                    return d.clone();
+                }
+            }
+            if start.elapsed() > timeout {
+                panic!("delivery of {id} to {sink} did not reach the expected state within {timeout:?}: {d:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn stop(mut self) {
         if let Some(d) = self.daemon.take() {
             d.shutdown().await;
@@ -273,4 +367,63 @@ pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     f()
+}
+
+/// Admin URL of the test PostgreSQL server (`OUTBOXD_TEST_PG`, default
+/// the local server with trust authentication).
+pub fn pg_admin_url() -> String {
+    std::env::var("OUTBOXD_TEST_PG").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A database of the test's own: a fresh PostgreSQL database, or a fresh
+/// SQLite file. Dropped (PostgreSQL) by [`TestDb::cleanup`].
+pub struct TestDb {
+    pub url: String,
+    pg_name: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> TestDb {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                let url = format!("sqlite://{}", dir.path().join("outboxd.db").display());
+                TestDb { url, pg_name: None, _dir: Some(dir) }
+            }
+            Backend::Postgres => {
+                use sqlx::Connection;
+                let name = format!("outboxd_test_{}", hex::encode(rand::random::<[u8; 6]>()));
+                let mut admin = sqlx::PgConnection::connect(&pg_admin_url())
+                    .await
+                    .expect("PostgreSQL must run on 127.0.0.1:5432 (scripts/setup.sh starts it)");
+                sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
+                let admin_url = pg_admin_url();
+                let base = admin_url.rsplit_once('/').unwrap().0;
+                TestDb { url: format!("{base}/{name}"), pg_name: Some(name), _dir: None }
+            }
+        }
+    }
+
+    /// Open the store and apply its migrations.
+    pub async fn store(&self) -> std::sync::Arc<dyn outboxd::store::Store> {
+        let store = outboxd::store::open(&self.url).await.unwrap();
+        store.migrate().await.unwrap();
+        store
+    }
+
+    pub async fn cleanup(self) {
+        use sqlx::Connection;
+        if let Some(name) = &self.pg_name {
+            if let Ok(mut admin) = sqlx::PgConnection::connect(&pg_admin_url()).await {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut admin).await;
+            }
+        }
+    }
 }

@@ -33,6 +33,44 @@ pub fn minimum_lease(deadline: Duration) -> Duration {
     deadline * 2 + Duration::from_secs(5)
 }
 
+/// Route events enqueued by SQL inside applications' transactions (see
+/// `outboxd.enqueue`) until `shutdown` turns true: create their deliveries
+/// by the configured routes, then wake the sink loops.
+pub async fn run_router(
+    store: Arc<dyn Store>,
+    route: Arc<dyn Fn(&crate::event::NewEvent) -> Vec<String> + Send + Sync>,
+    config: DeliveryConfig,
+    wake: Arc<Notify>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    const PAGE: u32 = 500;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let routed = tokio::time::timeout(config.db_timeout, store.route_pending(&*route, PAGE)).await;
+        match routed {
+            Ok(Ok(n)) if n > 0 => {
+                wake.notify_waiters();
+                if n as u32 >= PAGE {
+                    continue;
+                }
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!("routing enqueued events failed: {e}"),
+            Err(_) => tracing::warn!("routing enqueued events timed out after {:?}", config.db_timeout),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.max_poll_interval) => {}
+            _ = &mut notified => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
 /// Run the delivery loop of one sink until `shutdown` turns true. An
 /// in-flight batch is finished before the loop returns.
 pub async fn run_sink(
@@ -117,7 +155,7 @@ async fn turn(
     let batch: Vec<Event> = claimed.iter().map(to_wit_event).collect();
     let outcomes = plugin.deliver(&batch).await;
     let policy = &plugin.manifest().retry;
-    let finishes: Vec<Finish> = match outcomes {
+    let mut finishes: Vec<Finish> = match outcomes {
         Ok(outcomes) => claimed
             .iter()
             .zip(outcomes)
@@ -135,6 +173,21 @@ async fn turn(
             claimed.iter().map(|c| retry::after_failure(policy, c, &reason, None)).collect()
         }
     };
+    // Behind the first event of a stream that was not delivered, the rest of
+    // that stream in this batch was not tried (the sink contract) and must
+    // wait for it: give those leases back without charging an attempt.
+    // A `delivered` the sink reported is kept: it did reach the target.
+    let mut blocked: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for (c, finish) in claimed.iter().zip(finishes.iter_mut()) {
+        let stream = c.event.event.stream.as_str();
+        if blocked.contains(stream) {
+            if !matches!(finish, Finish::Delivered) {
+                *finish = Finish::Release;
+            }
+        } else if !matches!(finish, Finish::Delivered) {
+            blocked.insert(stream);
+        }
+    }
     for (c, finish) in claimed.iter().zip(&finishes) {
         let ev = &c.event.event;
         let kept = tokio::time::timeout(db_timeout, store.finish(c.delivery_id, &c.lease_token, finish))
@@ -159,6 +212,9 @@ async fn turn(
             Finish::Dead { reason } => tracing::warn!(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
                 "delivery dead-lettered: {reason}"
+            ),
+            Finish::Release => tracing::debug!(
+                event_id = %ev.id, stream = %ev.stream, sink, "not tried: an earlier event of its stream failed"
             ),
         }
     }

@@ -16,6 +16,7 @@
 //! Must never: decide policy (retry delays, routing, what counts as
 //! permanent) — callers pass decisions in; call plugins or the network.
 
+pub mod postgres;
 pub mod sqlite;
 
 use std::time::Duration;
@@ -109,6 +110,9 @@ pub struct Claimed {
     pub event: StoredEvent,
 }
 
+/// Routing decision handed to the store: the sinks an event goes to.
+pub type RouteFn = dyn for<'e> Fn(&'e NewEvent) -> Vec<String> + Send + Sync;
+
 /// How a claimed delivery ends this attempt.
 #[derive(Debug, Clone)]
 pub enum Finish {
@@ -118,9 +122,14 @@ pub enum Finish {
     Retry { delay: Duration, reason: String },
     /// Dead-letter it with `reason`.
     Dead { reason: String },
+    /// Give the lease back without charging the attempt: the delivery was
+    /// not tried (an earlier event of its stream failed in the same batch).
+    /// It becomes due again at once and waits for its predecessor.
+    Release,
 }
 
-/// The durable store. Implementations: [`sqlite::SqliteStore`].
+/// The durable store. Implementations: [`postgres::PgStore`],
+/// [`sqlite::SqliteStore`].
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Store a request's events and their deliveries in one transaction.
@@ -145,6 +154,21 @@ pub trait Store: Send + Sync + 'static {
     /// if one is due now); `None` when it has none pending.
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError>;
 
+    /// Create the deliveries of up to `limit` events that were enqueued
+    /// without routing (by SQL, inside an application's transaction),
+    /// using `route` to pick their sinks. Returns how many events it routed.
+    async fn route_pending(
+        &self,
+        route: &RouteFn,
+        limit: u32,
+    ) -> Result<usize, StoreError>;
+
+    /// Start forwarding wake-ups from other processes (PostgreSQL
+    /// LISTEN/NOTIFY on ingest) to `wake`, reconnecting after failures,
+    /// until `stop` turns true. A store without cross-process wake-ups does
+    /// nothing.
+    fn forward_wakeups(&self, wake: std::sync::Arc<tokio::sync::Notify>, stop: tokio::sync::watch::Receiver<bool>);
+
     /// Names of migrations not yet applied.
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError>;
 
@@ -158,15 +182,19 @@ pub trait Store: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 }
 
-/// Open the store named by a database URL (`sqlite://PATH`).
+/// Open the store named by a database URL: `postgres://…` /
+/// `postgresql://…`, or `sqlite://PATH`.
 ///
 /// Errors: an unsupported scheme, or the database cannot be opened.
 pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(std::sync::Arc::new(postgres::PgStore::open(url).await?));
+    }
     if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
         return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path).await?));
     }
     Err(StoreError::Database(sqlx::Error::Configuration(
-        format!("unsupported database URL {:?}: expected sqlite://PATH", redact_url(url)).into(),
+        format!("unsupported database URL {:?}: expected postgres://… or sqlite://PATH", redact_url(url)).into(),
     )))
 }
 
@@ -182,6 +210,23 @@ pub fn redact_url(url: &str) -> String {
         }
         _ => url.to_string(),
     }
+}
+
+/// Whether `stored` and `new` (same id) are the same event: equal content
+/// hashes, or — when the stored row has no hash (enqueued by SQL) — no
+/// differing attribute. `Err` lists the attributes that differ.
+pub(crate) fn same_event(stored_hash: Option<&str>, stored: &NewEvent, new: &NewEvent, new_hash: &str) -> Result<(), Vec<String>> {
+    if stored_hash == Some(new_hash) {
+        return Ok(());
+    }
+    let diff = new.differences(stored);
+    if diff.is_empty() && stored_hash.is_none() {
+        return Ok(());
+    }
+    if diff.is_empty() {
+        return Err(vec!["content".to_string()]);
+    }
+    Err(diff)
 }
 
 /// Random lease token: 128 bits as 32 hex digits.

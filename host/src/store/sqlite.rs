@@ -19,7 +19,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
-    new_lease_token, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store, StoreError,
+    new_lease_token, RouteFn, same_event, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store, StoreError,
     StoredEvent,
 };
 use crate::event::{DataFormat, NewEvent};
@@ -113,22 +113,20 @@ impl Store for SqliteStore {
                 .await
                 .map_err(StoreError::from)?;
             if let Some(row) = existing {
-                let stored_hash: String = row.try_get("content_hash").map_err(StoreError::from)?;
+                let stored_hash: Option<String> = row.try_get("content_hash").map_err(StoreError::from)?;
                 let stored = event_from_row(&row)?;
-                if stored_hash == hash {
-                    out.push(Ingested {
-                        id: ev.id.clone(),
-                        stream: stored.event.stream,
-                        sequence: stored.sequence,
-                        duplicate: true,
-                    });
-                    continue;
+                match same_event(stored_hash.as_deref(), &stored.event, ev, &hash) {
+                    Ok(()) => {
+                        out.push(Ingested {
+                            id: ev.id.clone(),
+                            stream: stored.event.stream,
+                            sequence: stored.sequence,
+                            duplicate: true,
+                        });
+                        continue;
+                    }
+                    Err(attributes) => return Err(IngestError::Conflict { index, id: ev.id.clone(), attributes }),
                 }
-                let mut attributes = ev.differences(&stored.event);
-                if attributes.is_empty() {
-                    attributes.push("content".to_string());
-                }
-                return Err(IngestError::Conflict { index, id: ev.id.clone(), attributes });
             }
 
             let last: Option<i64> = sqlx::query_scalar("SELECT last_sequence FROM streams WHERE stream = ?")
@@ -250,8 +248,8 @@ impl Store for SqliteStore {
     async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError> {
         let mut tx = self.writer.begin().await?;
         let now = now_ms(&mut tx).await?;
-        let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT d.id FROM deliveries d \
+        let heads: Vec<(i64, String, i64)> = sqlx::query_as(
+            "SELECT d.id, d.stream, d.sequence FROM deliveries d \
              WHERE d.sink = ?1 AND d.status = 'pending' AND d.next_attempt_at <= ?2 \
                AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= ?2) \
                AND NOT EXISTS (SELECT 1 FROM deliveries p \
@@ -264,6 +262,35 @@ impl Store for SqliteStore {
         .bind(limit as i64)
         .fetch_all(&mut *tx)
         .await?;
+        let mut ids: Vec<i64> = heads.iter().map(|h| h.0).collect();
+        // Fill the rest of the batch with contiguous runs behind the heads:
+        // the next live rows of the same stream, while each is due and not
+        // leased. (Rows of a stream behind a head we hold cannot be claimed
+        // by anyone else, since they are not heads.)
+        let mut room = (limit as usize).saturating_sub(ids.len());
+        for (_, stream, sequence) in &heads {
+            if room == 0 {
+                break;
+            }
+            let followers: Vec<(i64, i64, Option<i64>)> = sqlx::query_as(
+                "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
+                 WHERE sink = ? AND stream = ? AND status = 'pending' AND sequence > ? \
+                 ORDER BY sequence LIMIT ?",
+            )
+            .bind(sink)
+            .bind(stream)
+            .bind(sequence)
+            .bind(room as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+            for (id, next_attempt_at, lease) in followers {
+                if next_attempt_at > now || lease.is_some_and(|l| l > now) {
+                    break;
+                }
+                ids.push(id);
+                room -= 1;
+            }
+        }
         if ids.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
@@ -357,6 +384,17 @@ impl Store for SqliteStore {
                 .execute(&mut *conn)
                 .await?
             }
+            Finish::Release => {
+                sqlx::query(&format!(
+                    "UPDATE deliveries SET attempts = attempts - 1, \
+                     first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, \
+                     lease_token = NULL, lease_expires_at = NULL {fence}"
+                ))
+                .bind(delivery_id)
+                .bind(lease_token)
+                .execute(&mut *conn)
+                .await?
+            }
         };
         Ok(result.rows_affected() == 1)
     }
@@ -376,6 +414,19 @@ impl Store for SqliteStore {
         .await?;
         let wait: Option<i64> = row.try_get("wait_ms")?;
         Ok(wait.map(|ms| Duration::from_millis(ms.max(0) as u64)))
+    }
+
+    async fn route_pending(
+        &self,
+        _route: &RouteFn,
+        _limit: u32,
+    ) -> Result<usize, StoreError> {
+        // Every SQLite event comes through ingest, which routes it.
+        Ok(0)
+    }
+
+    fn forward_wakeups(&self, _wake: std::sync::Arc<tokio::sync::Notify>, _stop: tokio::sync::watch::Receiver<bool>) {
+        // One process owns an SQLite file; ingest wakes the loops directly.
     }
 
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {

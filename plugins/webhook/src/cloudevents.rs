@@ -128,7 +128,9 @@ fn is_token_char(b: u8) -> bool {
 /// Visible ASCII, space and tab, no surrounding whitespace (RFC 9110 §5.5,
 /// without obsolete text).
 fn is_header_value(value: &str) -> bool {
-    value.bytes().all(|b| b == b'\t' || b == b' ' || b.is_ascii_graphic())
+    value
+        .bytes()
+        .all(|b| b == b'\t' || b == b' ' || b.is_ascii_graphic())
         && value.trim_matches([' ', '\t']).len() == value.len()
 }
 
@@ -170,7 +172,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, br#"{"test": 2432232314}"#),
+            sign(
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1614265330,
+                br#"{"test": 2432232314}"#
+            ),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
     }
@@ -185,7 +192,10 @@ mod tests {
         assert_eq!(get(&headers, "ce-partitionkey"), Some("order-7"));
         assert_eq!(get(&headers, "ce-sequence"), Some("42"));
         assert_eq!(get(&headers, "ce-subject"), None);
-        assert_eq!(get(&headers, "ce-traceparent"), Some("00-ab%20cd-%22x%22-%25"));
+        assert_eq!(
+            get(&headers, "ce-traceparent"),
+            Some("00-ab%20cd-%22x%22-%25")
+        );
         assert_eq!(get(&headers, "content-type"), Some("application/json"));
         assert_eq!(get(&headers, "content-length"), Some("2"));
         assert_eq!(get(&headers, "webhook-id"), Some("evt-1"));
@@ -200,9 +210,15 @@ mod tests {
     fn own_attributes_win_over_extensions() {
         let key = SigningKey::new_from_slice(b"key").unwrap();
         let mut event = event();
-        event.extensions = vec![("Sequence".into(), "1".into()), ("Tenant".into(), "a".into())];
+        event.extensions = vec![
+            ("Sequence".into(), "1".into()),
+            ("Tenant".into(), "a".into()),
+        ];
         let headers = headers(&event, &key, 0).unwrap();
-        assert_eq!(headers.iter().filter(|(n, _)| n == "ce-sequence").count(), 1);
+        assert_eq!(
+            headers.iter().filter(|(n, _)| n == "ce-sequence").count(),
+            1
+        );
         assert_eq!(get(&headers, "ce-tenant"), Some("a"));
     }
 

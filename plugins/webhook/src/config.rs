@@ -93,7 +93,8 @@ impl Config {
             }
         }
 
-        let url = url.ok_or("config key `url` is required: the http:// or https:// URL to POST events to")?;
+        let url = url
+            .ok_or("config key `url` is required: the http:// or https:// URL to POST events to")?;
         let secret = secret.ok_or(
             "config key `secret` is required: the endpoint's signing secret, `whsec_<base64>`",
         )?;
@@ -135,7 +136,8 @@ fn parse_secret(value: &str) -> Result<SigningKey, String> {
     // The decoder's own error names the offending character and its offset;
     // that would leak part of the secret, so it is not passed on.
     let key = SECRET_BASE64.decode(encoded).map_err(|_| {
-        "config key `secret` is not valid: expected `whsec_` followed by standard base64".to_string()
+        "config key `secret` is not valid: expected `whsec_` followed by standard base64"
+            .to_string()
     })?;
     if key.is_empty() {
         return Err("config key `secret` decodes to an empty key".into());
@@ -189,7 +191,10 @@ fn check_authority(authority: &str) -> Result<(), String> {
             Some((host, "")) => (host, None),
             Some((host, rest)) => match rest.strip_prefix(':') {
                 Some(port) => (host, Some(port)),
-                None => return Err("config key `url` has an IPv6 host followed by something other than `:port`".into()),
+                None => return Err(
+                    "config key `url` has an IPv6 host followed by something other than `:port`"
+                        .into(),
+                ),
             },
             None => return Err("config key `url` has an unclosed `[` in its host".into()),
         }
@@ -206,7 +211,10 @@ fn check_authority(authority: &str) -> Result<(), String> {
                 || (host.starts_with('[') && (b == b':' || (i == 0 && b == b'[')))
         });
     if !host_ok {
-        return Err("config key `url` has an empty or malformed host (an IPv6 address needs brackets)".into());
+        return Err(
+            "config key `url` has an empty or malformed host (an IPv6 address needs brackets)"
+                .into(),
+        );
     }
     if let Some(port) = port {
         let valid = !port.is_empty()
@@ -241,7 +249,8 @@ mod tests {
 
     #[test]
     fn defaults_apply() {
-        let config = parse(&[("url", "http://127.0.0.1:9090/webhook"), ("secret", SECRET)]).unwrap();
+        let config =
+            parse(&[("url", "http://127.0.0.1:9090/webhook"), ("secret", SECRET)]).unwrap();
         assert_eq!(config.max_concurrency, 32);
         assert_eq!(config.timeout_ns, 10_000_000_000);
         assert_eq!(
@@ -257,27 +266,67 @@ mod tests {
     #[test]
     fn url_forms() {
         let target = |url: &str| parse_url(url).map(|t| (t.scheme, t.authority, t.path_with_query));
-        assert_eq!(target("HTTPS://Example.com"), Ok((Scheme::Https, "example.com".into(), "/".into())));
-        assert_eq!(target("http://h?x=1#frag"), Ok((Scheme::Http, "h".into(), "/?x=1".into())));
-        assert_eq!(target("http://[::1]:8080/a/b?c"), Ok((Scheme::Http, "[::1]:8080".into(), "/a/b?c".into())));
-        for bad in ["ftp://h/", "http://", "http://u:p@h/", "http://h:0/", "http://h:x/", "http://::1/", "http://h/a b", "http://[::1/", "http://h:/"] {
+        assert_eq!(
+            target("HTTPS://Example.com"),
+            Ok((Scheme::Https, "example.com".into(), "/".into()))
+        );
+        assert_eq!(
+            target("http://h?x=1#frag"),
+            Ok((Scheme::Http, "h".into(), "/?x=1".into()))
+        );
+        assert_eq!(
+            target("http://[::1]:8080/a/b?c"),
+            Ok((Scheme::Http, "[::1]:8080".into(), "/a/b?c".into()))
+        );
+        for bad in [
+            "ftp://h/",
+            "http://",
+            "http://u:p@h/",
+            "http://h:0/",
+            "http://h:x/",
+            "http://::1/",
+            "http://h/a b",
+            "http://[::1/",
+            "http://h:/",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad} should be refused");
         }
     }
 
     #[test]
     fn errors_name_the_key_and_hide_the_secret() {
-        let err = parse(&[("url", "http://h/"), ("secret", "whsec_not*base64")]).err().unwrap();
-        assert!(err.contains("`secret`") && !err.contains("not*base64"), "{err}");
-        let err = parse(&[("url", "http://h/"), ("secret", SECRET), ("colour", "red")]).err().unwrap();
+        let err = parse(&[("url", "http://h/"), ("secret", "whsec_not*base64")])
+            .err()
+            .unwrap();
+        assert!(
+            err.contains("`secret`") && !err.contains("not*base64"),
+            "{err}"
+        );
+        let err = parse(&[("url", "http://h/"), ("secret", SECRET), ("colour", "red")])
+            .err()
+            .unwrap();
         assert!(err.contains("`colour`"), "{err}");
         let err = parse(&[("secret", SECRET)]).err().unwrap();
         assert!(err.contains("`url`"), "{err}");
-        let err = parse(&[("url", "http://h/"), ("secret", SECRET), ("max-concurrency", "0")]).err().unwrap();
+        let err = parse(&[
+            ("url", "http://h/"),
+            ("secret", SECRET),
+            ("max-concurrency", "0"),
+        ])
+        .err()
+        .unwrap();
         assert!(err.contains("`max-concurrency`"), "{err}");
-        let err = parse(&[("url", "http://h/"), ("secret", SECRET), ("timeout-ms", "soon")]).err().unwrap();
+        let err = parse(&[
+            ("url", "http://h/"),
+            ("secret", SECRET),
+            ("timeout-ms", "soon"),
+        ])
+        .err()
+        .unwrap();
         assert!(err.contains("`timeout-ms`"), "{err}");
-        let err = parse(&[("url", "http://h/"), ("secret", "")]).err().unwrap();
+        let err = parse(&[("url", "http://h/"), ("secret", "")])
+            .err()
+            .unwrap();
         assert!(err.contains("`secret`"), "{err}");
     }
 

@@ -26,9 +26,15 @@ pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
     let mut in_flight: Vec<InFlight<'_>> = Vec::new();
     loop {
         while in_flight.len() < config.max_concurrency {
-            let Some((stream, event)) = state.next_ready() else { break };
+            let Some((stream, event)) = state.next_ready() else {
+                break;
+            };
             match start(config, &batch[event]) {
-                Progress::Pending(request) => in_flight.push(InFlight { stream, event, request }),
+                Progress::Pending(request) => in_flight.push(InFlight {
+                    stream,
+                    event,
+                    request,
+                }),
                 Progress::Done(outcome) => state.settle(stream, event, outcome),
             }
         }
@@ -37,7 +43,8 @@ pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
         }
 
         let ready = {
-            let pollables: Vec<&Pollable> = in_flight.iter().map(|f| f.request.pollable()).collect();
+            let pollables: Vec<&Pollable> =
+                in_flight.iter().map(|f| f.request.pollable()).collect();
             let mut ready = vec![false; pollables.len()];
             for index in poll::poll(&pollables) {
                 if let Some(flag) = usize::try_from(index).ok().and_then(|i| ready.get_mut(i)) {
@@ -51,9 +58,17 @@ pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
                 in_flight.push(flight);
                 continue;
             }
-            let InFlight { stream, event, request } = flight;
+            let InFlight {
+                stream,
+                event,
+                request,
+            } = flight;
             match request.advance() {
-                Progress::Pending(request) => in_flight.push(InFlight { stream, event, request }),
+                Progress::Pending(request) => in_flight.push(InFlight {
+                    stream,
+                    event,
+                    request,
+                }),
                 Progress::Done(outcome) => state.settle(stream, event, outcome),
             }
         }
@@ -123,7 +138,9 @@ impl<'a> Batch<'a> {
     /// Records the answer for `events[event]`. Delivered: its stream's next
     /// event may start. Anything else: the stream's remaining events retry.
     fn settle(&mut self, stream: usize, event: usize, outcome: Outcome) {
-        let Some(queue) = self.queues.get_mut(stream) else { return };
+        let Some(queue) = self.queues.get_mut(stream) else {
+            return;
+        };
         match &outcome {
             Outcome::Delivered => {
                 if !queue.is_empty() {
@@ -141,7 +158,10 @@ impl<'a> Batch<'a> {
                 let reason = format!("predecessor {id} not delivered");
                 for later in queue.drain(..) {
                     if let Some(slot) = self.outcomes.get_mut(later) {
-                        *slot = Some(Outcome::Retry(RetryInfo { reason: reason.clone(), after_ms }));
+                        *slot = Some(Outcome::Retry(RetryInfo {
+                            reason: reason.clone(),
+                            after_ms,
+                        }));
                     }
                 }
             }

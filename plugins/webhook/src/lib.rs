@@ -48,7 +48,10 @@ impl bindings::Guest for Webhook {
         let guard = CONFIG.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(config) = guard.as_ref() else {
             log(Level::Error, "deliver called before a successful init");
-            return batch.iter().map(|_| outcome::retry("sink not initialised")).collect();
+            return batch
+                .iter()
+                .map(|_| outcome::retry("sink not initialised"))
+                .collect();
         };
         let outcomes = deliver::deliver(config, &batch);
         log(Level::Debug, &summary(&outcomes));

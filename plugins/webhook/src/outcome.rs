@@ -43,7 +43,12 @@ pub fn classify(status: u16) -> Class {
 
 /// The outcome for a response with `status`, its `Retry-After` header value
 /// and the start of its body; `now` is the time since the unix epoch.
-pub fn for_response(status: u16, retry_after: Option<&[u8]>, body: &[u8], now: Duration) -> Outcome {
+pub fn for_response(
+    status: u16,
+    retry_after: Option<&[u8]>,
+    body: &[u8],
+    now: Duration,
+) -> Outcome {
     match classify(status) {
         Class::Delivered => Outcome::Delivered,
         Class::Retry => Outcome::Retry(RetryInfo {
@@ -87,7 +92,10 @@ pub fn retry_after_ms(value: &[u8], now: Duration) -> Option<u64> {
 
 /// A `retry` outcome without a hint.
 pub fn retry(reason: impl Into<String>) -> Outcome {
-    Outcome::Retry(RetryInfo { reason: reason.into(), after_ms: None })
+    Outcome::Retry(RetryInfo {
+        reason: reason.into(),
+        after_ms: None,
+    })
 }
 
 /// A `retry` outcome for a request that failed before a response arrived.
@@ -188,9 +196,18 @@ mod tests {
     fn retry_after_forms() {
         assert_eq!(retry_after_ms(b"120", NOW), Some(120_000));
         assert_eq!(retry_after_ms(b" 0 ", NOW), Some(0));
-        assert_eq!(retry_after_ms(b"99999999999999999999999", NOW), Some(u64::MAX));
-        assert_eq!(retry_after_ms(b"Wed, 21 Oct 2015 07:28:30 GMT", NOW), Some(30_000));
-        assert_eq!(retry_after_ms(b"Wed, 21 Oct 2015 07:27:00 GMT", NOW), Some(0));
+        assert_eq!(
+            retry_after_ms(b"99999999999999999999999", NOW),
+            Some(u64::MAX)
+        );
+        assert_eq!(
+            retry_after_ms(b"Wed, 21 Oct 2015 07:28:30 GMT", NOW),
+            Some(30_000)
+        );
+        assert_eq!(
+            retry_after_ms(b"Wed, 21 Oct 2015 07:27:00 GMT", NOW),
+            Some(0)
+        );
         assert_eq!(retry_after_ms(b"-5", NOW), None);
         assert_eq!(retry_after_ms(b"soon", NOW), None);
         assert_eq!(retry_after_ms(&[0xff, 0x31], NOW), None);
@@ -210,7 +227,10 @@ mod tests {
     #[test]
     fn reject_quotes_the_body() {
         assert_eq!(reject_reason(404, b""), "HTTP 404");
-        assert_eq!(reject_reason(400, b"bad\r\nthing\xff"), "HTTP 400: bad  thing\u{fffd}");
+        assert_eq!(
+            reject_reason(400, b"bad\r\nthing\xff"),
+            "HTTP 400: bad  thing\u{fffd}"
+        );
         let long = "é".repeat(500);
         let reason = reject_reason(422, long.as_bytes());
         assert_eq!(reason.chars().count(), "HTTP 422: ".len() + 200);

@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use wasip2::clocks::wall_clock;
 use wasip2::http::outgoing_handler;
+use wasip2::http::types::Fields;
 use wasip2::http::types::{
     FutureIncomingResponse, HeaderError, IncomingBody, IncomingResponse, Method, OutgoingBody,
     OutgoingRequest, RequestOptions, Scheme,
 };
-use wasip2::http::types::Fields;
 use wasip2::io::poll::Pollable;
 use wasip2::io::streams::{InputStream, OutputStream};
 
@@ -132,7 +132,12 @@ impl<'a> Request<'a> {
                 Phase::Reading(r) => read(r),
             };
             match step {
-                Step::Wait(waiting) => return Progress::Pending(Request { body, phase: waiting }),
+                Step::Wait(waiting) => {
+                    return Progress::Pending(Request {
+                        body,
+                        phase: waiting,
+                    })
+                }
                 Step::Next(next) => phase = next,
                 Step::Done(outcome) => return Progress::Done(outcome),
             }
@@ -157,7 +162,9 @@ fn begin(config: &Config, headers: &[Header]) -> Result<Phase, Outcome> {
     let accepted = request.set_method(&Method::Post).is_ok()
         && request.set_scheme(Some(&scheme)).is_ok()
         && request.set_authority(Some(&target.authority)).is_ok()
-        && request.set_path_with_query(Some(&target.path_with_query)).is_ok();
+        && request
+            .set_path_with_query(Some(&target.path_with_query))
+            .is_ok();
     if !accepted {
         return Err(outcome::retry("the host refused the configured url"));
     }
@@ -206,7 +213,9 @@ fn write(mut w: Writing, body: &[u8]) -> Step {
         match w.stream.check_write() {
             Ok(0) => return Step::Wait(Phase::Writing(w)),
             Ok(permitted) => {
-                let len = usize::try_from(permitted).unwrap_or(usize::MAX).min(remaining);
+                let len = usize::try_from(permitted)
+                    .unwrap_or(usize::MAX)
+                    .min(remaining);
                 let end = w.written + len;
                 match w.stream.write(&body[w.written..end]) {
                     Ok(()) => w.written = end,
@@ -229,7 +238,13 @@ fn flush(w: Writing) -> Step {
 /// Closes the body, whether or not all of it was written, and moves on to
 /// the response, which tells what happened.
 fn finish_body(w: Writing) -> Phase {
-    let Writing { ready, stream, body, response, .. } = w;
+    let Writing {
+        ready,
+        stream,
+        body,
+        response,
+        ..
+    } = w;
     drop(ready);
     drop(stream);
     // An error here (e.g. fewer bytes than content-length after a failed
@@ -240,7 +255,10 @@ fn finish_body(w: Writing) -> Phase {
 
 impl Awaiting {
     fn new(response: FutureIncomingResponse) -> Awaiting {
-        Awaiting { ready: response.subscribe(), response }
+        Awaiting {
+            ready: response.subscribe(),
+            response,
+        }
     }
 }
 
@@ -303,7 +321,15 @@ fn read(mut r: Reading) -> Step {
             Err(_) => break,
         }
     }
-    let Reading { ready, stream, body, status, retry_after, kept, .. } = r;
+    let Reading {
+        ready,
+        stream,
+        body,
+        status,
+        retry_after,
+        kept,
+        ..
+    } = r;
     drop(ready);
     drop(stream);
     drop(body);

@@ -1,0 +1,586 @@
+//! The PostgreSQL store, for production and for several replicas.
+//!
+//! Owns: the PostgreSQL schema (`migrations/postgres/`, schema `outboxd`)
+//! and the SQL that keeps the rules of [`crate::store`] with many writers
+//! and many workers at once:
+//!
+//! - ingest locks the `streams` rows it touches, in sorted order (no
+//!   deadlock between two batches), so sequences are gapless and strictly
+//!   increasing under any concurrency; a unique violation on `id` (two
+//!   producers racing with the same id) or a deadlock/serialization failure
+//!   retries the transaction, which then sees the winner's row;
+//! - claims use `FOR UPDATE SKIP LOCKED` on the heads of streams, so
+//!   concurrent workers and replicas never take the same delivery; lease
+//!   expiry is `now()` of the database;
+//! - every connection carries a `statement_timeout`, so no call can hang.
+//!
+//! Must never: compute a time from the process clock, or hold a
+//! transaction open across a plugin call.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
+use sqlx::{PgPool, Postgres, Row, Transaction};
+use tokio::sync::{watch, Notify};
+
+use super::{
+    new_lease_token, RouteFn, same_event, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store,
+    StoreError, StoredEvent,
+};
+use crate::event::{DataFormat, NewEvent};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// Server-side limit on any one statement.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Channel of the wake-up notifications sent on ingest.
+pub const WAKE_CHANNEL: &str = "outboxd_wake";
+/// Attempts of an ingest transaction that lost a race (unique violation,
+/// deadlock, serialization failure) before giving up.
+const INGEST_ATTEMPTS: usize = 5;
+
+/// The PostgreSQL store.
+pub struct PgStore {
+    pool: PgPool,
+    url: String,
+}
+
+impl PgStore {
+    /// Connect (pool of up to 16 connections).
+    pub async fn open(url: &str) -> Result<PgStore, StoreError> {
+        let options = PgConnectOptions::from_str(url)?
+            .options([("statement_timeout", format!("{}", STATEMENT_TIMEOUT.as_millis()))])
+            .application_name("outboxd");
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        Ok(PgStore { pool, url: url.to_string() })
+    }
+}
+
+const EVENT_COLUMNS: &str = "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
+     producer_sequence, extensions, data, data_format, \
+     (extract(epoch FROM ingested_at) * 1000)::bigint AS ingested_at_ms";
+
+fn event_from_row(row: &PgRow) -> Result<StoredEvent, StoreError> {
+    let extensions: String = row.try_get("extensions")?;
+    let extensions: BTreeMap<String, String> = serde_json::from_str(&extensions)
+        .map_err(|e| StoreError::Corrupt(format!("events.extensions: {e}")))?;
+    let sequence: i64 = row.try_get("sequence")?;
+    let producer_sequence: bool = row.try_get("producer_sequence")?;
+    let data_format: String = row.try_get("data_format")?;
+    Ok(StoredEvent {
+        event: NewEvent {
+            id: row.try_get("id")?,
+            source: row.try_get("source")?,
+            ty: row.try_get("type")?,
+            subject: row.try_get("subject")?,
+            time: row.try_get("time")?,
+            datacontenttype: row.try_get("datacontenttype")?,
+            dataschema: row.try_get("dataschema")?,
+            stream: row.try_get("stream")?,
+            sequence: producer_sequence.then_some(sequence as u64),
+            extensions,
+            data: row.try_get("data")?,
+            data_format: DataFormat::parse(&data_format),
+        },
+        sequence: sequence as u64,
+        ingested_at_ms: row.try_get("ingested_at_ms")?,
+    })
+}
+
+/// True for errors after which the whole transaction may simply be re-run.
+fn is_retryable(e: &IngestError) -> bool {
+    let IngestError::Store(StoreError::Database(sqlx::Error::Database(db))) = e else {
+        return false;
+    };
+    matches!(db.code().as_deref(), Some("23505") | Some("40001") | Some("40P01"))
+}
+
+async fn insert_deliveries(
+    tx: &mut Transaction<'_, Postgres>,
+    event_id: &str,
+    stream: &str,
+    sequence: i64,
+    sinks: &[String],
+) -> Result<(), sqlx::Error> {
+    if sinks.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) \
+         SELECT $1, sink, $2, $3 FROM unnest($4::text[]) AS sink \
+         ON CONFLICT (event_id, sink) DO NOTHING",
+    )
+    .bind(event_id)
+    .bind(stream)
+    .bind(sequence)
+    .bind(sinks)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+impl PgStore {
+    async fn ingest_once(&self, items: &[IngestItem]) -> Result<(Vec<Ingested>, bool), IngestError> {
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        // Lock every stream row this request touches, in sorted order.
+        let streams: BTreeSet<&str> = items.iter().map(|i| i.event.stream.as_str()).collect();
+        let streams: Vec<&str> = streams.into_iter().collect();
+        sqlx::query(
+            "INSERT INTO outboxd.streams (stream, last_sequence) SELECT s, 0 FROM unnest($1::text[]) AS s \
+             ORDER BY s ON CONFLICT (stream) DO NOTHING",
+        )
+        .bind(&streams)
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT stream, last_sequence FROM outboxd.streams WHERE stream = ANY($1) ORDER BY stream FOR UPDATE",
+        )
+        .bind(&streams)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+        let mut last: BTreeMap<String, u64> = rows.into_iter().map(|(s, n)| (s, n as u64)).collect();
+        let original = last.clone();
+
+        let mut out = Vec::with_capacity(items.len());
+        let mut queued = false;
+        for (index, item) in items.iter().enumerate() {
+            let ev = &item.event;
+            let hash = ev.content_hash();
+            let existing = sqlx::query(&format!(
+                "SELECT {EVENT_COLUMNS}, content_hash FROM outboxd.events WHERE id = $1"
+            ))
+            .bind(&ev.id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
+            if let Some(row) = existing {
+                let stored_hash: Option<String> = row.try_get("content_hash").map_err(StoreError::from)?;
+                let stored = event_from_row(&row)?;
+                match same_event(stored_hash.as_deref(), &stored.event, ev, &hash) {
+                    Ok(()) => {
+                        out.push(Ingested {
+                            id: ev.id.clone(),
+                            stream: stored.event.stream,
+                            sequence: stored.sequence,
+                            duplicate: true,
+                        });
+                        continue;
+                    }
+                    Err(attributes) => return Err(IngestError::Conflict { index, id: ev.id.clone(), attributes }),
+                }
+            }
+            let prev = last.get(&ev.stream).copied().unwrap_or(0);
+            let sequence = match ev.sequence {
+                Some(given) if given <= prev => {
+                    return Err(IngestError::SequenceNotIncreasing {
+                        index,
+                        id: ev.id.clone(),
+                        stream: ev.stream.clone(),
+                        given,
+                        last: prev,
+                    })
+                }
+                Some(given) => given,
+                None => prev + 1,
+            };
+            last.insert(ev.stream.clone(), sequence);
+            let extensions = serde_json::to_string(&ev.extensions).expect("string map serialises");
+            sqlx::query(
+                "INSERT INTO outboxd.events (id, source, type, subject, time, datacontenttype, dataschema, stream, \
+                 sequence, producer_sequence, extensions, data, data_format, content_hash) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+            )
+            .bind(&ev.id)
+            .bind(&ev.source)
+            .bind(&ev.ty)
+            .bind(&ev.subject)
+            .bind(&ev.time)
+            .bind(&ev.datacontenttype)
+            .bind(&ev.dataschema)
+            .bind(&ev.stream)
+            .bind(sequence as i64)
+            .bind(ev.sequence.is_some())
+            .bind(extensions)
+            .bind(&ev.data)
+            .bind(ev.data_format.as_str())
+            .bind(&hash)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
+            insert_deliveries(&mut tx, &ev.id, &ev.stream, sequence as i64, &item.sinks)
+                .await
+                .map_err(StoreError::from)?;
+            queued |= !item.sinks.is_empty();
+            out.push(Ingested { id: ev.id.clone(), stream: ev.stream.clone(), sequence, duplicate: false });
+        }
+        let changed: Vec<(String, i64)> = last
+            .iter()
+            .filter(|(s, n)| original.get(*s) != Some(n))
+            .map(|(s, n)| (s.clone(), *n as i64))
+            .collect();
+        if !changed.is_empty() {
+            let (names, values): (Vec<String>, Vec<i64>) = changed.into_iter().unzip();
+            sqlx::query(
+                "UPDATE outboxd.streams AS s SET last_sequence = v.n \
+                 FROM unnest($1::text[], $2::bigint[]) AS v(stream, n) WHERE s.stream = v.stream",
+            )
+            .bind(&names)
+            .bind(&values)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
+        }
+        if queued {
+            sqlx::query("SELECT pg_notify($1, 'ingest')")
+                .bind(WAKE_CHANNEL)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok((out, queued))
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.ingest_once(items).await {
+                Ok((out, _)) => return Ok(out),
+                Err(e) if attempt < INGEST_ATTEMPTS && is_retryable(&e) => {
+                    tracing::debug!(attempt, "ingest transaction lost a race, retrying: {e}");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn event(&self, id: &str) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError> {
+        let Some(row) = sqlx::query(&format!("SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let event = event_from_row(&row)?;
+        let rows = sqlx::query(
+            "SELECT sink, attempts, last_error, \
+               CASE WHEN status = 'pending' AND lease_expires_at > now() THEN 'leased' \
+                    WHEN status = 'pending' AND attempts > 0 THEN 'retrying' \
+                    ELSE status END AS shown, \
+               CASE WHEN status = 'pending' THEN (extract(epoch FROM next_attempt_at) * 1000)::bigint END AS next_ms, \
+               (extract(epoch FROM finished_at) * 1000)::bigint AS finished_ms \
+             FROM outboxd.deliveries WHERE event_id = $1 ORDER BY sink",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        let deliveries = rows
+            .iter()
+            .map(|row| {
+                Ok(DeliveryInfo {
+                    sink: row.try_get("sink")?,
+                    status: row.try_get("shown")?,
+                    attempts: row.try_get::<i32, _>("attempts")? as u32,
+                    last_error: row.try_get("last_error")?,
+                    next_attempt_at_ms: row.try_get("next_ms")?,
+                    finished_at_ms: row.try_get("finished_ms")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(Some((event, deliveries)))
+    }
+
+    async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let heads: Vec<(i64, String, i64)> = sqlx::query_as(
+            "SELECT d.id, d.stream, d.sequence FROM outboxd.deliveries d \
+             WHERE d.sink = $1 AND d.status = 'pending' AND d.next_attempt_at <= now() \
+               AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= now()) \
+               AND NOT EXISTS (SELECT 1 FROM outboxd.deliveries p \
+                               WHERE p.sink = d.sink AND p.stream = d.stream \
+                                 AND p.status = 'pending' AND p.sequence < d.sequence) \
+             ORDER BY d.next_attempt_at, d.id LIMIT $2 \
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(sink)
+        .bind(limit as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        if heads.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let mut ids: Vec<i64> = heads.iter().map(|h| h.0).collect();
+        // Contiguous runs behind the heads we now hold locked: the next live
+        // rows of each stream while each is due and not leased.
+        let room = (limit as usize).saturating_sub(ids.len());
+        if room > 0 {
+            let streams: Vec<&str> = heads.iter().map(|h| h.1.as_str()).collect();
+            let seqs: Vec<i64> = heads.iter().map(|h| h.2).collect();
+            let followers: Vec<(i64, String, bool)> = sqlx::query_as(
+                "SELECT f.id, h.stream, \
+                        (f.next_attempt_at <= now() AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= now())) \
+                 FROM unnest($2::text[], $3::bigint[]) WITH ORDINALITY AS h(stream, seq, ord) \
+                 CROSS JOIN LATERAL (SELECT id, next_attempt_at, lease_expires_at, sequence \
+                                     FROM outboxd.deliveries \
+                                     WHERE sink = $1 AND stream = h.stream AND status = 'pending' \
+                                       AND sequence > h.seq \
+                                     ORDER BY sequence LIMIT $4) AS f \
+                 ORDER BY h.ord, f.sequence",
+            )
+            .bind(sink)
+            .bind(&streams)
+            .bind(&seqs)
+            .bind(room as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+            let mut room = room;
+            let mut stopped: BTreeSet<String> = BTreeSet::new();
+            for (id, stream, eligible) in followers {
+                if room == 0 {
+                    break;
+                }
+                if stopped.contains(&stream) {
+                    continue;
+                }
+                if !eligible {
+                    stopped.insert(stream);
+                    continue;
+                }
+                ids.push(id);
+                room -= 1;
+            }
+        }
+        let token = new_lease_token();
+        let rows = sqlx::query(
+            "UPDATE outboxd.deliveries SET lease_token = $2, lease_expires_at = now() + $3 * interval '1 millisecond', \
+               attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, now()) \
+             WHERE id = ANY($1) \
+             RETURNING id, event_id, attempts, \
+               (extract(epoch FROM first_attempt_at) * 1000)::bigint AS first_ms, \
+               (extract(epoch FROM now()) * 1000)::bigint AS now_ms",
+        )
+        .bind(&ids)
+        .bind(&token)
+        .bind(lease.as_millis() as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        let event_ids: Vec<String> = rows.iter().map(|r| r.try_get("event_id")).collect::<Result<_, _>>()?;
+        let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
+        for row in sqlx::query(&format!("SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = ANY($1)"))
+            .bind(&event_ids)
+            .fetch_all(&mut *tx)
+            .await?
+        {
+            let ev = event_from_row(&row)?;
+            events.insert(ev.event.id.clone(), ev);
+        }
+        tx.commit().await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let event_id: String = row.try_get("event_id")?;
+            let event = events
+                .get(&event_id)
+                .cloned()
+                .ok_or_else(|| StoreError::Corrupt(format!("delivery refers to missing event {event_id:?}")))?;
+            claimed.push(Claimed {
+                delivery_id: row.try_get("id")?,
+                lease_token: token.clone(),
+                attempts: row.try_get::<i32, _>("attempts")? as u32,
+                first_attempt_at_ms: row.try_get("first_ms")?,
+                claimed_at_ms: row.try_get("now_ms")?,
+                event,
+            });
+        }
+        claimed.sort_by(|a, b| {
+            (a.event.event.stream.as_str(), a.event.sequence).cmp(&(b.event.event.stream.as_str(), b.event.sequence))
+        });
+        Ok(claimed)
+    }
+
+    async fn finish(&self, delivery_id: i64, lease_token: &str, finish: &Finish) -> Result<bool, StoreError> {
+        let fence = "WHERE id = $1 AND lease_token = $2 AND status = 'pending'";
+        let clear = "lease_token = NULL, lease_expires_at = NULL";
+        let result = match finish {
+            Finish::Delivered => {
+                sqlx::query(&format!(
+                    "UPDATE outboxd.deliveries SET status = 'delivered', finished_at = now(), {clear} {fence}"
+                ))
+                .bind(delivery_id)
+                .bind(lease_token)
+                .execute(&self.pool)
+                .await?
+            }
+            Finish::Retry { delay, reason } => {
+                sqlx::query(&format!(
+                    "UPDATE outboxd.deliveries SET next_attempt_at = now() + $3 * interval '1 millisecond', \
+                     last_error = $4, {clear} {fence}"
+                ))
+                .bind(delivery_id)
+                .bind(lease_token)
+                .bind(delay.as_millis() as i64)
+                .bind(reason)
+                .execute(&self.pool)
+                .await?
+            }
+            Finish::Dead { reason } => {
+                sqlx::query(&format!(
+                    "UPDATE outboxd.deliveries SET status = 'dead', finished_at = now(), last_error = $3, {clear} {fence}"
+                ))
+                .bind(delivery_id)
+                .bind(lease_token)
+                .bind(reason)
+                .execute(&self.pool)
+                .await?
+            }
+            Finish::Release => {
+                sqlx::query(&format!(
+                    "UPDATE outboxd.deliveries SET attempts = attempts - 1, \
+                     first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, {clear} {fence}"
+                ))
+                .bind(delivery_id)
+                .bind(lease_token)
+                .execute(&self.pool)
+                .await?
+            }
+        };
+        Ok(result.rows_affected() == 1)
+    }
+
+    async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
+        let wait: Option<i64> = sqlx::query_scalar(
+            "SELECT (extract(epoch FROM (MIN(GREATEST(d.next_attempt_at, COALESCE(d.lease_expires_at, d.next_attempt_at))) \
+                     - now())) * 1000)::bigint \
+             FROM outboxd.deliveries d \
+             WHERE d.sink = $1 AND d.status = 'pending' \
+               AND NOT EXISTS (SELECT 1 FROM outboxd.deliveries p \
+                               WHERE p.sink = d.sink AND p.stream = d.stream \
+                                 AND p.status = 'pending' AND p.sequence < d.sequence)",
+        )
+        .bind(sink)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(wait.map(|ms| Duration::from_millis(ms.max(0) as u64)))
+    }
+
+    async fn route_pending(
+        &self,
+        route: &RouteFn,
+        limit: u32,
+    ) -> Result<usize, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE NOT routed ORDER BY seq_id LIMIT $1 \
+             FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(limit as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut queued = false;
+        for row in &rows {
+            let stored = event_from_row(row)?;
+            let sinks = route(&stored.event);
+            insert_deliveries(&mut tx, &stored.event.id, &stored.event.stream, stored.sequence as i64, &sinks).await?;
+            queued |= !sinks.is_empty();
+            sqlx::query("UPDATE outboxd.events SET routed = true, content_hash = $2 WHERE id = $1")
+                .bind(&stored.event.id)
+                .bind(stored.event.content_hash())
+                .execute(&mut *tx)
+                .await?;
+        }
+        if queued {
+            sqlx::query("SELECT pg_notify($1, 'routed')").bind(WAKE_CHANNEL).execute(&mut *tx).await.ok();
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    fn forward_wakeups(&self, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+        let url = self.url.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                if *stop.borrow() {
+                    return;
+                }
+                let listener = async {
+                    let mut listener = PgListener::connect(&url).await?;
+                    listener.listen(WAKE_CHANNEL).await?;
+                    Ok::<_, sqlx::Error>(listener)
+                };
+                match listener.await {
+                    Ok(mut listener) => {
+                        backoff = Duration::from_millis(100);
+                        // Anything ingested while we were not listening.
+                        wake.notify_waiters();
+                        loop {
+                            tokio::select! {
+                                n = listener.try_recv() => match n {
+                                    Ok(Some(_)) => wake.notify_waiters(),
+                                    Ok(None) => { wake.notify_waiters(); }
+                                    Err(e) => {
+                                        tracing::warn!("LISTEN {WAKE_CHANNEL} failed, reconnecting: {e}");
+                                        break;
+                                    }
+                                },
+                                _ = stop.changed() => return,
+                            }
+                        }
+                    }
+                    Err(e) => tracing::warn!("LISTEN {WAKE_CHANNEL}: cannot connect: {e}"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        });
+    }
+
+    async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
+        let applied: Vec<i64> = if self.is_uninitialised().await? {
+            Vec::new()
+        } else {
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(&self.pool).await?
+        };
+        Ok(MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
+            .map(|m| format!("{}_{}", m.version, m.description.replace(' ', "_")))
+            .collect())
+    }
+
+    async fn is_uninitialised(&self) -> Result<bool, StoreError> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(!exists)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}

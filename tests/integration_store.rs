@@ -1,0 +1,307 @@
+//! Ingest and claim semantics, one suite run against both stores (real
+//! PostgreSQL and SQLite): every rule of `outboxd::store` a user relies on.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Backend, TestDb};
+use outboxd::event::parse_one;
+use outboxd::store::{Finish, IngestError, IngestItem, Store};
+use serde_json::json;
+
+fn item(id: &str, stream: &str, data: serde_json::Value, sinks: &[&str]) -> IngestItem {
+    let ev = json!({"specversion": "1.0", "id": id, "source": "s", "type": "t", "partitionkey": stream, "data": data});
+    IngestItem { event: parse_one(ev.to_string().as_bytes()).unwrap(), sinks: sinks.iter().map(|s| s.to_string()).collect() }
+}
+
+fn raw_item(text: &str, sinks: &[&str]) -> IngestItem {
+    IngestItem { event: parse_one(text.as_bytes()).unwrap(), sinks: sinks.iter().map(|s| s.to_string()).collect() }
+}
+
+async fn deliveries(store: &Arc<dyn Store>, id: &str) -> usize {
+    store.event(id).await.unwrap().map(|(_, d)| d.len()).unwrap_or(0)
+}
+
+async fn event_and_deliveries_commit_together(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    store.ingest(&[item("a", "s1", json!({"v": 1}), &["x", "y"])]).await.unwrap();
+    assert_eq!(deliveries(&store, "a").await, 2);
+    // The second item conflicts with "a": nothing of the request is stored.
+    let err = store
+        .ingest(&[item("b", "s1", json!({}), &["x"]), item("a", "s1", json!({"v": 2}), &["x"])])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, IngestError::Conflict { index: 1, .. }), "{err}");
+    assert!(store.event("b").await.unwrap().is_none(), "b must not be half-stored");
+    // ...and the stream's sequence did not move.
+    let r = store.ingest(&[item("c", "s1", json!({}), &["x"])]).await.unwrap();
+    assert_eq!(r[0].sequence, 2);
+    db.cleanup().await;
+}
+
+async fn same_id_same_content_is_a_duplicate_different_content_a_conflict(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let first = r#"{"specversion":"1.0","id":"e1","source":"s","type":"t","partitionkey":"p","data":{"a":1,"b":[1,2]}}"#;
+    let same = r#"{"data":{ "b":[1, 2], "a":1 },"type":"t","partitionkey":"p","source":"s","id":"e1","specversion":"1.0"}"#;
+    let r1 = store.ingest(&[raw_item(first, &["x"])]).await.unwrap();
+    let r2 = store.ingest(&[raw_item(same, &["x"])]).await.unwrap();
+    assert!(!r1[0].duplicate);
+    assert!(r2[0].duplicate);
+    assert_eq!(r1[0].sequence, r2[0].sequence);
+    assert_eq!(deliveries(&store, "e1").await, 1, "a duplicate queues nothing");
+
+    let other = r#"{"specversion":"1.0","id":"e1","source":"s","type":"t2","partitionkey":"p","data":{"a":2,"b":[1,2]}}"#;
+    match store.ingest(&[raw_item(other, &["x"])]).await {
+        Err(IngestError::Conflict { attributes, .. }) => assert_eq!(attributes, vec!["type", "data"]),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    // Never overwritten.
+    let (stored, _) = store.event("e1").await.unwrap().unwrap();
+    assert_eq!(stored.event.ty, "t");
+    db.cleanup().await;
+}
+
+async fn a_b_a_is_three_events(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let mut seqs = Vec::new();
+    for (id, state) in [("1", "A"), ("2", "B"), ("3", "A")] {
+        let r = store.ingest(&[item(id, "doc", json!({"state": state}), &["x", "y"])]).await.unwrap();
+        assert!(!r[0].duplicate);
+        seqs.push(r[0].sequence);
+        assert_eq!(deliveries(&store, id).await, 2);
+    }
+    assert_eq!(seqs, vec![1, 2, 3]);
+    db.cleanup().await;
+}
+
+async fn sixteen_concurrent_writers_get_gapless_sequences(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let per_writer = 10;
+    let mut tasks = Vec::new();
+    for w in 0..16 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            for i in 0..per_writer {
+                let r = store.ingest(&[item(&format!("w{w}-{i}"), "hot", json!({"w": w, "i": i}), &["x"])]).await.unwrap();
+                seqs.push(r[0].sequence);
+            }
+            seqs
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        let seqs = t.await.unwrap();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "one writer's sequences increase: {seqs:?}");
+        all.extend(seqs);
+    }
+    all.sort();
+    let expected: Vec<u64> = (1..=16 * per_writer as u64).collect();
+    assert_eq!(all, expected, "1..N, no duplicate, no gap");
+    db.cleanup().await;
+}
+
+async fn producer_sequence_is_kept_and_must_not_go_backwards(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let ev = |id: &str, seq: u64| {
+        raw_item(&format!(r#"{{"specversion":"1.0","id":"{id}","source":"s","type":"t","partitionkey":"p","sequence":"{seq}"}}"#), &["x"])
+    };
+    assert_eq!(store.ingest(&[ev("a", 10)]).await.unwrap()[0].sequence, 10);
+    assert_eq!(store.ingest(&[ev("b", 12)]).await.unwrap()[0].sequence, 12);
+    for (id, seq) in [("c", 11), ("d", 12)] {
+        match store.ingest(&[ev(id, seq)]).await {
+            Err(IngestError::SequenceNotIncreasing { given, last, .. }) => assert_eq!((given, last), (seq, 12)),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    // outboxd-assigned sequences continue after the producer's.
+    assert_eq!(store.ingest(&[item("e", "p", json!({}), &["x"])]).await.unwrap()[0].sequence, 13);
+    db.cleanup().await;
+}
+
+async fn claims_take_heads_and_runs_never_a_successor_first(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    for (id, stream) in [("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B")] {
+        store.ingest(&[item(id, stream, json!({}), &["x"])]).await.unwrap();
+    }
+    let lease = Duration::from_secs(30);
+    let first = store.claim("x", 2, lease).await.unwrap();
+    let ids: BTreeSet<String> = first.iter().map(|c| c.event.event.id.clone()).collect();
+    assert_eq!(ids, BTreeSet::from(["a1".to_string(), "b1".to_string()]), "heads first");
+    assert!(store.claim("x", 10, lease).await.unwrap().is_empty(), "a2 waits while a1 is leased");
+    for c in &first {
+        assert_eq!(c.attempts, 1, "the attempt is counted at claim");
+        assert!(store.finish(c.delivery_id, &c.lease_token, &Finish::Delivered).await.unwrap());
+    }
+    let run = store.claim("x", 10, lease).await.unwrap();
+    let ids: Vec<String> = run.iter().map(|c| c.event.event.id.clone()).collect();
+    assert_eq!(ids, vec!["a2", "a3"], "a contiguous run of one stream, in order");
+    // A released delivery is not charged an attempt.
+    for c in &run {
+        assert!(store.finish(c.delivery_id, &c.lease_token, &Finish::Release).await.unwrap());
+    }
+    let again = store.claim("x", 10, lease).await.unwrap();
+    assert_eq!(again.iter().map(|c| c.attempts).collect::<Vec<_>>(), vec![1, 1]);
+    db.cleanup().await;
+}
+
+async fn an_expired_lease_is_reclaimed_and_the_stale_holder_is_fenced_off(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    store.ingest(&[item("e", "s", json!({}), &["x"])]).await.unwrap();
+    let old = store.claim("x", 10, Duration::from_millis(200)).await.unwrap();
+    assert_eq!(old.len(), 1);
+    assert!(store.claim("x", 10, Duration::from_secs(30)).await.unwrap().is_empty(), "a live lease is left alone");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let new = store.claim("x", 10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(new.len(), 1, "an expired lease is reclaimed");
+    assert_eq!(new[0].attempts, 2);
+    assert_ne!(new[0].lease_token, old[0].lease_token);
+    let stale = Finish::Dead { reason: "stale".into() };
+    assert!(!store.finish(old[0].delivery_id, &old[0].lease_token, &stale).await.unwrap(), "stale token changes nothing");
+    assert!(store.finish(new[0].delivery_id, &new[0].lease_token, &Finish::Delivered).await.unwrap());
+    let (_, d) = store.event("e").await.unwrap().unwrap();
+    assert_eq!(d[0].status, "delivered");
+    db.cleanup().await;
+}
+
+async fn a_retry_waits_its_delay(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    store.ingest(&[item("e", "s", json!({}), &["x"])]).await.unwrap();
+    let c = store.claim("x", 10, Duration::from_secs(30)).await.unwrap();
+    let retry = Finish::Retry { delay: Duration::from_millis(600), reason: "HTTP 503".into() };
+    assert!(store.finish(c[0].delivery_id, &c[0].lease_token, &retry).await.unwrap());
+    assert!(store.claim("x", 10, Duration::from_secs(30)).await.unwrap().is_empty(), "not before its time");
+    let wait = store.next_due_in("x").await.unwrap().unwrap();
+    assert!(wait > Duration::from_millis(300) && wait <= Duration::from_millis(600), "{wait:?}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let again = store.claim("x", 10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(again.len(), 1);
+    let (_, d) = store.event("e").await.unwrap().unwrap();
+    assert_eq!(d[0].last_error.as_deref(), Some("HTTP 503"));
+    db.cleanup().await;
+}
+
+async fn four_workers_never_claim_the_same_delivery(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let items: Vec<IngestItem> = (0..60).map(|i| item(&format!("e{i}"), &format!("s{i}"), json!({}), &["x"])).collect();
+    store.ingest(&items).await.unwrap();
+    let hot: Vec<IngestItem> = (0..20).map(|i| item(&format!("h{i}"), "hot", json!({}), &["y"])).collect();
+    store.ingest(&hot).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let x = store.claim("x", 20, Duration::from_secs(30)).await.unwrap();
+            let y = store.claim("y", 1, Duration::from_secs(30)).await.unwrap();
+            (x.into_iter().map(|c| c.event.event.id).collect::<Vec<_>>(), y.into_iter().map(|c| c.event.event.id).collect::<Vec<_>>())
+        }));
+    }
+    let mut xs = Vec::new();
+    let mut ys = Vec::new();
+    for t in tasks {
+        let (x, y) = t.await.unwrap();
+        xs.extend(x);
+        ys.extend(y);
+    }
+    let unique: BTreeSet<&String> = xs.iter().collect();
+    assert_eq!(unique.len(), xs.len(), "no delivery claimed twice: {xs:?}");
+    assert_eq!(xs.len(), 60);
+    assert_eq!(ys, vec!["h0".to_string()], "one stream of 20: exactly one claim, of the head");
+    db.cleanup().await;
+}
+
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() { super::$name(super::Backend::Sqlite).await }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() { super::$name(super::Backend::Postgres).await }
+            )*
+        }
+    };
+}
+
+both_stores!(
+    event_and_deliveries_commit_together,
+    same_id_same_content_is_a_duplicate_different_content_a_conflict,
+    a_b_a_is_three_events,
+    sixteen_concurrent_writers_get_gapless_sequences,
+    producer_sequence_is_kept_and_must_not_go_backwards,
+    claims_take_heads_and_runs_never_a_successor_first,
+    an_expired_lease_is_reclaimed_and_the_stale_holder_is_fenced_off,
+    a_retry_waits_its_delay,
+    four_workers_never_claim_the_same_delivery,
+);
+
+/// An application's own transaction enqueues with `outboxd.enqueue`: a
+/// rollback leaves no event; a commit leaves one, which the router then
+/// gives its deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_in_transaction_enqueue_commits_and_rolls_back_with_the_application() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("CREATE TABLE orders (id int PRIMARY KEY, state text)").execute(&mut app).await.unwrap();
+
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders VALUES (1, 'paid')").execute(&mut *tx).await.unwrap();
+    let seq: i64 = sqlx::query_scalar("SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(seq, 1);
+    tx.rollback().await.unwrap();
+    assert!(store.event("o1").await.unwrap().is_none(), "rolled back with the application");
+
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders VALUES (1, 'paid')").execute(&mut *tx).await.unwrap();
+    sqlx::query("SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // Same id, same content: idempotent. Different content: refused.
+    let again: i64 = sqlx::query_scalar("SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)")
+        .fetch_one(&mut app)
+        .await
+        .unwrap();
+    assert_eq!(again, 1);
+    let conflict = sqlx::query("SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 2}'::jsonb)")
+        .execute(&mut app)
+        .await;
+    assert!(conflict.is_err());
+
+    let (stored, d) = store.event("o1").await.unwrap().unwrap();
+    assert_eq!(stored.sequence, 1);
+    assert!(d.is_empty(), "not routed yet");
+    let routed = store.route_pending(&|_: &outboxd::event::NewEvent| vec!["x".to_string()], 100).await.unwrap();
+    assert_eq!(routed, 1);
+    let (_, d) = store.event("o1").await.unwrap().unwrap();
+    assert_eq!(d.len(), 1);
+    let c = store.claim("x", 10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(c[0].event.event.data, br#"{"id": 1}"#);
+    // An HTTP ingest of the same event is a duplicate, not a conflict.
+    let same = r#"{"specversion":"1.0","id":"o1","source":"shop","type":"order.paid","partitionkey":"orders/1","datacontenttype":"application/json","data":{"id":1}}"#;
+    let r = store.ingest(&[raw_item(same, &["x"])]).await.unwrap();
+    assert!(r[0].duplicate);
+    db.cleanup().await;
+}
