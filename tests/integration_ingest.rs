@@ -1,0 +1,191 @@
+//! The HTTP ingest API on both stores: bad input is a clear 4xx with
+//! nothing stored, duplicates and conflicts, routes, the read API, and
+//! refusing to start on a database with pending migrations.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use outboxd::config::Route;
+use serde_json::json;
+
+async fn daemon(backend: Backend, plugins: &std::path::Path) -> (TestDb, TestDaemon) {
+    let db = TestDb::new(backend).await;
+    let url = db.url.clone();
+    let d = TestDaemon::start_with(plugins, |c| {
+        c.database_url = Some(url);
+        c.ingest.max_body_bytes = 64 * 1024;
+        c.ingest.max_batch_items = 10;
+    })
+    .await;
+    (db, d)
+}
+
+async fn stored(d: &TestDaemon, id: &str) -> bool {
+    d.get(&format!("/v1/events/{}", urlencode(id))).await.0 == 200
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+async fn bad_input_is_refused_naming_the_field(backend: Backend) {
+    let plugins = PluginsDir::new();
+    let (db, d) = daemon(backend, plugins.path()).await;
+    let ce = "application/cloudevents+json";
+
+    // Body over the limit → 413 naming the limit.
+    let big = event("big", "s", "t", json!({"blob": "x".repeat(70 * 1024)}));
+    let (status, body) = d.post(ce, serde_json::to_vec(&big).unwrap()).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("65536"), "{body}");
+    assert!(!stored(&d, "big").await);
+
+    // Invalid UTF-8 inside a text attribute → 400.
+    let mut bytes = br#"{"specversion":"1.0","id":"utf","source":"s","type":"t","subject":"a"#.to_vec();
+    bytes.extend_from_slice(&[0xff, 0xfe]);
+    bytes.extend_from_slice(br#""}"#);
+    let (status, body) = d.post(ce, bytes).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(!stored(&d, "utf").await);
+
+    // NUL in a text attribute → 400 naming it; in JSON data → kept losslessly.
+    let (status, body) = d.post(ce, r#"{"specversion":"1.0","id":"nul","source":"s","type":"t","subject":"a\u0000b"}"#).await;
+    assert_eq!((status, body["field"].as_str()), (400, Some("subject")), "{body}");
+    let (status, body) = d
+        .post(ce, r#"{"specversion":"1.0","id":"nul-data","source":"s","type":"t","data":{"x":"a\u0000b"}}"#)
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (_, got) = d.get("/v1/events/nul-data").await;
+    assert_eq!(got["event"]["data"]["x"], "a\u{0}b");
+
+    // Over-long id and stream key → 400.
+    let long = "i".repeat(300);
+    let (status, body) = d.post(ce, serde_json::to_vec(&event(&long, "s", "t", json!({}))).unwrap()).await;
+    assert_eq!((status, body["field"].as_str()), (400, Some("id")), "{body}");
+    let (status, body) = d.post(ce, serde_json::to_vec(&event("ls", &"p".repeat(300), "t", json!({}))).unwrap()).await;
+    assert_eq!((status, body["field"].as_str()), (400, Some("partitionkey")), "{body}");
+
+    // A batch over the item limit → 413 naming it; nothing stored.
+    let batch: Vec<_> = (0..11).map(|i| event(&format!("b{i}"), "s", "t", json!({}))).collect();
+    let (status, body) = d.post("application/cloudevents-batch+json", serde_json::to_vec(&batch).unwrap()).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("max-batch-items"), "{body}");
+    assert!(!stored(&d, "b0").await);
+
+    // Duplicate → 200 with duplicate: true and the original sequence;
+    // conflict → 409 naming the attributes.
+    let e = event("dup", "s", "t", json!({"a": 1, "b": 2}));
+    let (status, first) = d.post(ce, serde_json::to_vec(&e).unwrap()).await;
+    assert_eq!(status, 201);
+    let (status, again) = d.post(ce, r#"{"data":{"b":2,"a":1},"specversion":"1.0","id":"dup","source":"https://example.com/tests","type":"t","partitionkey":"s","datacontenttype":"application/json"}"#).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["sequence"], first["sequence"]);
+    let (status, conflict) = d.post(ce, serde_json::to_vec(&event("dup", "s", "t", json!({"a": 9}))).unwrap()).await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["attributes"], json!(["data"]));
+    d.stop().await;
+    db.cleanup().await;
+}
+
+async fn events_are_delivered_and_readable(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    let (db, d) = daemon(backend, plugins.path()).await;
+    let batch: Vec<_> = (0..9).map(|i| event(&format!("e{i}"), &format!("s{}", i % 3), "t", json!({"i": i}))).collect();
+    let (status, body) = d.post("application/cloudevents-batch+json", serde_json::to_vec(&batch).unwrap()).await;
+    assert_eq!(status, 201, "{body}");
+    assert!(eventually(Duration::from_secs(20), || receiver.seen().len() >= 9).await);
+    let done = d.wait_delivery("e8", Duration::from_secs(10), |x| x["status"] == "delivered").await;
+    assert_eq!(done["sink"], "webhook");
+    assert_eq!(done["attempts"], 1);
+    let (_, got) = d.get("/v1/events/e8").await;
+    assert_eq!(got["event"]["data"], json!({"i": 8}));
+    assert_eq!(got["event"]["partitionkey"], "s2");
+    assert_eq!(got["event"]["sequence"], 3);
+    d.stop().await;
+    db.cleanup().await;
+}
+
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() { super::$name(super::Backend::Sqlite).await }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() { super::$name(super::Backend::Postgres).await }
+            )*
+        }
+    };
+}
+
+both_stores!(bad_input_is_refused_naming_the_field, events_are_delivered_and_readable);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routes_pick_sinks_and_an_unmatched_event_is_stored_without_deliveries() {
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    let d = TestDaemon::start_with(plugins.path(), |c| {
+        c.routes = Some(vec![Route { types: vec!["com.github.*".into()], streams: vec!["*".into()], sinks: vec!["webhook".into()] }]);
+    })
+    .await;
+    let ce = "application/cloudevents+json";
+    d.post(ce, serde_json::to_vec(&event("gh", "s", "com.github.push", json!({}))).unwrap()).await;
+    d.post(ce, serde_json::to_vec(&event("other", "s", "com.example.x", json!({}))).unwrap()).await;
+    d.wait_delivery("gh", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    let (status, got) = d.get("/v1/events/other").await;
+    assert_eq!(status, 200, "an unmatched event is stored and visible");
+    assert_eq!(got["deliveries"], json!([]));
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_route_naming_an_unknown_sink_stops_the_start_naming_the_route() {
+    let plugins = PluginsDir::new();
+    let data = tempfile::tempdir().unwrap();
+    let config = outboxd::config::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data.path().to_path_buf(),
+        plugins_dir: plugins.path().to_path_buf(),
+        routes: Some(vec![Route { types: vec!["*".into()], streams: vec!["*".into()], sinks: vec!["nosuch".into()] }]),
+        ..Default::default()
+    };
+    let err = outboxd::daemon::Daemon::start(config, outboxd::daemon::Migrations::Apply).await.err().expect("refused");
+    let text = err.to_string();
+    assert!(text.contains("routes[0]") && text.contains("nosuch"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_with_pending_migrations_is_refused_naming_them() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    db.store().await; // migrated
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    // Pretend the database predates migration 1.
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 1").execute(&mut conn).await.unwrap();
+    let plugins = PluginsDir::new();
+    let config = outboxd::config::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        database_url: Some(db.url.clone()),
+        plugins_dir: plugins.path().to_path_buf(),
+        ..Default::default()
+    };
+    let err = outboxd::daemon::Daemon::start(config, outboxd::daemon::Migrations::RequireCurrent)
+        .await
+        .err()
+        .expect("refused");
+    let text = err.to_string();
+    assert!(text.contains("pending migrations") && text.contains("1_initial"), "{text}");
+    db.cleanup().await;
+}
