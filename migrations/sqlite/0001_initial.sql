@@ -50,7 +50,21 @@ CREATE TABLE deliveries (
     UNIQUE (event_id, sink)
 );
 
--- Head-of-stream probe: live rows of one (sink, stream) by sequence.
+-- Live rows of one (sink, stream) by sequence: finds the next head and the
+-- contiguous run behind a head.
 CREATE INDEX deliveries_live ON deliveries (sink, stream, sequence) WHERE status = 'pending';
--- Due scan: live rows of one sink by due time.
-CREATE INDEX deliveries_due ON deliveries (sink, next_attempt_at) WHERE status = 'pending';
+-- Retention: finished rows by time.
+CREATE INDEX deliveries_finished ON deliveries (finished_at) WHERE status = 'delivered';
+
+-- The head of every (sink, stream) that has live deliveries: its earliest
+-- pending delivery, and when it may be claimed (its next attempt time, or
+-- its lease expiry while leased). Claims read only this table's due index,
+-- so a claim costs O(batch) whatever the backlog or a hot stream's length.
+CREATE TABLE heads (
+    sink        TEXT    NOT NULL,
+    stream      TEXT    NOT NULL,
+    delivery_id INTEGER NOT NULL,
+    due_at      INTEGER NOT NULL,
+    PRIMARY KEY (sink, stream)
+);
+CREATE INDEX heads_due ON heads (sink, due_at);

@@ -43,6 +43,32 @@ pub const WAKE_CHANNEL: &str = "outboxd_wake";
 /// deadlock, serialization failure) before giving up.
 const INGEST_ATTEMPTS: usize = 5;
 
+/// Claim step 1: due heads of one sink, by due time (waiting and
+/// expired-lease work in one order, so neither starves the other), skipping
+/// heads another worker is claiming. Reads only `heads_due`: O(batch).
+/// `$1` sink, `$2` limit.
+pub const CLAIM_HEADS_SQL: &str = "SELECT h.stream, h.delivery_id FROM outboxd.heads h \
+     WHERE h.sink = $1 AND h.due_at <= now() ORDER BY h.due_at LIMIT $2 FOR UPDATE SKIP LOCKED";
+
+/// Claim step 2: up to `$3` live deliveries behind each claimed head
+/// (`$2`, delivery ids), in sequence order, with whether each may be taken
+/// now. Reads `deliveries_live`: O(batch). `$1` sink.
+pub const CLAIM_RUNS_SQL: &str = "SELECT f.id, h.stream, \
+       (f.next_attempt_at <= now() AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= now())) \
+     FROM outboxd.deliveries h \
+     CROSS JOIN LATERAL (SELECT id, next_attempt_at, lease_expires_at, sequence FROM outboxd.deliveries \
+                         WHERE sink = $1 AND stream = h.stream AND status = 'pending' AND sequence > h.sequence \
+                         ORDER BY sequence LIMIT $3) AS f \
+     WHERE h.id = ANY($2) ORDER BY h.stream, f.sequence";
+
+/// Move the head of (`$1` sink, `$2` stream) from delivery `$3` to the next
+/// live delivery, due when its retry time and any lease have passed.
+pub const ADVANCE_HEAD_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id, \
+       due_at = GREATEST(n.next_attempt_at, COALESCE(n.lease_expires_at, n.next_attempt_at)) \
+     FROM (SELECT id, next_attempt_at, lease_expires_at FROM outboxd.deliveries \
+           WHERE sink = $1 AND stream = $2 AND status = 'pending' ORDER BY sequence LIMIT 1) AS n \
+     WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3";
+
 /// The PostgreSQL store.
 pub struct PgStore {
     pool: PgPool,
@@ -113,10 +139,14 @@ async fn insert_deliveries(
     if sinks.is_empty() {
         return Ok(());
     }
+    // The first live delivery of its (sink, stream) becomes the head; later
+    // ones wait behind it.
     sqlx::query(
-        "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) \
-         SELECT $1, sink, $2, $3 FROM unnest($4::text[]) AS sink \
-         ON CONFLICT (event_id, sink) DO NOTHING",
+        "WITH d AS (INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) \
+                    SELECT $1, sink, $2, $3 FROM unnest($4::text[]) AS sink \
+                    ON CONFLICT (event_id, sink) DO NOTHING RETURNING id, sink) \
+         INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
+         SELECT sink, $2, id, now() FROM d ORDER BY sink ON CONFLICT (sink, stream) DO NOTHING",
     )
     .bind(event_id)
     .bind(stream)
@@ -150,6 +180,17 @@ impl PgStore {
         .map_err(StoreError::from)?;
         let mut last: BTreeMap<String, u64> = rows.into_iter().map(|(s, n)| (s, n as u64)).collect();
         let original = last.clone();
+        // A stream with events enqueued by SQL and not yet routed: new events
+        // of it wait for the router too, so deliveries keep stream order.
+        let unrouted: BTreeSet<String> = sqlx::query_scalar(
+            "SELECT DISTINCT stream FROM outboxd.events WHERE NOT routed AND stream = ANY($1)",
+        )
+        .bind(&streams)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(StoreError::from)?
+        .into_iter()
+        .collect();
 
         let mut out = Vec::with_capacity(items.len());
         let mut queued = false;
@@ -197,8 +238,8 @@ impl PgStore {
             let extensions = serde_json::to_string(&ev.extensions).expect("string map serialises");
             sqlx::query(
                 "INSERT INTO outboxd.events (id, source, type, subject, time, datacontenttype, dataschema, stream, \
-                 sequence, producer_sequence, extensions, data, data_format, content_hash) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                 sequence, producer_sequence, extensions, data, data_format, content_hash, routed) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
             )
             .bind(&ev.id)
             .bind(&ev.source)
@@ -214,13 +255,18 @@ impl PgStore {
             .bind(&ev.data)
             .bind(ev.data_format.as_str())
             .bind(&hash)
+            .bind(!unrouted.contains(&ev.stream))
             .execute(&mut *tx)
             .await
             .map_err(StoreError::from)?;
-            insert_deliveries(&mut tx, &ev.id, &ev.stream, sequence as i64, &item.sinks)
-                .await
-                .map_err(StoreError::from)?;
-            queued |= !item.sinks.is_empty();
+            if unrouted.contains(&ev.stream) {
+                queued = true;
+            } else {
+                insert_deliveries(&mut tx, &ev.id, &ev.stream, sequence as i64, &item.sinks)
+                    .await
+                    .map_err(StoreError::from)?;
+                queued |= !item.sinks.is_empty();
+            }
             out.push(Ingested { id: ev.id.clone(), stream: ev.stream.clone(), sequence, duplicate: false });
         }
         let changed: Vec<(String, i64)> = last
@@ -308,48 +354,28 @@ impl Store for PgStore {
 
     async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let heads: Vec<(i64, String, i64)> = sqlx::query_as(
-            "SELECT d.id, d.stream, d.sequence FROM outboxd.deliveries d \
-             WHERE d.sink = $1 AND d.status = 'pending' AND d.next_attempt_at <= now() \
-               AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= now()) \
-               AND NOT EXISTS (SELECT 1 FROM outboxd.deliveries p \
-                               WHERE p.sink = d.sink AND p.stream = d.stream \
-                                 AND p.status = 'pending' AND p.sequence < d.sequence) \
-             ORDER BY d.next_attempt_at, d.id LIMIT $2 \
-             FOR UPDATE SKIP LOCKED",
-        )
-        .bind(sink)
-        .bind(limit as i64)
-        .fetch_all(&mut *tx)
-        .await?;
+        let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
+            .bind(sink)
+            .bind(limit as i64)
+            .fetch_all(&mut *tx)
+            .await?;
         if heads.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
         }
-        let mut ids: Vec<i64> = heads.iter().map(|h| h.0).collect();
+        let streams: Vec<&str> = heads.iter().map(|h| h.0.as_str()).collect();
+        let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
         // Contiguous runs behind the heads we now hold locked: the next live
         // rows of each stream while each is due and not leased.
         let room = (limit as usize).saturating_sub(ids.len());
         if room > 0 {
-            let streams: Vec<&str> = heads.iter().map(|h| h.1.as_str()).collect();
-            let seqs: Vec<i64> = heads.iter().map(|h| h.2).collect();
-            let followers: Vec<(i64, String, bool)> = sqlx::query_as(
-                "SELECT f.id, h.stream, \
-                        (f.next_attempt_at <= now() AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= now())) \
-                 FROM unnest($2::text[], $3::bigint[]) WITH ORDINALITY AS h(stream, seq, ord) \
-                 CROSS JOIN LATERAL (SELECT id, next_attempt_at, lease_expires_at, sequence \
-                                     FROM outboxd.deliveries \
-                                     WHERE sink = $1 AND stream = h.stream AND status = 'pending' \
-                                       AND sequence > h.seq \
-                                     ORDER BY sequence LIMIT $4) AS f \
-                 ORDER BY h.ord, f.sequence",
-            )
-            .bind(sink)
-            .bind(&streams)
-            .bind(&seqs)
-            .bind(room as i64)
-            .fetch_all(&mut *tx)
-            .await?;
+            let head_ids: Vec<i64> = ids.clone();
+            let followers: Vec<(i64, String, bool)> = sqlx::query_as(CLAIM_RUNS_SQL)
+                .bind(sink)
+                .bind(&head_ids)
+                .bind(room as i64)
+                .fetch_all(&mut *tx)
+                .await?;
             let mut room = room;
             let mut stopped: BTreeSet<String> = BTreeSet::new();
             for (id, stream, eligible) in followers {
@@ -371,7 +397,7 @@ impl Store for PgStore {
         let rows = sqlx::query(
             "UPDATE outboxd.deliveries SET lease_token = $2, lease_expires_at = now() + $3 * interval '1 millisecond', \
                attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, now()) \
-             WHERE id = ANY($1) \
+             WHERE id = ANY($1) AND status = 'pending' \
              RETURNING id, event_id, attempts, \
                (extract(epoch FROM first_attempt_at) * 1000)::bigint AS first_ms, \
                (extract(epoch FROM now()) * 1000)::bigint AS now_ms",
@@ -380,6 +406,15 @@ impl Store for PgStore {
         .bind(&token)
         .bind(lease.as_millis() as i64)
         .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE outboxd.heads SET due_at = now() + $3 * interval '1 millisecond' \
+             WHERE sink = $1 AND stream = ANY($2)",
+        )
+        .bind(sink)
+        .bind(&streams)
+        .bind(lease.as_millis() as i64)
+        .execute(&mut *tx)
         .await?;
         let event_ids: Vec<String> = rows.iter().map(|r| r.try_get("event_id")).collect::<Result<_, _>>()?;
         let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
@@ -415,63 +450,89 @@ impl Store for PgStore {
     }
 
     async fn finish(&self, delivery_id: i64, lease_token: &str, finish: &Finish) -> Result<bool, StoreError> {
-        let fence = "WHERE id = $1 AND lease_token = $2 AND status = 'pending'";
+        let mut tx = self.pool.begin().await?;
+        let fence = "WHERE id = $1 AND lease_token = $2 AND status = 'pending' RETURNING sink, stream";
         let clear = "lease_token = NULL, lease_expires_at = NULL";
-        let result = match finish {
-            Finish::Delivered => {
-                sqlx::query(&format!(
-                    "UPDATE outboxd.deliveries SET status = 'delivered', finished_at = now(), {clear} {fence}"
-                ))
-                .bind(delivery_id)
-                .bind(lease_token)
-                .execute(&self.pool)
-                .await?
-            }
-            Finish::Retry { delay, reason } => {
-                sqlx::query(&format!(
+        let (sql, delay, reason) = match finish {
+            Finish::Delivered => (
+                format!("UPDATE outboxd.deliveries SET status = 'delivered', finished_at = now(), {clear} {fence}"),
+                None,
+                None,
+            ),
+            Finish::Retry { delay, reason } => (
+                format!(
                     "UPDATE outboxd.deliveries SET next_attempt_at = now() + $3 * interval '1 millisecond', \
                      last_error = $4, {clear} {fence}"
-                ))
-                .bind(delivery_id)
-                .bind(lease_token)
-                .bind(delay.as_millis() as i64)
-                .bind(reason)
-                .execute(&self.pool)
-                .await?
-            }
-            Finish::Dead { reason } => {
-                sqlx::query(&format!(
+                ),
+                Some(delay.as_millis() as i64),
+                Some(reason),
+            ),
+            Finish::Dead { reason } => (
+                format!(
                     "UPDATE outboxd.deliveries SET status = 'dead', finished_at = now(), last_error = $3, {clear} {fence}"
-                ))
-                .bind(delivery_id)
-                .bind(lease_token)
-                .bind(reason)
-                .execute(&self.pool)
-                .await?
-            }
-            Finish::Release => {
-                sqlx::query(&format!(
+                ),
+                None,
+                Some(reason),
+            ),
+            Finish::Release => (
+                format!(
                     "UPDATE outboxd.deliveries SET attempts = attempts - 1, \
                      first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, {clear} {fence}"
-                ))
-                .bind(delivery_id)
-                .bind(lease_token)
-                .execute(&self.pool)
-                .await?
-            }
+                ),
+                None,
+                None,
+            ),
         };
-        Ok(result.rows_affected() == 1)
+        let mut q = sqlx::query_as::<_, (String, String)>(&sql).bind(delivery_id).bind(lease_token);
+        if let Some(delay) = delay {
+            q = q.bind(delay);
+        }
+        if let Some(reason) = reason {
+            q = q.bind(reason);
+        }
+        let Some((sink, stream)) = q.fetch_optional(&mut *tx).await? else {
+            tx.commit().await?;
+            return Ok(false);
+        };
+        match finish {
+            Finish::Delivered | Finish::Dead { .. } => {
+                // If this was the head, the next live delivery of the stream
+                // (possibly leased in the same batch) becomes the head; with
+                // none left, the head row goes.
+                sqlx::query(ADVANCE_HEAD_SQL)
+                    .bind(&sink)
+                    .bind(&stream)
+                    .bind(delivery_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "DELETE FROM outboxd.heads h WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3",
+                )
+                .bind(&sink)
+                .bind(&stream)
+                .bind(delivery_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Finish::Retry { .. } | Finish::Release => {
+                sqlx::query(
+                    "UPDATE outboxd.heads h SET due_at = d.next_attempt_at FROM outboxd.deliveries d \
+                     WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3 AND d.id = $3",
+                )
+                .bind(&sink)
+                .bind(&stream)
+                .bind(delivery_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
         let wait: Option<i64> = sqlx::query_scalar(
-            "SELECT (extract(epoch FROM (MIN(GREATEST(d.next_attempt_at, COALESCE(d.lease_expires_at, d.next_attempt_at))) \
-                     - now())) * 1000)::bigint \
-             FROM outboxd.deliveries d \
-             WHERE d.sink = $1 AND d.status = 'pending' \
-               AND NOT EXISTS (SELECT 1 FROM outboxd.deliveries p \
-                               WHERE p.sink = d.sink AND p.stream = d.stream \
-                                 AND p.status = 'pending' AND p.sequence < d.sequence)",
+            "SELECT (extract(epoch FROM (MIN(due_at) - now())) * 1000)::bigint FROM outboxd.heads WHERE sink = $1",
         )
         .bind(sink)
         .fetch_one(&self.pool)

@@ -184,15 +184,28 @@ impl Store for SqliteStore {
             .map_err(StoreError::from)?;
 
             for sink in &item.sinks {
-                sqlx::query(
+                let delivery_id: i64 = sqlx::query_scalar(
                     "INSERT INTO deliveries (event_id, sink, stream, sequence, next_attempt_at, created_at) \
-                     VALUES (?, ?, ?, ?, ?, ?)",
+                     VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
                 )
                 .bind(&ev.id)
                 .bind(sink)
                 .bind(&ev.stream)
                 .bind(sequence as i64)
                 .bind(now)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+                // The first live delivery of its (sink, stream) is the head;
+                // later ones wait behind it.
+                sqlx::query(
+                    "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
+                     ON CONFLICT (sink, stream) DO NOTHING",
+                )
+                .bind(sink)
+                .bind(&ev.stream)
+                .bind(delivery_id)
                 .bind(now)
                 .execute(&mut *tx)
                 .await
@@ -248,38 +261,39 @@ impl Store for SqliteStore {
     async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError> {
         let mut tx = self.writer.begin().await?;
         let now = now_ms(&mut tx).await?;
-        let heads: Vec<(i64, String, i64)> = sqlx::query_as(
-            "SELECT d.id, d.stream, d.sequence FROM deliveries d \
-             WHERE d.sink = ?1 AND d.status = 'pending' AND d.next_attempt_at <= ?2 \
-               AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= ?2) \
-               AND NOT EXISTS (SELECT 1 FROM deliveries p \
-                               WHERE p.sink = d.sink AND p.stream = d.stream \
-                                 AND p.status = 'pending' AND p.sequence < d.sequence) \
-             ORDER BY d.next_attempt_at, d.id LIMIT ?3",
+        let lease_until = now + lease.as_millis() as i64;
+        // Due heads, by due time: waiting and expired-lease work in one order,
+        // so neither starves the other.
+        let heads: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT stream, delivery_id FROM heads WHERE sink = ? AND due_at <= ? ORDER BY due_at LIMIT ?",
         )
         .bind(sink)
         .bind(now)
         .bind(limit as i64)
         .fetch_all(&mut *tx)
         .await?;
-        let mut ids: Vec<i64> = heads.iter().map(|h| h.0).collect();
+        if heads.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
         // Fill the rest of the batch with contiguous runs behind the heads:
         // the next live rows of the same stream, while each is due and not
-        // leased. (Rows of a stream behind a head we hold cannot be claimed
-        // by anyone else, since they are not heads.)
+        // leased. (Rows behind a head we hold are nobody else's to claim.)
         let mut room = (limit as usize).saturating_sub(ids.len());
-        for (_, stream, sequence) in &heads {
+        for (stream, head) in &heads {
             if room == 0 {
                 break;
             }
             let followers: Vec<(i64, i64, Option<i64>)> = sqlx::query_as(
                 "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
-                 WHERE sink = ? AND stream = ? AND status = 'pending' AND sequence > ? \
+                 WHERE sink = ? AND stream = ? AND status = 'pending' \
+                   AND sequence > (SELECT sequence FROM deliveries WHERE id = ?) \
                  ORDER BY sequence LIMIT ?",
             )
             .bind(sink)
             .bind(stream)
-            .bind(sequence)
+            .bind(head)
             .bind(room as i64)
             .fetch_all(&mut *tx)
             .await?;
@@ -291,25 +305,30 @@ impl Store for SqliteStore {
                 room -= 1;
             }
         }
-        if ids.is_empty() {
-            tx.commit().await?;
-            return Ok(Vec::new());
-        }
         let token = new_lease_token();
         let mut update = QueryBuilder::<Sqlite>::new("UPDATE deliveries SET lease_token = ");
         update
             .push_bind(&token)
             .push(", lease_expires_at = ")
-            .push_bind(now + lease.as_millis() as i64)
+            .push_bind(lease_until)
             .push(", attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, ")
             .push_bind(now)
-            .push(") WHERE id IN (");
+            .push(") WHERE status = 'pending' AND id IN (");
         let mut sep = update.separated(", ");
         for id in &ids {
             sep.push_bind(id);
         }
         update.push(") RETURNING id, event_id, attempts, first_attempt_at");
         let rows = update.build().fetch_all(&mut *tx).await?;
+
+        let mut leased = QueryBuilder::<Sqlite>::new("UPDATE heads SET due_at = ");
+        leased.push_bind(lease_until).push(" WHERE sink = ").push_bind(sink).push(" AND stream IN (");
+        let mut sep = leased.separated(", ");
+        for (stream, _) in &heads {
+            sep.push_bind(stream);
+        }
+        leased.push(")");
+        leased.build().execute(&mut *tx).await?;
 
         let mut select = QueryBuilder::<Sqlite>::new(format!("SELECT {EVENT_COLUMNS} FROM events WHERE id IN ("));
         let mut sep = select.separated(", ");
@@ -348,74 +367,108 @@ impl Store for SqliteStore {
     }
 
     async fn finish(&self, delivery_id: i64, lease_token: &str, finish: &Finish) -> Result<bool, StoreError> {
-        let mut conn = self.writer.acquire().await?;
-        let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending'";
-        let result = match finish {
-            Finish::Delivered => {
-                sqlx::query(&format!(
-                    "UPDATE deliveries SET status = 'delivered', finished_at = {NOW_MS}, lease_token = NULL, \
+        let mut tx = self.writer.begin().await?;
+        let now = now_ms(&mut tx).await?;
+        let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending' RETURNING sink, stream, next_attempt_at";
+        let (sql, reason) = match finish {
+            Finish::Delivered => (
+                format!(
+                    "UPDATE deliveries SET status = 'delivered', finished_at = {now}, lease_token = NULL, \
                      lease_expires_at = NULL {fence}"
-                ))
-                .bind(delivery_id)
-                .bind(lease_token)
-                .execute(&mut *conn)
-                .await?
-            }
-            Finish::Retry { delay, reason } => {
-                sqlx::query(&format!(
-                    "UPDATE deliveries SET next_attempt_at = {NOW_MS} + ?, last_error = ?, lease_token = NULL, \
-                     lease_expires_at = NULL {fence}"
-                ))
-                .bind(delay.as_millis() as i64)
-                .bind(reason)
-                .bind(delivery_id)
-                .bind(lease_token)
-                .execute(&mut *conn)
-                .await?
-            }
-            Finish::Dead { reason } => {
-                sqlx::query(&format!(
-                    "UPDATE deliveries SET status = 'dead', finished_at = {NOW_MS}, last_error = ?, \
+                ),
+                None,
+            ),
+            Finish::Retry { delay, reason } => (
+                format!(
+                    "UPDATE deliveries SET next_attempt_at = {}, last_error = ?, lease_token = NULL, \
+                     lease_expires_at = NULL {fence}",
+                    now + delay.as_millis() as i64
+                ),
+                Some(reason),
+            ),
+            Finish::Dead { reason } => (
+                format!(
+                    "UPDATE deliveries SET status = 'dead', finished_at = {now}, last_error = ?, \
                      lease_token = NULL, lease_expires_at = NULL {fence}"
-                ))
-                .bind(reason)
-                .bind(delivery_id)
-                .bind(lease_token)
-                .execute(&mut *conn)
-                .await?
-            }
-            Finish::Release => {
-                sqlx::query(&format!(
+                ),
+                Some(reason),
+            ),
+            Finish::Release => (
+                format!(
                     "UPDATE deliveries SET attempts = attempts - 1, \
                      first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, \
                      lease_token = NULL, lease_expires_at = NULL {fence}"
-                ))
-                .bind(delivery_id)
-                .bind(lease_token)
-                .execute(&mut *conn)
-                .await?
-            }
+                ),
+                None,
+            ),
         };
-        Ok(result.rows_affected() == 1)
+        let mut q = sqlx::query_as::<_, (String, String, i64)>(&sql);
+        if let Some(reason) = reason {
+            q = q.bind(reason);
+        }
+        let Some((sink, stream, next_attempt_at)) =
+            q.bind(delivery_id).bind(lease_token).fetch_optional(&mut *tx).await?
+        else {
+            tx.commit().await?;
+            return Ok(false);
+        };
+        match finish {
+            Finish::Delivered | Finish::Dead { .. } => {
+                // If this was the head, the next live delivery of the stream
+                // (possibly leased in the same batch) becomes the head.
+                let next: Option<(i64, i64, Option<i64>)> = sqlx::query_as(
+                    "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
+                     WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
+                )
+                .bind(&sink)
+                .bind(&stream)
+                .fetch_optional(&mut *tx)
+                .await?;
+                match next {
+                    Some((id, next_at, lease)) => {
+                        sqlx::query("UPDATE heads SET delivery_id = ?, due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?")
+                            .bind(id)
+                            .bind(next_at.max(lease.unwrap_or(next_at)))
+                            .bind(&sink)
+                            .bind(&stream)
+                            .bind(delivery_id)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    None => {
+                        sqlx::query("DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?")
+                            .bind(&sink)
+                            .bind(&stream)
+                            .bind(delivery_id)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+            }
+            Finish::Retry { .. } | Finish::Release => {
+                sqlx::query("UPDATE heads SET due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?")
+                    .bind(next_attempt_at)
+                    .bind(&sink)
+                    .bind(&stream)
+                    .bind(delivery_id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
         let mut conn = self.reader.acquire().await?;
-        let row = sqlx::query(&format!(
-            "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.lease_expires_at, 0))) - {NOW_MS} AS wait_ms \
-             FROM deliveries d \
-             WHERE d.sink = ? AND d.status = 'pending' \
-               AND NOT EXISTS (SELECT 1 FROM deliveries p \
-                               WHERE p.sink = d.sink AND p.stream = d.stream \
-                                 AND p.status = 'pending' AND p.sequence < d.sequence)"
+        let wait: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT MIN(due_at) - {NOW_MS} FROM heads WHERE sink = ?"
         ))
         .bind(sink)
         .fetch_one(&mut *conn)
         .await?;
-        let wait: Option<i64> = row.try_get("wait_ms")?;
         Ok(wait.map(|ms| Duration::from_millis(ms.max(0) as u64)))
     }
-
     async fn route_pending(
         &self,
         _route: &RouteFn,
