@@ -305,3 +305,43 @@ async fn postgres_in_transaction_enqueue_commits_and_rolls_back_with_the_applica
     assert!(r[0].duplicate);
     db.cleanup().await;
 }
+
+/// The claim's plan touches indexes only: no sequential scan over the
+/// deliveries or the heads, with a backlog of 50,000 (90% in one stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_claim_plan_has_no_sequential_scan() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let _store = db.store().await;
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    for sql in [
+        "INSERT INTO outboxd.events (id, source, type, stream, sequence, data, data_format) \
+         SELECT 'e' || g, 's', 't', CASE WHEN g % 10 = 0 THEN 's' || g ELSE 'hot' END, g, '\\x7b7d'::bytea, 'json' \
+         FROM generate_series(1, 50000) g",
+        "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence, status) \
+         SELECT id, 'x', stream, sequence, CASE WHEN sequence < 20000 THEN 'delivered' ELSE 'pending' END FROM outboxd.events",
+        "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) SELECT DISTINCT ON (stream) sink, stream, id, now() \
+         FROM outboxd.deliveries WHERE status = 'pending' ORDER BY stream, sequence",
+        "ANALYZE outboxd.deliveries",
+        "ANALYZE outboxd.heads",
+    ] {
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+    }
+    let plans = [
+        ("claim heads", format!("EXPLAIN {}", outboxd::store::postgres::CLAIM_HEADS_SQL)),
+        ("claim runs", format!("EXPLAIN {}", outboxd::store::postgres::CLAIM_RUNS_SQL)),
+        ("advance head", format!("EXPLAIN {}", outboxd::store::postgres::ADVANCE_HEAD_SQL)),
+    ];
+    let head_ids: Vec<i64> = sqlx::query_scalar("SELECT delivery_id FROM outboxd.heads LIMIT 100").fetch_all(&mut c).await.unwrap();
+    for (what, sql) in plans {
+        let q = sqlx::query_scalar::<_, String>(&sql);
+        let q = match what {
+            "claim heads" => q.bind("x").bind(100i64),
+            "claim runs" => q.bind("x").bind(&head_ids).bind(100i64),
+            _ => q.bind("x").bind("hot").bind(head_ids[0]),
+        };
+        let plan = q.fetch_all(&mut c).await.unwrap().join("\n");
+        assert!(!plan.contains("Seq Scan"), "{what} plan has a sequential scan:\n{plan}");
+    }
+    db.cleanup().await;
+}
