@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time machine set-up for building and testing outboxd on Debian:
-# the wasm32-wasip2 Rust target and the system packages the tests use.
+# the wasm32-wasip2 Rust target and the system packages the tests use
+# (PostgreSQL, RabbitMQ), started when they are down.
 # Safe to run again; it only installs what is missing.
 set -euo pipefail
 
@@ -36,6 +37,24 @@ if ! pg_ready; then
     for _ in $(seq 1 30); do pg_ready && break; sleep 1; done
 fi
 pg_ready || { echo "setup: PostgreSQL does not answer on 127.0.0.1:5432" >&2; exit 1; }
+
+# RabbitMQ: the amqp sink's tests publish to a real broker on
+# 127.0.0.1:5672 with the default guest/guest account (guest may log in
+# from loopback only, which is all the tests need).
+if ! command -v rabbitmq-server >/dev/null 2>&1; then
+    sudo_cmd=()
+    [[ "$(id -u)" -eq 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q rabbitmq-server
+fi
+amqp_ready() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
+if ! amqp_ready; then
+    # Debian's package may have started it through systemd already; where
+    # there is no systemd (containers, CI) start it detached.
+    rabbitmq-server -detached || true
+    for _ in $(seq 1 60); do amqp_ready && break; sleep 1; done
+fi
+amqp_ready || { echo "setup: RabbitMQ does not answer on 127.0.0.1:5672" >&2; exit 1; }
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
     rustup target add wasm32-wasip2

@@ -58,6 +58,18 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// Log format: `text` (default) or `json`.
     pub log_format: LogFormat,
+    /// Admin API settings.
+    pub admin: AdminConfig,
+}
+
+/// The admin API (`/v1/admin/...`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct AdminConfig {
+    /// Bearer token required by every admin request. Unset: the admin API
+    /// answers only when the daemon listens on a loopback address (and the
+    /// daemon refuses to listen elsewhere without a token).
+    pub token: Option<String>,
 }
 
 impl Default for Config {
@@ -71,6 +83,7 @@ impl Default for Config {
             ingest: IngestConfig::default(),
             delivery: DeliveryConfig::default(),
             log_format: LogFormat::Text,
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -126,6 +139,17 @@ pub struct DeliveryConfig {
     /// Timeout of each database call made by the loop. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub db_timeout: Duration,
+    /// Delivered rows older than this are deleted, in batches of 1,000.
+    /// Default 7 days.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// Batches in a row that end in a plugin trap before the sink is
+    /// quarantined (paused with backoff). Default 5.
+    pub quarantine_after_traps: u32,
+    /// First quarantine pause; doubles on each quarantine in a row, up to
+    /// 10 minutes. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub quarantine_backoff: Duration,
 }
 
 impl Default for DeliveryConfig {
@@ -134,6 +158,9 @@ impl Default for DeliveryConfig {
             lease: Duration::from_secs(70),
             max_poll_interval: Duration::from_secs(1),
             db_timeout: Duration::from_secs(10),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            quarantine_after_traps: 5,
+            quarantine_backoff: Duration::from_secs(30),
         }
     }
 }
@@ -207,6 +234,15 @@ impl Config {
         }
         if self.delivery.db_timeout.is_zero() {
             return value("delivery.db-timeout", "must be greater than 0s");
+        }
+        if !self.listen.ip().is_loopback() && self.admin.token.as_deref().unwrap_or("").is_empty() {
+            return value(
+                "admin.token",
+                &format!(
+                    "listen is {} (not loopback): set admin.token (OUTBOXD_ADMIN__TOKEN) so the admin API is not open",
+                    self.listen
+                ),
+            );
         }
         if let Some(routes) = &self.routes {
             for (i, route) in routes.iter().enumerate() {

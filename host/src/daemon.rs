@@ -14,6 +14,8 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::delivery::{Heartbeats, Shared};
+use crate::metrics::{Metrics, PluginLabel};
 use crate::ingest::http::IngestState;
 use crate::ingest::routes::Router as Routes;
 use crate::ops::OpsState;
@@ -31,6 +33,8 @@ pub enum StartError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("WebAssembly runtime: {0}")]
     Runtime(String),
+    #[error("{0}")]
+    Lease(String),
 }
 
 /// How to treat pending migrations at start.
@@ -42,6 +46,9 @@ pub enum Migrations {
     /// while any are pending, naming them.
     RequireCurrent,
 }
+
+/// Longest a graceful shutdown waits for in-flight batches.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
 
 /// A running daemon.
 pub struct Daemon {
@@ -67,12 +74,42 @@ impl Daemon {
         }
 
         let runtime = Runtime::new().map_err(|e| StartError::Runtime(format!("{e:#}")))?;
+        let metrics = Metrics::new();
         let plugins = plugin::load_dir(&runtime, &config.plugins_dir);
+        for name in plugins.loaded.keys() {
+            metrics.plugin_loads.get_or_create(&PluginLabel { plugin: name.clone() }).inc();
+        }
+        for failure in &plugins.failed {
+            let plugin = failure.name.clone().unwrap_or_else(|| failure.file.display().to_string());
+            metrics.plugin_load_failures.get_or_create(&PluginLabel { plugin }).inc();
+        }
+        for plugin in plugins.loaded.values() {
+            let deadline = plugin.manifest().limits.deadline;
+            let needed = crate::delivery::minimum_lease(deadline);
+            if config.delivery.lease < needed {
+                return Err(StartError::Lease(format!(
+                    "delivery.lease {} is not comfortably longer than sink {:?}'s deadline {}: \
+                     set it to at least {} (2 × deadline + 5 s)",
+                    humantime::format_duration(config.delivery.lease),
+                    plugin.name(),
+                    humantime::format_duration(deadline),
+                    humantime::format_duration(needed),
+                )));
+            }
+        }
         let routes = Arc::new(Routes::new(config.routes.clone(), plugins.known_sinks())?);
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let wake = Arc::new(Notify::new());
+        let heartbeats = Arc::new(Heartbeats::default());
         store.forward_wakeups(wake.clone(), shutdown_rx.clone());
+        let shared = Shared {
+            store: store.clone(),
+            config: config.delivery.clone(),
+            wake: wake.clone(),
+            heartbeats: heartbeats.clone(),
+            metrics: metrics.clone(),
+        };
         let mut tasks = Vec::new();
         let route_table = routes.clone();
         tasks.push(tokio::spawn(crate::delivery::run_router(
@@ -82,14 +119,9 @@ impl Daemon {
             wake.clone(),
             shutdown_rx.clone(),
         )));
+        tasks.push(tokio::spawn(crate::delivery::run_retention(shared.clone(), shutdown_rx.clone())));
         for plugin in plugins.loaded.values() {
-            tasks.push(tokio::spawn(crate::delivery::run_sink(
-                store.clone(),
-                plugin.clone(),
-                config.delivery.clone(),
-                wake.clone(),
-                shutdown_rx.clone(),
-            )));
+            tasks.push(tokio::spawn(crate::delivery::run_sink(shared.clone(), plugin.clone(), shutdown_rx.clone())));
         }
 
         let app = crate::ingest::http::router(IngestState {
@@ -97,15 +129,20 @@ impl Daemon {
             routes,
             limits: config.ingest.clone(),
             wake,
+            metrics: metrics.clone(),
         })
         .merge(crate::ops::router(OpsState {
             store: store.clone(),
             sinks: plugins.loaded.keys().cloned().collect(),
+            known_sinks: plugins.known_sinks(),
             plugin_failures: plugins
                 .failed
                 .iter()
                 .map(|f| format!("{}: {}", f.file.display(), f.reason))
                 .collect(),
+            heartbeats,
+            metrics,
+            admin_token: config.admin.token.clone(),
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -131,11 +168,14 @@ impl Daemon {
         Ok(Daemon { addr, shutdown, tasks })
     }
 
-    /// Stop claiming and accepting, wait for in-flight batches, return.
+    /// Stop claiming and accepting, wait for in-flight batches (at most
+    /// [`SHUTDOWN_GRACE`]; a batch still running then is abandoned and its
+    /// leases expire), return.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
-            let _ = task.await;
+        let all = futures::future::join_all(self.tasks);
+        if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
+            tracing::warn!("in-flight batches did not finish within {SHUTDOWN_GRACE:?}; their leases will expire");
         }
         tracing::info!("outboxd stopped");
     }

@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod delivery;
 pub mod event;
 pub mod ingest;
+pub mod metrics;
 pub mod ops;
 pub mod plugin;
 pub mod store;

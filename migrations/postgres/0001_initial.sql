@@ -62,6 +62,15 @@ CREATE TABLE outboxd.deliveries (
 CREATE INDEX deliveries_live ON outboxd.deliveries (sink, stream, sequence) WHERE status = 'pending';
 -- Retention: finished rows by time.
 CREATE INDEX deliveries_finished ON outboxd.deliveries (finished_at) WHERE status = 'delivered';
+-- Dead letters, for listing, replay and purge.
+CREATE INDEX deliveries_dead ON outboxd.deliveries (sink, finished_at) WHERE status = 'dead';
+
+-- Operator state of a sink: paused sinks are not claimed (nothing is lost;
+-- deliveries wait). Shared by every replica.
+CREATE TABLE outboxd.sink_state (
+    sink   text PRIMARY KEY,
+    paused boolean NOT NULL
+);
 
 -- The head of every (sink, stream) that has live deliveries: its earliest
 -- pending delivery, and when it may be claimed (its next attempt time, or

@@ -55,6 +55,15 @@ CREATE TABLE deliveries (
 CREATE INDEX deliveries_live ON deliveries (sink, stream, sequence) WHERE status = 'pending';
 -- Retention: finished rows by time.
 CREATE INDEX deliveries_finished ON deliveries (finished_at) WHERE status = 'delivered';
+-- Dead letters, for listing, replay and purge.
+CREATE INDEX deliveries_dead ON deliveries (sink, finished_at) WHERE status = 'dead';
+
+-- Operator state of a sink: paused sinks are not claimed (nothing is lost;
+-- deliveries wait). Shared by every replica.
+CREATE TABLE sink_state (
+    sink   TEXT PRIMARY KEY,
+    paused INTEGER NOT NULL
+);
 
 -- The head of every (sink, stream) that has live deliveries: its earliest
 -- pending delivery, and when it may be claimed (its next attempt time, or

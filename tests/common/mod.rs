@@ -104,6 +104,8 @@ pub struct Received {
     pub headers: HeaderMap,
     pub body: Bytes,
     pub at: Instant,
+    /// Path and query of the request (`/webhook`).
+    pub path: String,
 }
 
 impl Received {
@@ -117,6 +119,9 @@ struct ReceiverInner {
     seen: Vec<Received>,
     /// Scripted answers, used in order; when empty, 200.
     script: VecDeque<(u16, Vec<(String, String)>, String)>,
+    /// How long each answer waits after the request is recorded (zero
+    /// unless [`Receiver::set_delay`] is called).
+    delay: Duration,
 }
 
 /// A real HTTP server on 127.0.0.1 that records every request.
@@ -156,12 +161,42 @@ impl Receiver {
     pub fn seen(&self) -> Vec<Received> {
         self.inner.lock().unwrap().seen.clone()
     }
+
+    /// How many requests arrived so far.
+    pub fn count(&self) -> usize {
+        self.inner.lock().unwrap().seen.len()
+    }
+
+    /// Look at the requests seen so far (in arrival order) without copying
+    /// them all.
+    pub fn with_seen<R>(&self, f: impl FnOnce(&[Received]) -> R) -> R {
+        f(&self.inner.lock().unwrap().seen)
+    }
+
+    /// Hold every answer for `delay` after recording the request, as a
+    /// receiver doing some work would; the request counts as seen when it
+    /// arrives, even if the sender goes away before the answer.
+    pub fn set_delay(&self, delay: Duration) {
+        self.inner.lock().unwrap().delay = delay;
+    }
 }
 
-async fn handle(State(inner): State<Arc<Mutex<ReceiverInner>>>, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
-    let mut inner = inner.lock().unwrap();
-    inner.seen.push(Received { headers, body, at: Instant::now() });
-    let (status, extra, text) = inner.script.pop_front().unwrap_or((200, Vec::new(), String::new()));
+async fn handle(
+    State(inner): State<Arc<Mutex<ReceiverInner>>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> impl IntoResponse {
+    let path = uri.path_and_query().map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string());
+    let (status, extra, text, delay) = {
+        let mut inner = inner.lock().unwrap();
+        inner.seen.push(Received { headers, body, at: Instant::now(), path });
+        let (status, extra, text) = inner.script.pop_front().unwrap_or((200, Vec::new(), String::new()));
+        (status, extra, text, inner.delay)
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     let mut out = HeaderMap::new();
     for (k, v) in extra {
         out.insert(axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
@@ -205,12 +240,19 @@ impl PluginsDir {
     /// Add a webhook sink named `name` posting to `url`, allowed to reach
     /// `allow` (origins), with retry base `retry_base`.
     pub fn add_webhook(&self, name: &str, url: &str, allow: &[String], secret: &str, extra: &str) {
+        self.add_webhook_with_limits(name, url, allow, secret, "deadline = \"10s\"\nmax-batch = 50\n", extra);
+    }
+
+    /// [`PluginsDir::add_webhook`] with the body of the manifest's
+    /// `[limits]` table given (e.g. `deadline = "2s"\nmax-batch = 20\n`).
+    /// `extra` is appended after the `[config]` keys.
+    pub fn add_webhook_with_limits(&self, name: &str, url: &str, allow: &[String], secret: &str, limits: &str, extra: &str) {
         let wasm = built_plugins().join("webhook.wasm");
         std::fs::copy(&wasm, self.path().join("webhook.wasm")).unwrap();
         let allow: Vec<String> = allow.iter().map(|a| format!("{a:?}")).collect();
         let manifest = format!(
             "name = {name:?}\nversion = \"0.1.0\"\ncomponent = \"webhook.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n\
-             [limits]\ndeadline = \"10s\"\nmax-batch = 50\n\
+             [limits]\n{limits}\
              [capabilities]\nhttp = [{}]\n\
              [retry]\nbase = \"100ms\"\ncap = \"1s\"\n\
              [config]\nurl = {url:?}\nsecret = {secret:?}\n{extra}",
@@ -426,4 +468,177 @@ impl TestDb {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// outboxd as a child process: the real binary, configured by OUTBOXD_*
+// environment variables, killed and restarted by the test.
+
+/// A loopback address whose port was free a moment ago, for a child daemon
+/// to listen on across restarts. It is taken below the kernel's ephemeral
+/// range (`net.ipv4.ip_local_port_range`), so no outgoing connection of
+/// this machine can be holding it when the daemon comes back.
+pub fn free_loopback_addr() -> SocketAddr {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    if ephemeral_low > 12000 {
+        for _ in 0..200 {
+            let port = rand::random_range(10000..ephemeral_low);
+            if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                return listener.local_addr().unwrap();
+            }
+        }
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().unwrap()
+}
+
+/// Where a child process writes its log: `target/test-logs/<name>.log` at
+/// the repository root, emptied first. Kept after the test, for reading
+/// when it fails.
+pub fn child_log(name: &str) -> PathBuf {
+    let dir = repo_root().join("target/test-logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.log"));
+    std::fs::write(&path, b"").unwrap();
+    path
+}
+
+/// How to run `outboxd run --migrate` as a child process.
+#[derive(Debug, Clone)]
+pub struct ChildConfig {
+    /// `OUTBOXD_LISTEN`.
+    pub listen: SocketAddr,
+    /// `OUTBOXD_DATABASE_URL`.
+    pub database_url: String,
+    /// `OUTBOXD_PLUGINS_DIR`.
+    pub plugins_dir: PathBuf,
+    /// `OUTBOXD_DATA_DIR`.
+    pub data_dir: PathBuf,
+    /// More environment, e.g. `("OUTBOXD_DELIVERY__LEASE", "9s")`.
+    pub env: Vec<(String, String)>,
+    /// File the child's stdout and stderr are appended to.
+    pub log: PathBuf,
+}
+
+/// A running `outboxd` child process. Dropping it kills the process.
+pub struct ChildDaemon {
+    child: Option<std::process::Child>,
+    /// `http://<listen>`.
+    pub base: String,
+    /// The process id.
+    pub pid: u32,
+    log: PathBuf,
+}
+
+impl ChildDaemon {
+    /// Start `outboxd run --migrate` (the binary this test crate was built
+    /// with) under `config`. No `OUTBOXD_*` variable of the test's own
+    /// environment reaches the child: only those of `config`.
+    pub fn spawn(config: &ChildConfig) -> ChildDaemon {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&config.log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", config.log.display()));
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+        command.args(["run", "--migrate"]);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("OUTBOXD_") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .env("OUTBOXD_LISTEN", config.listen.to_string())
+            .env("OUTBOXD_DATABASE_URL", &config.database_url)
+            .env("OUTBOXD_PLUGINS_DIR", &config.plugins_dir)
+            .env("OUTBOXD_DATA_DIR", &config.data_dir)
+            .env("NO_COLOR", "1")
+            .envs(config.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        let child = command.spawn().expect("spawn the outboxd binary");
+        ChildDaemon { pid: child.id(), child: Some(child), base: format!("http://{}", config.listen), log: config.log.clone() }
+    }
+
+    /// Wait until `GET /health` answers 200; returns how long that took.
+    /// Panics, with the end of the child's log, when the process exits
+    /// first or `timeout` passes.
+    pub async fn wait_healthy(&mut self, timeout: Duration) -> Duration {
+        let start = Instant::now();
+        let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!("outboxd (pid {}) exited with {status} before it was healthy:\n{}", self.pid, self.log_tail(40));
+            }
+            if let Ok(r) = http.get(format!("{}/health", self.base)).send().await {
+                if r.status().is_success() {
+                    return start.elapsed();
+                }
+            }
+            if start.elapsed() > timeout {
+                panic!("outboxd (pid {}) not healthy within {timeout:?}:\n{}", self.pid, self.log_tail(40));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// One `GET /health`: true when it answers 200.
+    pub async fn is_healthy(&self) -> bool {
+        let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+        matches!(http.get(format!("{}/health", self.base)).send().await, Ok(r) if r.status().is_success())
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
+    /// SIGKILL, then reap the process.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then wait up to `timeout` for the exit; SIGKILL after that.
+    /// Returns the exit status when the process exited by itself.
+    pub async fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = std::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status();
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// The last `lines` lines of the child's log file (shared by every life
+    /// of a restarted daemon).
+    pub fn log_tail(&self, lines: usize) -> String {
+        log_tail(&self.log, lines)
+    }
+}
+
+impl Drop for ChildDaemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The last `lines` lines of a log file.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let from = all.len().saturating_sub(lines);
+    format!("--- {} (last {} lines) ---\n{}", path.display(), all.len() - from, all[from..].join("\n"))
 }

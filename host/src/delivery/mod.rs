@@ -14,6 +14,7 @@
 //! Must never: hold a lease while sleeping, or mark delivered anything the
 //! sink did not acknowledge.
 
+pub mod heartbeat;
 pub mod retry;
 
 use std::sync::Arc;
@@ -22,13 +23,17 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use crate::config::DeliveryConfig;
+use crate::metrics::{Metrics, PluginLabel, SinkLabel, TrapLabel};
+pub use heartbeat::Heartbeats;
 use crate::plugin::bindings::{Event, Outcome};
 use crate::plugin::{Plugin, SinkFailure};
 use crate::store::{Claimed, Finish, Store};
 
 /// The minimum lease for a sink with deadline `d`: `2·d + 5 s`. A lease
 /// shorter than this could expire while the batch is still running and let
-/// another worker deliver the same events concurrently.
+/// another worker deliver the same events concurrently. Because a batch can
+/// never outlive its deadline (the plugin call is interrupted there, the
+/// turn abandoned), a lease of at least this length never needs renewing.
 pub fn minimum_lease(deadline: Duration) -> Duration {
     deadline * 2 + Duration::from_secs(5)
 }
@@ -71,19 +76,79 @@ pub async fn run_router(
     }
 }
 
+/// What every sink loop shares.
+#[derive(Clone)]
+pub struct Shared {
+    pub store: Arc<dyn Store>,
+    pub config: DeliveryConfig,
+    /// Woken on ingest (and by LISTEN/NOTIFY from other processes).
+    pub wake: Arc<Notify>,
+    pub heartbeats: Arc<Heartbeats>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The stale limit of a sink's loop: its longest healthy turn (plugin
+/// deadline plus three database calls) plus the longest idle sleep, plus
+/// 5 s of slack.
+pub fn stale_after(config: &DeliveryConfig, deadline: Duration) -> Duration {
+    deadline + config.db_timeout * 3 + config.max_poll_interval + Duration::from_secs(5)
+}
+
+/// How long a paused sink's loop waits before looking again.
+const PAUSE_RECHECK: Duration = Duration::from_secs(1);
+
+/// Rows deleted per retention batch.
+const RETENTION_BATCH: u32 = 1000;
+/// How often retention runs.
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
+
+/// Delete delivered rows older than the retention period, in bounded
+/// batches, every minute, until `shutdown`.
+pub async fn run_retention(shared: Shared, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        loop {
+            let purged = tokio::time::timeout(
+                shared.config.db_timeout,
+                shared.store.purge_delivered(shared.config.retention, RETENTION_BATCH),
+            )
+            .await;
+            match purged {
+                Ok(Ok(n)) if n as u32 >= RETENTION_BATCH && !*shutdown.borrow() => continue,
+                Ok(Ok(n)) => {
+                    if n > 0 {
+                        tracing::debug!(rows = n, "retention deleted delivered rows");
+                    }
+                    break;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!("retention: {e}");
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RETENTION_EVERY) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
 /// Run the delivery loop of one sink until `shutdown` turns true. An
 /// in-flight batch is finished before the loop returns.
-pub async fn run_sink(
-    store: Arc<dyn Store>,
-    plugin: Plugin,
-    config: DeliveryConfig,
-    wake: Arc<Notify>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Receiver<bool>) {
     let sink = plugin.name().to_string();
-    let lease = config.lease.max(minimum_lease(plugin.manifest().limits.deadline));
+    let config = &shared.config;
+    let store = &*shared.store;
+    let deadline = plugin.manifest().limits.deadline;
+    let lease = config.lease;
     let batch_size = plugin.manifest().limits.max_batch;
-    let mut failures: u32 = 0;
+    // A turn may take the plugin's deadline plus its database calls; past
+    // this it is abandoned (its leases then expire and others take over).
+    let turn_deadline = deadline + config.db_timeout * 3;
+    shared.heartbeats.register(&sink, stale_after(config, deadline));
+    let mut traps_in_a_row: u32 = 0;
+    let mut quarantines_in_a_row: u32 = 0;
     tracing::info!(sink = %sink, lease = ?lease, batch_size, "delivery loop started");
     loop {
         if *shutdown.borrow() {
@@ -91,37 +156,67 @@ pub async fn run_sink(
         }
         // Register for wake-ups before looking, so an ingest between the
         // look and the sleep is not missed.
-        let notified = wake.notified();
+        let notified = shared.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
 
-        let turn = turn(&*store, &plugin, &sink, batch_size, lease, config.db_timeout).await;
-        let sleep = match turn {
-            Ok(n) if n as u32 >= batch_size => {
-                failures = 0;
-                continue;
-            }
-            Ok(n) => {
-                failures = 0;
-                if n > 0 {
-                    continue;
-                }
-                match tokio::time::timeout(config.db_timeout, store.next_due_in(&sink)).await {
-                    Ok(Ok(Some(wait))) => wait.min(config.max_poll_interval),
-                    Ok(Ok(None)) => config.max_poll_interval,
-                    Ok(Err(e)) => {
-                        tracing::warn!(sink = %sink, "next due time: {e}");
-                        config.max_poll_interval
+        let paused = match tokio::time::timeout(config.db_timeout, store.paused_sinks()).await {
+            Ok(Ok(p)) => p.contains(&sink),
+            _ => false,
+        };
+        let sleep = if paused {
+            shared.heartbeats.turn(&sink, true);
+            PAUSE_RECHECK
+        } else {
+            let result = match tokio::time::timeout(turn_deadline, turn(&shared, &plugin, &sink, batch_size, lease)).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("turn exceeded its deadline of {turn_deadline:?}; its leases will expire")),
+            };
+            match result {
+                Ok(report) => {
+                    shared.heartbeats.turn(&sink, true);
+                    traps_in_a_row = if report.trapped { traps_in_a_row + 1 } else { 0 };
+                    if traps_in_a_row >= config.quarantine_after_traps.max(1) {
+                        let backoff = (config.quarantine_backoff * 2u32.saturating_pow(quarantines_in_a_row.min(10)))
+                            .min(Duration::from_secs(600));
+                        quarantines_in_a_row += 1;
+                        traps_in_a_row = 0;
+                        shared.metrics.plugin_quarantines.get_or_create(&PluginLabel { plugin: sink.clone() }).inc();
+                        tracing::error!(
+                            sink = %sink, pause = ?backoff,
+                            "plugin quarantined after {} batches in a row ended in a trap; deliveries wait",
+                            config.quarantine_after_traps
+                        );
+                        backoff
+                    } else if report.claimed as u32 >= batch_size {
+                        if !report.trapped {
+                            quarantines_in_a_row = 0;
+                        }
+                        continue;
+                    } else if report.claimed > 0 {
+                        if !report.trapped {
+                            quarantines_in_a_row = 0;
+                        }
+                        continue;
+                    } else {
+                        match tokio::time::timeout(config.db_timeout, store.next_due_in(&sink)).await {
+                            Ok(Ok(Some(wait))) => wait.min(config.max_poll_interval),
+                            Ok(Ok(None)) => config.max_poll_interval,
+                            Ok(Err(e)) => {
+                                tracing::warn!(sink = %sink, "next due time: {e}");
+                                config.max_poll_interval
+                            }
+                            Err(_) => config.max_poll_interval,
+                        }
                     }
-                    Err(_) => config.max_poll_interval,
                 }
-            }
-            Err(e) => {
-                failures += 1;
-                let backoff = (Duration::from_millis(100) * 2u32.saturating_pow(failures.min(10)))
-                    .min(config.max_poll_interval.max(Duration::from_secs(5)));
-                tracing::warn!(sink = %sink, consecutive_failures = failures, "delivery turn failed: {e}");
-                backoff
+                Err(e) => {
+                    let failures = shared.heartbeats.turn(&sink, false);
+                    let backoff = (Duration::from_millis(100) * 2u32.saturating_pow(failures.min(10)))
+                        .min(config.max_poll_interval.max(Duration::from_secs(5)));
+                    tracing::warn!(sink = %sink, consecutive_failures = failures, "delivery turn failed: {e}");
+                    backoff
+                }
             }
         };
         if sleep.is_zero() {
@@ -129,32 +224,40 @@ pub async fn run_sink(
         }
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
-            _ = &mut notified => {}
+            _ = &mut notified, if !paused => {}
             _ = shutdown.changed() => {}
         }
     }
     tracing::info!(sink = %sink, "delivery loop stopped");
 }
 
-/// One turn: claim, deliver, finish. Returns how many deliveries it claimed.
-async fn turn(
-    store: &dyn Store,
-    plugin: &Plugin,
-    sink: &str,
-    batch_size: u32,
-    lease: Duration,
-    db_timeout: Duration,
-) -> Result<usize, String> {
+/// What one turn did.
+struct TurnReport {
+    claimed: usize,
+    trapped: bool,
+}
+
+/// One turn: claim, deliver, finish.
+async fn turn(shared: &Shared, plugin: &Plugin, sink: &str, batch_size: u32, lease: Duration) -> Result<TurnReport, String> {
+    let store = &*shared.store;
+    let db_timeout = shared.config.db_timeout;
+    let metrics = &shared.metrics;
     let claimed = tokio::time::timeout(db_timeout, store.claim(sink, batch_size, lease))
         .await
         .map_err(|_| format!("claim timed out after {db_timeout:?}"))?
         .map_err(|e| format!("claim: {e}"))?;
     if claimed.is_empty() {
-        return Ok(0);
+        return Ok(TurnReport { claimed: 0, trapped: false });
     }
     let batch: Vec<Event> = claimed.iter().map(to_wit_event).collect();
+    let started = std::time::Instant::now();
     let outcomes = plugin.deliver(&batch).await;
+    metrics
+        .attempt_duration
+        .get_or_create(&SinkLabel { sink: sink.to_string() })
+        .observe(started.elapsed().as_secs_f64());
     let policy = &plugin.manifest().retry;
+    let mut trapped = false;
     let mut finishes: Vec<Finish> = match outcomes {
         Ok(outcomes) => claimed
             .iter()
@@ -169,6 +272,10 @@ async fn turn(
             .collect(),
         Err(failure) => {
             log_failure(sink, &failure, claimed.len());
+            if let SinkFailure::Trap { kind, .. } = &failure {
+                trapped = true;
+                metrics.plugin_traps.get_or_create(&TrapLabel { plugin: sink.to_string(), kind: kind.clone() }).inc();
+            }
             let reason = failure.to_string();
             claimed.iter().map(|c| retry::after_failure(policy, c, &reason, None)).collect()
         }
@@ -195,11 +302,26 @@ async fn turn(
             .map_err(|_| format!("finish timed out after {db_timeout:?}"))?
             .map_err(|e| format!("finish: {e}"))?;
         if !kept {
+            metrics.delivery(sink, "lease_lost");
             tracing::warn!(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
                 "lease lost before the outcome was recorded; outcome dropped"
             );
             continue;
+        }
+        metrics.delivery(
+            sink,
+            match finish {
+                Finish::Delivered => "delivered",
+                Finish::Retry { .. } => "retry",
+                Finish::Dead { .. } => "dead",
+                Finish::Release => "released",
+            },
+        );
+        if let Finish::Delivered = finish {
+            let now_ms = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+            let latency = (now_ms as i64 - c.event.ingested_at_ms).max(0) as f64 / 1000.0;
+            metrics.delivery_latency.get_or_create(&SinkLabel { sink: sink.to_string() }).observe(latency);
         }
         match finish {
             Finish::Delivered => {
@@ -218,7 +340,7 @@ async fn turn(
             ),
         }
     }
-    Ok(claimed.len())
+    Ok(TurnReport { claimed: claimed.len(), trapped })
 }
 
 fn log_failure(sink: &str, failure: &SinkFailure, events: usize) {

@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 
 use super::routes::Router as Routes;
 use crate::config::IngestConfig;
+use crate::metrics::Metrics;
 use crate::event::{self, DataFormat, EventError};
 use crate::store::{IngestError, IngestItem, Store};
 
@@ -37,6 +38,7 @@ pub struct IngestState {
     pub limits: IngestConfig,
     /// Woken after every commit that queued deliveries.
     pub wake: Arc<Notify>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// The ingest and read routes.
@@ -60,6 +62,19 @@ fn bad_event(e: EventError) -> Response {
 }
 
 async fn post_events(State(state): State<IngestState>, headers: HeaderMap, body: Body) -> Response {
+    let response = post_events_inner(&state, headers, body).await;
+    let outcome = match response.status() {
+        StatusCode::CONFLICT => Some("conflict"),
+        s if s.is_client_error() => Some("rejected"),
+        _ => None,
+    };
+    if let Some(outcome) = outcome {
+        state.metrics.ingested(outcome, 1);
+    }
+    response
+}
+
+async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) -> Response {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -124,6 +139,9 @@ async fn post_events(State(state): State<IngestState>, headers: HeaderMap, body:
         .collect();
     match state.store.ingest(&items).await {
         Ok(results) => {
+            let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
+            state.metrics.ingested("stored", results.len() as u64 - duplicates);
+            state.metrics.ingested("duplicate", duplicates);
             let created = results.iter().any(|r| !r.duplicate);
             if created {
                 state.wake.notify_waiters();

@@ -1,41 +1,82 @@
-//! Operations endpoints.
+//! Operations endpoints: probes, metrics and the admin API.
 //!
-//! Owns: `/health` (the process serves requests) and `/ready` (the database
-//! answers, no migration is pending, and the configured plugins loaded).
+//! Owns: `/health` (200 while the process serves and every delivery loop
+//! has finished a turn within its stale limit), `/ready` (database answers,
+//! no migration pending, every loop fresh *and* succeeding, plugins
+//! loaded; with queue figures), `/metrics` (Prometheus text), and the
+//! admin API under `/v1/admin/` (bearer token when configured).
 //!
-//! Must never: run an unbounded query on a probe path — a probe that times
-//! out under a backlog is worse than none.
+//! Must never: run an unbounded query on a probe path — counts are capped
+//! and every store call has a short timeout, so a huge backlog cannot make
+//! a probe time out.
 
+pub mod admin;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::store::Store;
+use crate::delivery::Heartbeats;
+use crate::metrics::{Metrics, SinkLabel, SinkStatusLabel};
+use crate::store::{QueueStats, Store};
 
-/// Longest a readiness check may wait for the database.
+/// Longest a probe waits for the database.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most rows counted for queue figures.
+pub const COUNT_CAP: u64 = 100_000;
 
-/// What the probes look at.
+/// What the endpoints look at.
 #[derive(Clone)]
 pub struct OpsState {
     pub store: Arc<dyn Store>,
-    /// Sinks that loaded, and plugins refused at load (file: reason).
+    /// Sinks that loaded.
     pub sinks: Vec<String>,
+    /// Sinks with a manifest, loaded or not.
+    pub known_sinks: Vec<String>,
+    /// Plugins refused at load (file: reason).
     pub plugin_failures: Vec<String>,
+    pub heartbeats: Arc<Heartbeats>,
+    pub metrics: Arc<Metrics>,
+    pub admin_token: Option<String>,
 }
 
 /// The ops routes.
 pub fn router(state: OpsState) -> Router {
     Router::new()
-        .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route("/health", get(health))
         .route("/ready", get(ready))
-        .with_state(state)
+        .route("/metrics", get(metrics))
+        .with_state(state.clone())
+        .merge(admin::router(state))
+}
+
+async fn health(State(state): State<OpsState>) -> Response {
+    let beats = state.heartbeats.snapshot();
+    let stale: Vec<String> = beats
+        .iter()
+        .filter(|(_, b)| !b.fresh())
+        .map(|(sink, b)| format!("{sink}: last turn {:.0?} ago (limit {:?})", b.age(), b.stale_after))
+        .collect();
+    if stale.is_empty() {
+        (StatusCode::OK, Json(json!({ "status": "ok" }))).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "stale", "stale_loops": stale }))).into_response()
+    }
+}
+
+async fn queue(store: &dyn Store) -> Result<QueueStats, String> {
+    match tokio::time::timeout(PROBE_TIMEOUT, store.queue_stats(COUNT_CAP)).await {
+        Ok(Ok(q)) => Ok(q),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+    }
 }
 
 async fn ready(State(state): State<OpsState>) -> Response {
@@ -53,12 +94,25 @@ async fn ready(State(state): State<OpsState>) -> Response {
         },
         Err(_) => Err("database unavailable".to_string()),
     };
-    let plugins: Result<(), String> = if state.plugin_failures.is_empty() {
-        Ok(())
-    } else {
-        Err(state.plugin_failures.join("; "))
-    };
-    let ok = database.is_ok() && migrations.is_ok() && plugins.is_ok();
+    let beats = state.heartbeats.snapshot();
+    let mut workers = BTreeMap::new();
+    let mut workers_ok = true;
+    for (sink, beat) in &beats {
+        let ok = beat.fresh() && beat.succeeding();
+        workers_ok &= ok;
+        workers.insert(
+            sink.clone(),
+            json!({
+                "ok": ok,
+                "heartbeat_age_ms": beat.age().as_millis() as u64,
+                "last_success_age_ms": beat.last_success.map(|t| t.elapsed().as_millis() as u64),
+                "consecutive_failures": beat.consecutive_failures,
+            }),
+        );
+    }
+    let plugins_ok = state.plugin_failures.is_empty();
+    let queue = if database.is_ok() { queue(&*state.store).await } else { Err("database unavailable".into()) };
+    let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
         Err(e) => json!({ "ok": false, "error": e }),
@@ -68,9 +122,46 @@ async fn ready(State(state): State<OpsState>) -> Response {
         "checks": {
             "database": show(&database),
             "migrations": show(&migrations),
-            "plugins": { "ok": plugins.is_ok(), "loaded": state.sinks, "refused": state.plugin_failures },
-        }
+            "workers": { "ok": workers_ok, "sinks": workers },
+            "plugins": { "ok": plugins_ok, "loaded": state.sinks, "refused": state.plugin_failures },
+        },
+        "queue": match queue {
+            Ok(q) => json!(q),
+            Err(e) => json!({ "error": e }),
+        },
     });
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
+}
+
+async fn metrics(State(state): State<OpsState>) -> Response {
+    let m = &state.metrics;
+    for (sink, beat) in state.heartbeats.snapshot() {
+        let label = SinkLabel { sink };
+        m.heartbeat_age.get_or_create(&label).set(beat.age().as_secs_f64());
+        m.consecutive_failures.get_or_create(&label).set(beat.consecutive_failures as i64);
+    }
+    if let Ok(q) = queue(&*state.store).await {
+        let (mut active, mut expired) = (0, 0);
+        for sink in &state.known_sinks {
+            let s = q.sinks.iter().find(|s| &s.sink == sink).cloned().unwrap_or_default();
+            for (status, n) in
+                [("pending", s.pending), ("retrying", s.retrying), ("leased", s.leased), ("dead", s.dead)]
+            {
+                m.queue_depth.get_or_create(&SinkStatusLabel { sink: sink.clone(), status: status.into() }).set(n as i64);
+            }
+            m.oldest_due_age
+                .get_or_create(&SinkLabel { sink: sink.clone() })
+                .set(s.oldest_due_age_ms.unwrap_or(0) as f64 / 1000.0);
+            active += s.leased as i64;
+            expired += s.expired_leases as i64;
+        }
+        m.leases_active.set(active);
+        m.leases_expired.set(expired);
+    }
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        m.encode(),
+    )
+        .into_response()
 }

@@ -4,8 +4,11 @@
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "sink",
+    // Publishing waits on the broker's confirms: an async host function.
+    imports: { "outboxd:sink/amqp.publish-batch": async },
     exports: { default: async },
 });
 
+pub use self::outboxd::sink::amqp::{Message as AmqpMessage, PublishError};
 pub use self::outboxd::sink::log::Level;
 pub use self::outboxd::sink::types::RetryInfo;

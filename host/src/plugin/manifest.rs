@@ -73,6 +73,33 @@ pub struct Capabilities {
     /// Empty: `wasi:http` is not linked at all.
     #[serde(default)]
     pub http: Vec<String>,
+    /// AMQP publishing (the `outboxd:sink/amqp` interface): one broker and
+    /// the exchanges the plugin may publish to. Absent: every publish is
+    /// refused as `not-allowed` without touching a broker.
+    #[serde(default)]
+    pub amqp: Option<AmqpCapability>,
+}
+
+/// `capabilities.amqp = { url = "amqp://…", exchanges = ["documents", "events.*"] }`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AmqpCapability {
+    /// Broker URL, `amqp://user:password@host:port/vhost` or `amqps://…`
+    /// (the vhost percent-encoded: `%2f` is `/`). Usually a `${VAR}`
+    /// reference, since it carries a password; never logged with it.
+    pub url: String,
+    /// Exchange names the plugin may publish to; `*` matches any run of
+    /// characters (`events.*`, `*`). `""` names the default exchange.
+    pub exchanges: Vec<String>,
+}
+
+impl std::fmt::Debug for AmqpCapability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpCapability")
+            .field("url", &super::amqp::redact_url(&self.url))
+            .field("exchanges", &self.exchanges)
+            .finish()
+    }
 }
 
 /// Retry schedule of this sink: exponential backoff with jitter, inside a
@@ -154,6 +181,13 @@ impl Manifest {
         for (i, pattern) in m.capabilities.http.iter_mut().enumerate() {
             *pattern = interpolate(pattern).map_err(|e| invalid(format!("capabilities.http[{i}]: {e}")))?;
         }
+        if let Some(amqp) = &mut m.capabilities.amqp {
+            amqp.url = interpolate(&amqp.url).map_err(|e| invalid(format!("capabilities.amqp.url: {e}")))?;
+            for (i, pattern) in amqp.exchanges.iter_mut().enumerate() {
+                *pattern = interpolate(pattern)
+                    .map_err(|e| invalid(format!("capabilities.amqp.exchanges[{i}]: {e}")))?;
+            }
+        }
         let component = m.component.clone().unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
         let base = file.parent().unwrap_or(Path::new("."));
         m.component = Some(base.join(component));
@@ -234,6 +268,23 @@ mod tests {
         let e = Manifest::parse(&text, Path::new("s.toml")).unwrap_err();
         assert!(e.to_string().contains("incompatible"), "{e}");
         assert!(Manifest::parse(&MINIMAL.replace("0.1.0", "0.1.7"), Path::new("s.toml")).is_ok());
+    }
+
+    #[test]
+    fn amqp_capability_resolves_the_environment_and_hides_the_password() {
+        std::env::set_var("OUTBOXD_TEST_MANIFEST_AMQP", "amqp://app:s3cret@127.0.0.1:5672/%2f");
+        let text = format!(
+            "{MINIMAL}[capabilities]\namqp = {{ url = \"${{OUTBOXD_TEST_MANIFEST_AMQP}}\", exchanges = [\"documents\", \"events.*\"] }}\n"
+        );
+        let m = Manifest::parse(&text, Path::new("s.toml")).unwrap();
+        let amqp = m.capabilities.amqp.as_ref().unwrap();
+        assert_eq!(amqp.url, "amqp://app:s3cret@127.0.0.1:5672/%2f");
+        assert_eq!(amqp.exchanges, ["documents", "events.*"]);
+        let shown = format!("{m:?}");
+        assert!(!shown.contains("s3cret") && shown.contains("app:***@"), "{shown}");
+        let e = Manifest::parse(&format!("{MINIMAL}[capabilities]\namqp = {{ url = \"amqp://h\", queues = [] }}\n"), Path::new("s.toml"))
+            .unwrap_err();
+        assert!(e.to_string().contains("queues"), "{e}");
     }
 
     #[test]

@@ -3,12 +3,15 @@
 //! Owns: finding plugins in the plugins directory (every `NAME.toml` with the
 //! component it names, by default `NAME.wasm`), checking each against the
 //! `outboxd:sink` world and its manifest's grants, and running batches in
-//! the sandbox ([`runtime`]). A plugin that fails to load is reported with
-//! its file and the reason; the others load regardless.
+//! the sandbox ([`runtime`]), with outbound HTTP ([`egress`]) and AMQP
+//! ([`amqp`]) only as far as the manifest grants. A plugin that fails to
+//! load is reported with its file and the reason; the others load
+//! regardless.
 //!
 //! Must never: decide retries, leases or durability (the delivery engine
 //! owns those), or let one plugin's failure affect another.
 
+pub mod amqp;
 pub mod bindings;
 pub mod check;
 pub mod egress;

@@ -11,6 +11,23 @@
 //! only answers `CannotEnterComponent`, and a fresh store also means no
 //! state leaks between batches.
 //!
+//! A guest that computes without end gives its thread back at every epoch
+//! tick through `tokio::task::yield_now`, which lets the worker poll I/O and
+//! timers before it runs the guest again. wasmtime's plain `Yield` wakes the
+//! task at once instead: a spinning guest then holds a worker for about 60
+//! ticks between two I/O polls, and with one or two workers (these machines
+//! have 2 cores) the healthy sinks and the HTTP API stall for most of the
+//! spinning guest's deadline (tests/integration_sandbox.rs shows it).
+//!
+//! Stack overflow comes in two forms. A guest that recurses with small
+//! frames hits wasmtime's own stack limit (`Trap::StackOverflow`). One that
+//! keeps arrays or other addressed locals per call exhausts first the stack
+//! its toolchain keeps in linear memory (Rust and C place it at the bottom,
+//! 1 MiB by default); the stack pointer then wraps below zero and the next
+//! access traps as an out-of-bounds memory access. That trap, raised at the
+//! bottom of a recursion (the backtrace is a few functions repeated), is
+//! reported as a stack overflow too; the detail keeps the original trap.
+//!
 //! Must never: let a guest fault, hang or allocate its way into the host —
 //! every failure becomes a value; keep a store after it trapped.
 
@@ -22,6 +39,7 @@ use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use super::amqp::{AmqpAccess, AmqpPool};
 use super::bindings::{self, Event, Level, Outcome, Sink, SinkPre};
 use super::egress::{EgressHooks, EgressPolicy, HttpClient};
 use super::manifest::Manifest;
@@ -32,6 +50,12 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Most instances per store (a component instantiates a few core modules).
 const MAX_INSTANCES: usize = 100;
+/// Fewest backtrace frames (wasmtime captures up to 20, innermost first)
+/// for an out-of-bounds trap to count as the end of a recursion.
+const RECURSION_MIN_FRAMES: usize = 16;
+/// Most distinct functions per frame, as a fraction 1/N of the frames, for
+/// a backtrace to count as a recursion (20 frames: at most 5 functions).
+const RECURSION_FRAMES_PER_FUNCTION: usize = 4;
 
 /// A batch the plugin failed as a whole; every event is retried.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -51,6 +75,8 @@ pub enum SinkFailure {
 pub struct Runtime {
     engine: Engine,
     client: HttpClient,
+    /// Broker connections of the `amqp` interface, shared by all plugins.
+    amqp: AmqpPool,
 }
 
 impl Runtime {
@@ -70,12 +96,17 @@ impl Runtime {
             }
         })
         .map_err(|e| wasmtime::format_err!("cannot start the epoch thread: {e}"))?;
-        Ok(Runtime { engine, client: super::egress::http_client() })
+        Ok(Runtime { engine, client: super::egress::http_client(), amqp: AmqpPool::new() })
     }
 
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The AMQP brokers plugins publish to (for readiness: their status).
+    pub fn amqp(&self) -> &AmqpPool {
+        &self.amqp
     }
 
     /// A linker with WASI 0.2 and our `log` import; with `wasi:http` when
@@ -105,12 +136,14 @@ impl Runtime {
         let pre = linker.instantiate_pre(component).map_err(|e| explain_link_error(&e, grants_http))?;
         let pre = SinkPre::new(pre).map_err(|e| format!("does not match the world outboxd:sink/sink: {e:#}"))?;
         let config = manifest.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let amqp = self.amqp.access(manifest.capabilities.amqp.as_ref()).map_err(|e| format!("capabilities.amqp.{e}"))?;
         Ok(Plugin {
             name: Arc::from(manifest.name.as_str()),
             manifest,
             pre,
             config,
             policy: Arc::new(policy),
+            amqp,
             runtime: self.clone(),
         })
     }
@@ -138,6 +171,8 @@ pub struct HostState {
     limits: MemoryCap,
     hooks: EgressHooks,
     plugin: Arc<str>,
+    /// What this batch may publish over AMQP (`amqp` interface, in `amqp.rs`).
+    pub(super) amqp: AmqpAccess,
 }
 
 impl WasiView for HostState {
@@ -210,6 +245,7 @@ pub struct Plugin {
     pre: SinkPre<HostState>,
     config: Vec<(String, String)>,
     policy: Arc<EgressPolicy>,
+    amqp: AmqpAccess,
     runtime: Runtime,
 }
 
@@ -242,16 +278,20 @@ impl Plugin {
                 client: self.runtime.client.clone(),
             },
             plugin: self.name.clone(),
+            amqp: self.amqp.for_batch(Instant::now() + deadline),
         };
         let mut store = Store::new(self.runtime.engine(), state);
         store.limiter(|s| &mut s.limits);
         let started = Instant::now();
         store.set_epoch_deadline(1);
+        // Every tick: stop the guest past its deadline, else let the worker
+        // poll I/O and run other tasks before it resumes (see the module
+        // note on why `yield_now`, not `UpdateDeadline::Yield`).
         store.epoch_deadline_callback(move |_| {
             if started.elapsed() >= deadline {
                 Ok(UpdateDeadline::Interrupt)
             } else {
-                Ok(UpdateDeadline::Yield(1))
+                Ok(UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
             }
         });
 
@@ -286,6 +326,7 @@ fn classify_trap(e: &wasmtime::Error, refused_memory: Option<usize>, past_deadli
     let kind = match e.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => "deadline".to_string(),
         Some(wasmtime::Trap::StackOverflow) => "stack overflow".to_string(),
+        Some(wasmtime::Trap::MemoryOutOfBounds) if in_deep_recursion(e) => "stack overflow".to_string(),
         _ if refused_memory.is_some() => "out of memory".to_string(),
         Some(wasmtime::Trap::UnreachableCodeReached) => "panic".to_string(),
         Some(wasmtime::Trap::OutOfFuel) => "out of fuel".to_string(),
@@ -294,4 +335,28 @@ fn classify_trap(e: &wasmtime::Error, refused_memory: Option<usize>, past_deadli
         None => "error".to_string(),
     };
     SinkFailure::Trap { kind, detail }
+}
+
+/// Whether the guest trapped at the bottom of a recursion: its backtrace has
+/// at least [`RECURSION_MIN_FRAMES`] frames and at most one distinct
+/// function per [`RECURSION_FRAMES_PER_FUNCTION`] frames. An out-of-bounds
+/// access there is the guest's in-memory stack running out (module note).
+fn in_deep_recursion(e: &wasmtime::Error) -> bool {
+    let Some(backtrace) = e.downcast_ref::<wasmtime::WasmBacktrace>() else {
+        return false;
+    };
+    let frames = backtrace.frames();
+    if frames.len() < RECURSION_MIN_FRAMES {
+        return false;
+    }
+    let mut distinct: Vec<&wasmtime::FrameInfo> = Vec::new();
+    for frame in frames {
+        let seen = distinct
+            .iter()
+            .any(|d| d.func_index() == frame.func_index() && wasmtime::Module::same(d.module(), frame.module()));
+        if !seen {
+            distinct.push(frame);
+        }
+    }
+    distinct.len() * RECURSION_FRAMES_PER_FUNCTION <= frames.len()
 }

@@ -22,7 +22,7 @@ pub mod sqlite;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::event::NewEvent;
 
@@ -110,6 +110,57 @@ pub struct Claimed {
     pub event: StoredEvent,
 }
 
+/// Live and dead deliveries of one sink, counted up to a cap.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SinkQueue {
+    pub sink: String,
+    /// Waiting for a first attempt.
+    pub pending: u64,
+    /// Waiting to retry after a failed attempt.
+    pub retrying: u64,
+    /// Under a live lease (being delivered).
+    pub leased: u64,
+    /// Leased, but the lease ran out unfinished (a worker died).
+    pub expired_leases: u64,
+    pub dead: u64,
+    /// How long the oldest due head of a stream has been due, ms.
+    pub oldest_due_age_ms: Option<i64>,
+}
+
+/// Queue figures over every sink.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QueueStats {
+    pub sinks: Vec<SinkQueue>,
+    /// True when the count stopped at the cap: figures are lower bounds.
+    pub capped: bool,
+}
+
+/// Which dead letters an admin action applies to. Every given field must
+/// match; none given matches all.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadFilter {
+    pub sink: Option<String>,
+    pub stream: Option<String>,
+    pub event_id: Option<String>,
+    /// Died at or after, Unix ms.
+    pub since_ms: Option<i64>,
+    /// Died before, Unix ms.
+    pub until_ms: Option<i64>,
+}
+
+/// One dead letter.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    pub event_id: String,
+    pub sink: String,
+    pub stream: String,
+    pub sequence: u64,
+    pub attempts: u32,
+    pub reason: Option<String>,
+    pub died_at_ms: Option<i64>,
+}
+
 /// Routing decision handed to the store: the sinks an event goes to.
 pub type RouteFn = dyn for<'e> Fn(&'e NewEvent) -> Vec<String> + Send + Sync;
 
@@ -168,6 +219,29 @@ pub trait Store: Send + Sync + 'static {
     /// until `stop` turns true. A store without cross-process wake-ups does
     /// nothing.
     fn forward_wakeups(&self, wake: std::sync::Arc<tokio::sync::Notify>, stop: tokio::sync::watch::Receiver<bool>);
+
+    /// Queue figures per sink, counting at most `cap` live-or-dead rows.
+    async fn queue_stats(&self, cap: u64) -> Result<QueueStats, StoreError>;
+
+    /// Dead letters matching `filter`, newest first, at most `limit`.
+    async fn list_dead(&self, filter: &DeadFilter, limit: u32) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// Make up to `limit` matching dead letters pending again: attempts and
+    /// retry window start afresh. Returns how many.
+    async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError>;
+
+    /// Delete up to `limit` matching dead letters. Returns how many.
+    async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError>;
+
+    /// Pause (nothing claimed, nothing lost) or resume a sink.
+    async fn set_paused(&self, sink: &str, paused: bool) -> Result<(), StoreError>;
+
+    /// Sinks currently paused.
+    async fn paused_sinks(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Delete up to `limit` deliveries delivered more than `older_than` ago.
+    /// Returns how many.
+    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError>;
 
     /// Names of migrations not yet applied.
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError>;

@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{PgPool, Postgres, QueryBuilder, Row, Transaction};
 use tokio::sync::{watch, Notify};
 
 use super::{
-    new_lease_token, RouteFn, same_event, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store,
+    new_lease_token, DeadFilter, DeadLetter, QueueStats, RouteFn, same_event, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store,
     StoreError, StoredEvent,
 };
 use crate::event::{DataFormat, NewEvent};
@@ -615,6 +615,128 @@ impl Store for PgStore {
         });
     }
 
+    async fn queue_stats(&self, cap: u64) -> Result<QueueStats, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // A probe must answer fast even under a huge backlog.
+        sqlx::query("SET LOCAL statement_timeout = 2000").execute(&mut *tx).await?;
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT sink, st, COUNT(*) FROM ( \
+               SELECT sink, CASE WHEN status = 'dead' THEN 'dead' \
+                                 WHEN lease_expires_at > now() THEN 'leased' \
+                                 WHEN lease_expires_at IS NOT NULL THEN 'expired' \
+                                 WHEN attempts > 0 THEN 'retrying' ELSE 'pending' END AS st \
+               FROM outboxd.deliveries WHERE status IN ('pending', 'dead') LIMIT $1) AS q \
+             GROUP BY sink, st",
+        )
+        .bind(cap as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        let ages: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT sink, (extract(epoch FROM now() - MIN(due_at)) * 1000)::bigint FROM outboxd.heads \
+             WHERE due_at <= now() GROUP BY sink",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(super::sqlite::fold_stats(rows, ages, cap))
+    }
+
+    async fn list_dead(&self, filter: &DeadFilter, limit: u32) -> Result<Vec<DeadLetter>, StoreError> {
+        let mut q = QueryBuilder::<Postgres>::new(
+            "SELECT event_id, sink, stream, sequence, attempts, last_error, \
+             (extract(epoch FROM finished_at) * 1000)::bigint FROM outboxd.deliveries WHERE status = 'dead'",
+        );
+        push_dead_filter(&mut q, filter);
+        q.push(" ORDER BY finished_at DESC LIMIT ").push_bind(limit as i64);
+        let rows: Vec<(String, String, String, i64, i32, Option<String>, Option<i64>)> =
+            q.build_query_as().fetch_all(&self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
+                event_id,
+                sink,
+                stream,
+                sequence: sequence as u64,
+                attempts: attempts as u32,
+                reason,
+                died_at_ms: died,
+            })
+            .collect())
+    }
+
+    async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut q = QueryBuilder::<Postgres>::new(
+            "UPDATE outboxd.deliveries SET status = 'pending', attempts = 0, first_attempt_at = NULL, \
+             next_attempt_at = now(), finished_at = NULL \
+             WHERE id IN (SELECT id FROM outboxd.deliveries WHERE status = 'dead'",
+        );
+        push_dead_filter(&mut q, filter);
+        q.push(" LIMIT ").push_bind(limit as i64).push(" FOR UPDATE) RETURNING sink, stream");
+        let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
+        let pairs: BTreeSet<(String, String)> = rows.iter().cloned().collect();
+        // The replayed letter may sit before its stream's current head.
+        for (sink, stream) in pairs {
+            sqlx::query(
+                "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
+                 SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
+                 FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
+                 ORDER BY sequence LIMIT 1 \
+                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query("SELECT pg_notify($1, 'replay')").bind(WAKE_CHANNEL).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows.len() as u64)
+    }
+
+    async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
+        let mut q = QueryBuilder::<Postgres>::new(
+            "DELETE FROM outboxd.deliveries WHERE id IN (SELECT id FROM outboxd.deliveries WHERE status = 'dead'",
+        );
+        push_dead_filter(&mut q, filter);
+        q.push(" LIMIT ").push_bind(limit as i64).push(")");
+        Ok(q.build().execute(&self.pool).await?.rows_affected())
+    }
+
+    async fn set_paused(&self, sink: &str, paused: bool) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO outboxd.sink_state (sink, paused) VALUES ($1, $2) \
+             ON CONFLICT (sink) DO UPDATE SET paused = EXCLUDED.paused",
+        )
+        .bind(sink)
+        .bind(paused)
+        .execute(&self.pool)
+        .await?;
+        if !paused {
+            sqlx::query("SELECT pg_notify($1, 'resume')").bind(WAKE_CHANNEL).execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    async fn paused_sinks(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT sink FROM outboxd.sink_state WHERE paused ORDER BY sink")
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let result = sqlx::query(
+            "DELETE FROM outboxd.deliveries WHERE id IN (SELECT id FROM outboxd.deliveries \
+             WHERE status = 'delivered' AND finished_at < now() - $1 * interval '1 millisecond' \
+             ORDER BY finished_at LIMIT $2)",
+        )
+        .bind(older_than.as_millis() as i64)
+        .bind(limit as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected())
+    }
+
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
         let applied: Vec<i64> = if self.is_uninitialised().await? {
             Vec::new()
@@ -643,5 +765,23 @@ impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+}
+
+fn push_dead_filter(q: &mut QueryBuilder<'_, Postgres>, f: &DeadFilter) {
+    if let Some(sink) = &f.sink {
+        q.push(" AND sink = ").push_bind(sink.clone());
+    }
+    if let Some(stream) = &f.stream {
+        q.push(" AND stream = ").push_bind(stream.clone());
+    }
+    if let Some(id) = &f.event_id {
+        q.push(" AND event_id = ").push_bind(id.clone());
+    }
+    if let Some(since) = f.since_ms {
+        q.push(" AND finished_at >= to_timestamp(").push_bind(since as f64 / 1000.0).push(")");
+    }
+    if let Some(until) = f.until_ms {
+        q.push(" AND finished_at < to_timestamp(").push_bind(until as f64 / 1000.0).push(")");
     }
 }

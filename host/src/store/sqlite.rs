@@ -19,7 +19,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
-    new_lease_token, RouteFn, same_event, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store, StoreError,
+    new_lease_token, DeadFilter, DeadLetter, QueueStats, RouteFn, SinkQueue, same_event, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store, StoreError,
     StoredEvent,
 };
 use crate::event::{DataFormat, NewEvent};
@@ -482,6 +482,132 @@ impl Store for SqliteStore {
         // One process owns an SQLite file; ingest wakes the loops directly.
     }
 
+    async fn queue_stats(&self, cap: u64) -> Result<QueueStats, StoreError> {
+        let mut conn = self.reader.acquire().await?;
+        let now = now_ms(&mut conn).await?;
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT sink, st, COUNT(*) FROM ( \
+               SELECT sink, CASE WHEN status = 'dead' THEN 'dead' \
+                                 WHEN lease_expires_at > ?1 THEN 'leased' \
+                                 WHEN lease_expires_at IS NOT NULL THEN 'expired' \
+                                 WHEN attempts > 0 THEN 'retrying' ELSE 'pending' END AS st \
+               FROM deliveries WHERE status IN ('pending', 'dead') LIMIT ?2) \
+             GROUP BY sink, st",
+        )
+        .bind(now)
+        .bind(cap as i64)
+        .fetch_all(&mut *conn)
+        .await?;
+        let ages: Vec<(String, i64)> =
+            sqlx::query_as("SELECT sink, ?1 - MIN(due_at) FROM heads WHERE due_at <= ?1 GROUP BY sink")
+                .bind(now)
+                .fetch_all(&mut *conn)
+                .await?;
+        Ok(fold_stats(rows, ages, cap))
+    }
+
+    async fn list_dead(&self, filter: &DeadFilter, limit: u32) -> Result<Vec<DeadLetter>, StoreError> {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT event_id, sink, stream, sequence, attempts, last_error, finished_at FROM deliveries WHERE status = 'dead'",
+        );
+        push_dead_filter(&mut q, filter);
+        q.push(" ORDER BY finished_at DESC LIMIT ").push_bind(limit as i64);
+        let rows: Vec<(String, String, String, i64, i64, Option<String>, Option<i64>)> =
+            q.build_query_as().fetch_all(&self.reader).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
+                event_id,
+                sink,
+                stream,
+                sequence: sequence as u64,
+                attempts: attempts as u32,
+                reason,
+                died_at_ms: died,
+            })
+            .collect())
+    }
+
+    async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
+        let mut tx = self.writer.begin().await?;
+        let now = now_ms(&mut tx).await?;
+        let mut q = QueryBuilder::<Sqlite>::new("SELECT id, sink, stream FROM deliveries WHERE status = 'dead'");
+        push_dead_filter(&mut q, filter);
+        q.push(" LIMIT ").push_bind(limit as i64);
+        let rows: Vec<(i64, String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
+        let mut pairs = std::collections::BTreeSet::new();
+        for (id, sink, stream) in &rows {
+            sqlx::query(
+                "UPDATE deliveries SET status = 'pending', attempts = 0, first_attempt_at = NULL, \
+                 next_attempt_at = ?, finished_at = NULL WHERE id = ?",
+            )
+            .bind(now)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            pairs.insert((sink.clone(), stream.clone()));
+        }
+        // The replayed letter may sit before its stream's current head.
+        for (sink, stream) in pairs {
+            let (id, next_at, lease): (i64, i64, Option<i64>) = sqlx::query_as(
+                "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
+                 WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .fetch_one(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
+                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .bind(id)
+            .bind(next_at.max(lease.unwrap_or(next_at)))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len() as u64)
+    }
+
+    async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries WHERE status = 'dead'",
+        );
+        push_dead_filter(&mut q, filter);
+        q.push(" LIMIT ").push_bind(limit as i64).push(")");
+        Ok(q.build().execute(&self.writer).await?.rows_affected())
+    }
+
+    async fn set_paused(&self, sink: &str, paused: bool) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sink_state (sink, paused) VALUES (?, ?) ON CONFLICT (sink) DO UPDATE SET paused = excluded.paused",
+        )
+        .bind(sink)
+        .bind(paused)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    async fn paused_sinks(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT sink FROM sink_state WHERE paused ORDER BY sink").fetch_all(&self.reader).await?)
+    }
+
+    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let result = sqlx::query(&format!(
+            "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries \
+             WHERE status = 'delivered' AND finished_at < {NOW_MS} - ? ORDER BY finished_at LIMIT ?)"
+        ))
+        .bind(older_than.as_millis() as i64)
+        .bind(limit as i64)
+        .execute(&self.writer)
+        .await?;
+        Ok(result.rows_affected())
+    }
+
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
         let mut conn = self.reader.acquire().await?;
         let applied: Vec<i64> = if self.is_uninitialised().await? {
@@ -516,4 +642,45 @@ impl Store for SqliteStore {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
     }
+}
+
+fn push_dead_filter(q: &mut QueryBuilder<'_, Sqlite>, f: &DeadFilter) {
+    if let Some(sink) = &f.sink {
+        q.push(" AND sink = ").push_bind(sink.clone());
+    }
+    if let Some(stream) = &f.stream {
+        q.push(" AND stream = ").push_bind(stream.clone());
+    }
+    if let Some(id) = &f.event_id {
+        q.push(" AND event_id = ").push_bind(id.clone());
+    }
+    if let Some(since) = f.since_ms {
+        q.push(" AND finished_at >= ").push_bind(since);
+    }
+    if let Some(until) = f.until_ms {
+        q.push(" AND finished_at < ").push_bind(until);
+    }
+}
+
+/// Fold (sink, status, count) rows and (sink, age) rows into figures.
+pub(crate) fn fold_stats(rows: Vec<(String, String, i64)>, ages: Vec<(String, i64)>, cap: u64) -> QueueStats {
+    let mut by_sink: BTreeMap<String, SinkQueue> = BTreeMap::new();
+    let mut total = 0u64;
+    for (sink, status, n) in rows {
+        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue { sink, ..Default::default() });
+        let n = n.max(0) as u64;
+        total += n;
+        match status.as_str() {
+            "dead" => q.dead += n,
+            "leased" => q.leased += n,
+            "expired" => q.expired_leases += n,
+            "retrying" => q.retrying += n,
+            _ => q.pending += n,
+        }
+    }
+    for (sink, age) in ages {
+        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue { sink, ..Default::default() });
+        q.oldest_due_age_ms = Some(age.max(0));
+    }
+    QueueStats { sinks: by_sink.into_values().collect(), capped: total >= cap }
 }

@@ -1,0 +1,351 @@
+//! The HTTP side of the benchmark harness (`bench/run.sh`): a fast receiver
+//! that every system under test POSTs to, and the load generator that feeds
+//! outboxd over its ingest API.
+//!
+//! ```sh
+//! bench_http receive --listen 127.0.0.1:9390
+//! bench_http load --targets http://127.0.0.1:8081,http://127.0.0.1:8082 \
+//!     --receiver http://127.0.0.1:9390 --n 10000 --streams 100 [--rate 2000] [--latency]
+//! ```
+//!
+//! The receiver answers every request 200 with an empty body over keep-alive
+//! connections and records, per request, the wall-clock arrival time and the
+//! CloudEvents headers `ce-id`, `ce-partitionkey` and `ce-sequence` (the
+//! webhook sink sends them; the peers' handlers send the same three). It
+//! counts unique ids, re-deliveries, and order violations: a first arrival
+//! whose sequence is below one already seen on its stream. Control routes:
+//! `GET /_stats`, `POST /_reset`, `GET /_arrivals` (id → arrival, for
+//! latency).
+//!
+//! The load generator builds N CloudEvents (event k on stream `s{k % S}`,
+//! 256 bytes of JSON data), posts them as `application/cloudevents-batch+json`
+//! batches round-robin over the targets with a few requests in flight
+//! (optionally paced at a fixed rate), waits until the receiver has seen
+//! every id, and prints one JSON object: ingest and end-to-end rates, and
+//! with `--latency` the ingest-acknowledged → arrival percentiles. All times
+//! are wall-clock nanoseconds (CLOCK_REALTIME), shared by every process on
+//! the machine.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use serde_json::{json, Value};
+
+fn now_ns() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as i64
+}
+
+// ---------------------------------------------------------------- receiver
+
+#[derive(Default)]
+struct Seen {
+    requests: u64,
+    /// id → first arrival (ns).
+    first: HashMap<Box<str>, i64>,
+    /// stream → highest sequence seen on a first arrival.
+    last_seq: HashMap<Box<str>, u64>,
+    duplicates: u64,
+    violations: u64,
+    unlabelled: u64,
+    first_ns: i64,
+    last_ns: i64,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn record(State(seen): State<Shared>, headers: HeaderMap) -> StatusCode {
+    let at = now_ns();
+    let id = header(&headers, "ce-id");
+    let stream = header(&headers, "ce-partitionkey");
+    let seq: Option<u64> = header(&headers, "ce-sequence").and_then(|s| s.parse().ok());
+    let mut s = seen.lock().unwrap();
+    s.requests += 1;
+    if s.first_ns == 0 {
+        s.first_ns = at;
+    }
+    s.last_ns = at;
+    let Some(id) = id else {
+        s.unlabelled += 1;
+        return StatusCode::OK;
+    };
+    if s.first.contains_key(id) {
+        s.duplicates += 1;
+        return StatusCode::OK;
+    }
+    s.first.insert(id.into(), at);
+    if let (Some(stream), Some(seq)) = (stream, seq) {
+        match s.last_seq.get_mut(stream) {
+            Some(last) if seq < *last => s.violations += 1,
+            Some(last) => *last = seq,
+            None => {
+                s.last_seq.insert(stream.into(), seq);
+            }
+        }
+    }
+    StatusCode::OK
+}
+
+async fn stats(State(seen): State<Shared>) -> axum::Json<Value> {
+    let s = seen.lock().unwrap();
+    axum::Json(json!({
+        "requests": s.requests,
+        "unique": s.first.len(),
+        "duplicates": s.duplicates,
+        "order_violations": s.violations,
+        "unlabelled": s.unlabelled,
+        "first_ns": s.first_ns,
+        "last_ns": s.last_ns,
+    }))
+}
+
+async fn reset(State(seen): State<Shared>) -> StatusCode {
+    *seen.lock().unwrap() = Seen::default();
+    StatusCode::NO_CONTENT
+}
+
+async fn arrivals(State(seen): State<Shared>) -> axum::Json<Value> {
+    let s = seen.lock().unwrap();
+    let map: serde_json::Map<String, Value> = s.first.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    axum::Json(Value::Object(map))
+}
+
+async fn receive(listen: &str) {
+    let seen: Shared = Arc::default();
+    let app = axum::Router::new()
+        .route("/_stats", get(stats))
+        .route("/_reset", post(reset))
+        .route("/_arrivals", get(arrivals))
+        .fallback(record)
+        .with_state(seen);
+    let listener = tokio::net::TcpListener::bind(listen).await.expect("bind the receiver");
+    eprintln!("receiver listening on {}", listener.local_addr().unwrap());
+    axum::serve(listener, app).await.unwrap();
+}
+
+// ------------------------------------------------------------------- load
+
+struct LoadArgs {
+    targets: Vec<String>,
+    receiver: String,
+    n: usize,
+    streams: usize,
+    batch: usize,
+    concurrency: usize,
+    rate: f64,
+    latency: bool,
+    timeout: Duration,
+    run_id: String,
+}
+
+/// 256 bytes of JSON data for event `k`.
+fn data(k: usize) -> Value {
+    let head = format!("{{\"k\":{k},\"pad\":\"\"}}");
+    let pad = "x".repeat(256 - head.len());
+    json!({ "k": k, "pad": pad })
+}
+
+fn percentiles(mut v: Vec<f64>) -> Value {
+    if v.is_empty() {
+        return Value::Null;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    json!({ "p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": v[v.len() - 1], "count": v.len() })
+}
+
+async fn get_json(client: &reqwest::Client, url: &str) -> Value {
+    client.get(url).send().await.expect("receiver answers").json().await.expect("receiver JSON")
+}
+
+async fn load(a: LoadArgs) -> Value {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+    // Bodies first, so building them is not timed.
+    let batches: Vec<(Vec<usize>, bytes::Bytes)> = (0..a.n)
+        .collect::<Vec<_>>()
+        .chunks(a.batch)
+        .map(|ks| {
+            let events: Vec<Value> = ks
+                .iter()
+                .map(|&k| {
+                    json!({
+                        "specversion": "1.0",
+                        "id": format!("{}-{k}", a.run_id),
+                        "source": "https://bench.outboxd.invalid/load",
+                        "type": "bench.event",
+                        "partitionkey": format!("s{}", k % a.streams),
+                        "datacontenttype": "application/json",
+                        "data": data(k),
+                    })
+                })
+                .collect();
+            (ks.to_vec(), bytes::Bytes::from(serde_json::to_vec(&events).unwrap()))
+        })
+        .collect();
+    let batches = Arc::new(batches);
+    client.post(format!("{}/_reset", a.receiver)).send().await.expect("receiver reset");
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let acks = Arc::new(Mutex::new(vec![(0i64, 0i64); batches.len()]));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let t0 = now_ns();
+    let mut tasks = Vec::new();
+    for _ in 0..a.concurrency {
+        let (client, batches, next, acks, errors, targets) =
+            (client.clone(), batches.clone(), next.clone(), acks.clone(), errors.clone(), a.targets.clone());
+        let (rate, batch) = (a.rate, a.batch);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= batches.len() {
+                    return;
+                }
+                if rate > 0.0 {
+                    let due = start + Duration::from_secs_f64((i * batch) as f64 / rate);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                let sent = now_ns();
+                let target = &targets[i % targets.len()];
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let r = client
+                        .post(format!("{target}/v1/events"))
+                        .header("content-type", "application/cloudevents-batch+json")
+                        .body(batches[i].1.clone())
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) if r.status().is_success() => break,
+                        Ok(r) => {
+                            let status = r.status();
+                            let body = r.text().await.unwrap_or_default();
+                            eprintln!("batch {i}: HTTP {status}: {}", &body[..body.len().min(300)]);
+                        }
+                        Err(e) => eprintln!("batch {i}: {e}"),
+                    }
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    if tries >= 5 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                acks.lock().unwrap()[i] = (sent, now_ns());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let ingest_done = now_ns();
+
+    // Wait for the receiver to have seen every id (or for the timeout, or
+    // for progress to stop for a long while).
+    let stats_url = format!("{}/_stats", a.receiver);
+    let deadline = Instant::now() + a.timeout;
+    let mut last_unique = 0u64;
+    let mut last_progress = Instant::now();
+    let stats = loop {
+        let s = get_json(&client, &stats_url).await;
+        let unique = s["unique"].as_u64().unwrap_or(0);
+        if unique >= a.n as u64 {
+            break s;
+        }
+        if unique != last_unique {
+            last_unique = unique;
+            last_progress = Instant::now();
+        }
+        if Instant::now() > deadline || last_progress.elapsed() > Duration::from_secs(60) {
+            eprintln!("gave up waiting: {unique} of {} delivered", a.n);
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let last_ns = stats["last_ns"].as_i64().unwrap_or(0);
+    let unique = stats["unique"].as_u64().unwrap_or(0);
+    let secs = |ns: i64| ns as f64 / 1e9;
+    let mut out = json!({
+        "n": a.n,
+        "streams": a.streams,
+        "batch": a.batch,
+        "concurrency": a.concurrency,
+        "targets": a.targets.len(),
+        "rate_target": a.rate,
+        "delivered_unique": unique,
+        "complete": unique >= a.n as u64,
+        "duplicates": stats["duplicates"],
+        "order_violations": stats["order_violations"],
+        "ingest_errors": errors.load(Ordering::Relaxed),
+        "ingest_s": secs(ingest_done - t0),
+        "e2e_s": secs(last_ns - t0),
+        "ingest_eps": a.n as f64 / secs(ingest_done - t0),
+        "e2e_eps": unique as f64 / secs(last_ns - t0),
+    });
+    if a.latency {
+        let arrivals = get_json(&client, &format!("{}/_arrivals", a.receiver)).await;
+        let arrivals = arrivals.as_object().cloned().unwrap_or_default();
+        let acks = acks.lock().unwrap();
+        let (mut from_ack, mut from_send) = (Vec::new(), Vec::new());
+        for (i, (ks, _)) in batches.iter().enumerate() {
+            let (sent, acked) = acks[i];
+            for k in ks {
+                if let Some(at) = arrivals.get(&format!("{}-{k}", a.run_id)).and_then(Value::as_i64) {
+                    from_ack.push(((at - acked) as f64 / 1e6).max(0.0));
+                    from_send.push((at - sent) as f64 / 1e6);
+                }
+            }
+        }
+        let achieved = a.n as f64 / secs(ingest_done - t0);
+        out["latency_ms"] = json!({
+            "ack_to_delivered": percentiles(from_ack),
+            "send_to_delivered": percentiles(from_send),
+            "achieved_ingest_eps": achieved,
+        });
+    }
+    out
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| -> Option<String> {
+        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    };
+    let has = |name: &str| args.iter().any(|a| a == name);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(flag("--threads").and_then(|t| t.parse().ok()).unwrap_or(2))
+        .enable_all()
+        .build()
+        .unwrap();
+    match args.first().map(String::as_str) {
+        Some("receive") => rt.block_on(receive(&flag("--listen").unwrap_or_else(|| "127.0.0.1:9390".into()))),
+        Some("load") => {
+            let a = LoadArgs {
+                targets: flag("--targets").expect("--targets").split(',').map(str::to_string).collect(),
+                receiver: flag("--receiver").unwrap_or_else(|| "http://127.0.0.1:9390".into()),
+                n: flag("--n").map_or(10_000, |v| v.parse().unwrap()),
+                streams: flag("--streams").map_or(100, |v| v.parse().unwrap()),
+                batch: flag("--batch").map_or(100, |v| v.parse().unwrap()),
+                concurrency: flag("--concurrency").map_or(2, |v| v.parse().unwrap()),
+                rate: flag("--rate").map_or(0.0, |v| v.parse().unwrap()),
+                latency: has("--latency"),
+                timeout: Duration::from_secs(flag("--timeout").map_or(600, |v| v.parse().unwrap())),
+                run_id: flag("--run-id").unwrap_or_else(|| format!("r{}", now_ns() / 1_000_000)),
+            };
+            let out = rt.block_on(load(a));
+            println!("{out}");
+        }
+        _ => {
+            eprintln!("usage: bench_http receive [--listen ADDR] | load --targets URL[,URL..] [options]");
+            std::process::exit(2);
+        }
+    }
+}

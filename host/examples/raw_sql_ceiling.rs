@@ -1,0 +1,297 @@
+//! The raw-SQL ceiling: outboxd's PostgreSQL work done by plain SQL, with
+//! nothing else in the way (no HTTP, no JSON parsing, no plugin, no
+//! per-event round trips). What outboxd does end to end is judged against
+//! this.
+//!
+//! On a fresh database migrated with outboxd's own migrations, for each
+//! worker count W:
+//!
+//! 1. **insert**: N events (event k on stream `s{k % S}`, 256 bytes of
+//!    JSON data) in batches of 100, one transaction per batch, W batches at
+//!    once: lock the batch's `streams` rows in sorted order, assign
+//!    sequences, insert the events, their deliveries and any missing heads
+//!    with one statement each (`unnest` arrays), advance `streams`;
+//! 2. **claim + complete**: W workers loop until every delivery is
+//!    delivered. A claim is outboxd's own SQL ([`CLAIM_HEADS_SQL`] with
+//!    `FOR UPDATE SKIP LOCKED`, [`CLAIM_RUNS_SQL`] for the runs behind the
+//!    heads, batch 100), then the lease update, the heads' due times and the
+//!    events' payloads, in one transaction; a completion is a second
+//!    transaction that marks the batch delivered (fenced on the lease token)
+//!    and moves every touched head to its stream's next live delivery in one
+//!    statement (deleting heads left with none).
+//!
+//! Prints one JSON object per worker count: insert, claim+complete and
+//! pipeline (insert then deliver, N / (t_insert + t_deliver)) events/s.
+//!
+//! ```sh
+//! cargo run --release -p outboxd --example raw_sql_ceiling -- --n 10000 --streams 100 --workers 1,2,4
+//! ```
+//! `--admin` (or `OUTBOXD_TEST_PG`) names the admin URL (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`); each worker count gets its
+//! own database, dropped at the end.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboxd::store::postgres::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
+use serde_json::json;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgPool};
+
+const BATCH: usize = 100;
+const SINK: &str = "webhook";
+const LEASE_MS: i64 = 70_000;
+
+/// Move each head of `$2` (streams of sink `$1`) to its stream's next live
+/// delivery; set-based form of outboxd's `ADVANCE_HEAD_SQL`.
+const ADVANCE_HEADS_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id, \
+       due_at = GREATEST(n.next_attempt_at, COALESCE(n.lease_expires_at, n.next_attempt_at)) \
+     FROM unnest($2::text[]) AS s(stream) \
+     CROSS JOIN LATERAL (SELECT id, next_attempt_at, lease_expires_at FROM outboxd.deliveries \
+                         WHERE sink = $1 AND stream = s.stream AND status = 'pending' ORDER BY sequence LIMIT 1) AS n \
+     WHERE h.sink = $1 AND h.stream = s.stream";
+const DELETE_EMPTY_HEADS_SQL: &str = "DELETE FROM outboxd.heads h WHERE h.sink = $1 AND h.stream = ANY($2) \
+     AND NOT EXISTS (SELECT 1 FROM outboxd.deliveries d WHERE d.sink = $1 AND d.stream = h.stream AND d.status = 'pending')";
+
+fn payload(k: usize) -> Vec<u8> {
+    let head = format!("{{\"k\":{k},\"pad\":\"\"}}");
+    format!("{{\"k\":{k},\"pad\":\"{}\"}}", "x".repeat(256 - head.len())).into_bytes()
+}
+
+async fn insert_batch(pool: &PgPool, ks: &[usize], streams: usize) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let names: BTreeSet<String> = ks.iter().map(|k| format!("s{}", k % streams)).collect();
+    let names: Vec<String> = names.into_iter().collect();
+    sqlx::query(
+        "INSERT INTO outboxd.streams (stream, last_sequence) SELECT s, 0 FROM unnest($1::text[]) AS s \
+         ORDER BY s ON CONFLICT (stream) DO NOTHING",
+    )
+    .bind(&names)
+    .execute(&mut *tx)
+    .await?;
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT stream, last_sequence FROM outboxd.streams WHERE stream = ANY($1) ORDER BY stream FOR UPDATE",
+    )
+    .bind(&names)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut last: std::collections::HashMap<String, i64> = rows.into_iter().collect();
+    let (mut ids, mut ev_streams, mut seqs, mut datas) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &k in ks {
+        let stream = format!("s{}", k % streams);
+        let seq = last.get(&stream).copied().unwrap_or(0) + 1;
+        last.insert(stream.clone(), seq);
+        ids.push(format!("raw-{k}"));
+        ev_streams.push(stream);
+        seqs.push(seq);
+        datas.push(payload(k));
+    }
+    sqlx::query(
+        "INSERT INTO outboxd.events (id, source, type, datacontenttype, stream, sequence, data, data_format, content_hash) \
+         SELECT id, 'https://bench.outboxd.invalid/raw', 'bench.event', 'application/json', stream, seq, data, 'json', \
+                md5(data)::text || md5(id) \
+         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) AS t(id, stream, seq, data)",
+    )
+    .bind(&ids)
+    .bind(&ev_streams)
+    .bind(&seqs)
+    .bind(&datas)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "WITH d AS (INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) \
+                    SELECT id, $4, stream, seq FROM unnest($1::text[], $2::text[], $3::bigint[]) AS t(id, stream, seq) \
+                    RETURNING id, stream, sequence) \
+         INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
+         SELECT DISTINCT ON (stream) $4, stream, id, now() FROM d ORDER BY stream, sequence \
+         ON CONFLICT (sink, stream) DO NOTHING",
+    )
+    .bind(&ids)
+    .bind(&ev_streams)
+    .bind(&seqs)
+    .bind(SINK)
+    .execute(&mut *tx)
+    .await?;
+    let (names, values): (Vec<String>, Vec<i64>) = last.into_iter().unzip();
+    sqlx::query(
+        "UPDATE outboxd.streams AS s SET last_sequence = v.n \
+         FROM unnest($1::text[], $2::bigint[]) AS v(stream, n) WHERE s.stream = v.stream",
+    )
+    .bind(&names)
+    .bind(&values)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// One claim + complete; returns how many deliveries it delivered.
+async fn claim_and_complete(pool: &PgPool) -> Result<usize, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let heads: Vec<(String, i64)> =
+        sqlx::query_as(CLAIM_HEADS_SQL).bind(SINK).bind(BATCH as i64).fetch_all(&mut *tx).await?;
+    if heads.is_empty() {
+        tx.commit().await?;
+        return Ok(0);
+    }
+    let streams: Vec<String> = heads.iter().map(|h| h.0.clone()).collect();
+    let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
+    let room = BATCH - ids.len();
+    if room > 0 {
+        let followers: Vec<(i64, String, bool)> = sqlx::query_as(CLAIM_RUNS_SQL)
+            .bind(SINK)
+            .bind(ids.clone())
+            .bind(room as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut room = room;
+        let mut stopped = BTreeSet::new();
+        for (id, stream, eligible) in followers {
+            if room == 0 {
+                break;
+            }
+            if stopped.contains(&stream) {
+                continue;
+            }
+            if !eligible {
+                stopped.insert(stream);
+                continue;
+            }
+            ids.push(id);
+            room -= 1;
+        }
+    }
+    let token = format!("{:032x}", rand::random::<u128>());
+    let event_ids: Vec<String> = sqlx::query_scalar(
+        "UPDATE outboxd.deliveries SET lease_token = $2, lease_expires_at = now() + $3 * interval '1 millisecond', \
+           attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, now()) \
+         WHERE id = ANY($1) AND status = 'pending' RETURNING event_id",
+    )
+    .bind(&ids)
+    .bind(&token)
+    .bind(LEASE_MS)
+    .fetch_all(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE outboxd.heads SET due_at = now() + $3 * interval '1 millisecond' WHERE sink = $1 AND stream = ANY($2)",
+    )
+    .bind(SINK)
+    .bind(&streams)
+    .bind(LEASE_MS)
+    .execute(&mut *tx)
+    .await?;
+    // The payloads a sink would get.
+    let events: Vec<(String, Vec<u8>)> =
+        sqlx::query_as("SELECT id, data FROM outboxd.events WHERE id = ANY($1)").bind(&event_ids).fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+    std::hint::black_box(&events);
+
+    // (the sink call would be here, outside any transaction)
+
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(
+        "UPDATE outboxd.deliveries SET status = 'delivered', finished_at = now(), lease_token = NULL, \
+           lease_expires_at = NULL WHERE id = ANY($1) AND lease_token = $2 AND status = 'pending'",
+    )
+    .bind(&ids)
+    .bind(&token)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    sqlx::query(ADVANCE_HEADS_SQL).bind(SINK).bind(&streams).execute(&mut *tx).await?;
+    sqlx::query(DELETE_EMPTY_HEADS_SQL).bind(SINK).bind(&streams).execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(done as usize)
+}
+
+async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_json::Value {
+    let base = admin.rsplit_once('/').unwrap().0.to_string();
+    let name = format!("outboxd_bench_raw_{}", hex::encode(rand::random::<[u8; 4]>()));
+    let mut a = sqlx::PgConnection::connect(admin).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut a).await.unwrap();
+    let url = format!("{base}/{name}");
+    {
+        let store = outboxd::store::open(&url).await.unwrap();
+        store.migrate().await.unwrap();
+    }
+    let pool = PgPoolOptions::new().max_connections(workers as u32 + 1).connect(&url).await.unwrap();
+
+    // 1. insert
+    let ks: Arc<Vec<Vec<usize>>> = Arc::new((0..n).collect::<Vec<_>>().chunks(BATCH).map(<[usize]>::to_vec).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (pool, ks, next) = (pool.clone(), ks.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(batch) = ks.get(i) else { return };
+                let mut tries = 0;
+                while let Err(e) = insert_batch(&pool, batch, streams).await {
+                    tries += 1;
+                    assert!(tries < 5, "insert batch {i}: {e}");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let insert_s = start.elapsed().as_secs_f64();
+
+    // 2. claim + complete
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (pool, delivered) = (pool.clone(), delivered.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut claims = 0usize;
+            while delivered.load(Ordering::Relaxed) < n {
+                let got = claim_and_complete(&pool).await.expect("claim + complete");
+                claims += 1;
+                if got == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                delivered.fetch_add(got, Ordering::Relaxed);
+            }
+            claims
+        }));
+    }
+    let mut claims = 0;
+    for t in tasks {
+        claims += t.await.unwrap();
+    }
+    let deliver_s = start.elapsed().as_secs_f64();
+    pool.close().await;
+    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&mut a).await.unwrap();
+    json!({
+        "workers": workers,
+        "n": n,
+        "streams": streams,
+        "insert_s": insert_s,
+        "deliver_s": deliver_s,
+        "insert_eps": n as f64 / insert_s,
+        "deliver_eps": n as f64 / deliver_s,
+        "pipeline_eps": n as f64 / (insert_s + deliver_s),
+        "claims": claims,
+    })
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned());
+    let admin = flag("--admin")
+        .or_else(|| std::env::var("OUTBOXD_TEST_PG").ok())
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let n: usize = flag("--n").map_or(10_000, |v| v.parse().unwrap());
+    let streams: usize = flag("--streams").map_or(100, |v| v.parse().unwrap());
+    let workers: Vec<usize> =
+        flag("--workers").unwrap_or_else(|| "1,2,4".into()).split(',').map(|w| w.parse().unwrap()).collect();
+    for w in workers {
+        println!("{}", run(&admin, n, streams, w).await);
+    }
+}

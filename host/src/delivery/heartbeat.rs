@@ -1,0 +1,77 @@
+//! Heartbeats of the delivery loops, read by `/health`, `/ready` and
+//! `/metrics`.
+//!
+//! Owns: per sink, when its loop last finished a turn, when a turn last
+//! succeeded, and how many failed in a row. A loop that is stuck stops
+//! beating; a loop whose every claim fails beats but never succeeds — the
+//! probes tell the two apart.
+//!
+//! Must never: be used as a "running" latch: nothing here gates the loop.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One loop's beat.
+#[derive(Debug, Clone, Copy)]
+pub struct Beat {
+    pub started: Instant,
+    pub last_turn: Option<Instant>,
+    pub last_success: Option<Instant>,
+    pub consecutive_failures: u32,
+    /// A turn longer than this (since the last beat) means the loop is stuck.
+    pub stale_after: Duration,
+}
+
+impl Beat {
+    /// Time since the last finished turn (or since start, before any).
+    pub fn age(&self) -> Duration {
+        self.last_turn.unwrap_or(self.started).elapsed()
+    }
+
+    /// The loop finished a turn recently.
+    pub fn fresh(&self) -> bool {
+        self.age() <= self.stale_after
+    }
+
+    /// The loop succeeded recently (a loop whose every turn fails is not).
+    pub fn succeeding(&self) -> bool {
+        self.last_success.unwrap_or(self.started).elapsed() <= self.stale_after
+    }
+}
+
+/// Every loop's beat, by sink.
+#[derive(Debug, Default)]
+pub struct Heartbeats {
+    beats: Mutex<BTreeMap<String, Beat>>,
+}
+
+impl Heartbeats {
+    /// Start tracking `sink`.
+    pub fn register(&self, sink: &str, stale_after: Duration) {
+        self.beats.lock().unwrap().insert(
+            sink.to_string(),
+            Beat { started: Instant::now(), last_turn: None, last_success: None, consecutive_failures: 0, stale_after },
+        );
+    }
+
+    /// Record a finished turn.
+    pub fn turn(&self, sink: &str, ok: bool) -> u32 {
+        let mut beats = self.beats.lock().unwrap();
+        let Some(beat) = beats.get_mut(sink) else { return 0 };
+        let now = Instant::now();
+        beat.last_turn = Some(now);
+        if ok {
+            beat.last_success = Some(now);
+            beat.consecutive_failures = 0;
+        } else {
+            beat.consecutive_failures += 1;
+        }
+        beat.consecutive_failures
+    }
+
+    /// A copy of every beat.
+    pub fn snapshot(&self) -> BTreeMap<String, Beat> {
+        self.beats.lock().unwrap().clone()
+    }
+}

@@ -1,0 +1,169 @@
+//! The metric families, on the ground floor so every part may record.
+//!
+//! Owns: one registry per daemon with every `outboxd_*` family (documented
+//! in the README), and the label sets. Counters and histograms are
+//! recorded where things happen; gauges of the queue are filled from the
+//! store at scrape time by `ops`.
+//!
+//! Must never: import anything of ours (it is the ground floor), or take a
+//! lock that a scrape could hold while a delivery waits.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// `outcome` of an ingested event: `stored`, `duplicate`, `conflict`,
+/// `rejected` (bad input).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+/// Per sink.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    pub sink: String,
+}
+
+/// Per sink and outcome (`delivered`, `retry`, `dead`, `lease_lost`,
+/// `released`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkOutcomeLabel {
+    pub sink: String,
+    pub outcome: String,
+}
+
+/// Per sink and delivery status (`pending`, `retrying`, `leased`, `dead`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkStatusLabel {
+    pub sink: String,
+    pub status: String,
+}
+
+/// Per plugin and trap kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrapLabel {
+    pub plugin: String,
+    pub kind: String,
+}
+
+/// Per plugin.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabel {
+    pub plugin: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms … ~9 h, ×2 per bucket.
+    Histogram::new(exponential_buckets(0.001, 2.0, 25))
+}
+
+/// Every metric of the daemon.
+pub struct Metrics {
+    registry: Registry,
+    pub events_ingested: Family<OutcomeLabel, Counter>,
+    pub deliveries: Family<SinkOutcomeLabel, Counter>,
+    pub delivery_latency: Family<SinkLabel, Histogram, fn() -> Histogram>,
+    pub attempt_duration: Family<SinkLabel, Histogram, fn() -> Histogram>,
+    pub queue_depth: Family<SinkStatusLabel, Gauge>,
+    pub oldest_due_age: Family<SinkLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub leases_active: Gauge,
+    pub leases_expired: Gauge,
+    pub heartbeat_age: Family<SinkLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub consecutive_failures: Family<SinkLabel, Gauge>,
+    pub plugin_traps: Family<TrapLabel, Counter>,
+    pub plugin_quarantines: Family<PluginLabel, Counter>,
+    pub plugin_loads: Family<PluginLabel, Counter>,
+    pub plugin_load_failures: Family<PluginLabel, Counter>,
+}
+
+impl Metrics {
+    /// A fresh registry with every family registered.
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::with_prefix("outboxd");
+        let m = Metrics {
+            events_ingested: Family::default(),
+            deliveries: Family::default(),
+            delivery_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            attempt_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            queue_depth: Family::default(),
+            oldest_due_age: Family::default(),
+            leases_active: Gauge::default(),
+            leases_expired: Gauge::default(),
+            heartbeat_age: Family::default(),
+            consecutive_failures: Family::default(),
+            plugin_traps: Family::default(),
+            plugin_quarantines: Family::default(),
+            plugin_loads: Family::default(),
+            plugin_load_failures: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("events_ingested", "Events received by ingest, by outcome", m.events_ingested.clone());
+        registry.register("deliveries", "Delivery attempts finished, by sink and outcome", m.deliveries.clone());
+        registry.register(
+            "delivery_latency_seconds",
+            "Time from ingest commit to delivered, by sink",
+            m.delivery_latency.clone(),
+        );
+        registry.register(
+            "attempt_duration_seconds",
+            "Duration of one plugin batch call, by sink",
+            m.attempt_duration.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Live deliveries by sink and status (counted up to a cap at scrape)",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "oldest_due_age_seconds",
+            "Age of the oldest due head of a stream, by sink",
+            m.oldest_due_age.clone(),
+        );
+        registry.register("leases_active", "Deliveries under a live lease", m.leases_active.clone());
+        registry.register("leases_expired", "Deliveries whose lease expired unfinished", m.leases_expired.clone());
+        registry.register(
+            "worker_heartbeat_age_seconds",
+            "Time since the delivery loop of a sink last finished a turn",
+            m.heartbeat_age.clone(),
+        );
+        registry.register(
+            "worker_consecutive_failures",
+            "Delivery turns in a row that failed, by sink",
+            m.consecutive_failures.clone(),
+        );
+        registry.register("plugin_traps", "Plugin traps, by plugin and kind", m.plugin_traps.clone());
+        registry.register(
+            "plugin_quarantines",
+            "Times a plugin was quarantined after consecutive traps",
+            m.plugin_quarantines.clone(),
+        );
+        registry.register("plugin_loads", "Plugins loaded", m.plugin_loads.clone());
+        registry.register("plugin_load_failures", "Plugins refused at load or reload", m.plugin_load_failures.clone());
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+
+    /// Count an ingest outcome `n` times.
+    pub fn ingested(&self, outcome: &str, n: u64) {
+        self.events_ingested.get_or_create(&OutcomeLabel { outcome: outcome.to_string() }).inc_by(n);
+    }
+
+    /// Count a delivery outcome for `sink`.
+    pub fn delivery(&self, sink: &str, outcome: &str) {
+        self.deliveries
+            .get_or_create(&SinkOutcomeLabel { sink: sink.to_string(), outcome: outcome.to_string() })
+            .inc();
+    }
+}

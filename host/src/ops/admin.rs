@@ -1,0 +1,156 @@
+//! The admin API under `/v1/admin/`: dead letters, sinks, events.
+//!
+//! Owns: the bearer-token check (`Authorization: Bearer <admin.token>`;
+//! 401 without it or with a wrong one, compared in constant time), and the
+//! HTTP shape of each admin action. The same actions are in the CLI.
+//!
+//! Must never: act without the token when one is configured.
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::OpsState;
+use crate::store::DeadFilter;
+
+/// Most dead letters one request lists, replays or purges.
+pub const MAX_PAGE: u32 = 10_000;
+
+/// The admin routes, behind the token check.
+pub fn router(state: OpsState) -> Router {
+    Router::new()
+        .route("/v1/admin/events/{id}", get(show_event))
+        .route("/v1/admin/dead", get(list_dead))
+        .route("/v1/admin/dead/replay", post(replay_dead))
+        .route("/v1/admin/dead/purge", post(purge_dead))
+        .route("/v1/admin/sinks", get(list_sinks))
+        .route("/v1/admin/sinks/{sink}/pause", post(pause))
+        .route("/v1/admin/sinks/{sink}/resume", post(resume))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_token(State(state): State<OpsState>, request: Request, next: Next) -> Response {
+    if let Some(token) = state.admin_token.as_deref().filter(|t| !t.is_empty()) {
+        let given = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => {}
+            _ => {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+                    Json(json!({ "error": "admin API: missing or wrong bearer token" })),
+                )
+                    .into_response()
+            }
+        }
+    }
+    next.run(request).await
+}
+
+fn store_error(e: impl std::fmt::Display) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": format!("store: {e}") }))).into_response()
+}
+
+async fn show_event(State(state): State<OpsState>, Path(id): Path<String>) -> Response {
+    match state.store.event(&id).await {
+        Ok(Some((stored, deliveries))) => Json(json!({
+            "id": stored.event.id,
+            "type": stored.event.ty,
+            "source": stored.event.source,
+            "stream": stored.event.stream,
+            "sequence": stored.sequence,
+            "ingested_at_ms": stored.ingested_at_ms,
+            "deliveries": deliveries,
+        }))
+        .into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no event with id {id:?}") }))).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+/// Query of `GET /v1/admin/dead`.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    sink: Option<String>,
+    stream: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn list_dead(State(state): State<OpsState>, Query(q): Query<ListQuery>) -> Response {
+    let filter = DeadFilter { sink: q.sink, stream: q.stream, ..Default::default() };
+    match state.store.list_dead(&filter, q.limit.unwrap_or(100).min(MAX_PAGE)).await {
+        Ok(dead) => Json(json!({ "dead": dead })).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+/// Body of replay and purge: a filter (all fields optional) and a limit.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Selection {
+    #[serde(flatten)]
+    filter: DeadFilter,
+    limit: Option<u32>,
+}
+
+async fn replay_dead(State(state): State<OpsState>, body: Option<Json<Selection>>) -> Response {
+    let sel = body.map(|b| b.0).unwrap_or_default();
+    match state.store.replay_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE)).await {
+        Ok(n) => Json(json!({ "replayed": n })).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn purge_dead(State(state): State<OpsState>, body: Option<Json<Selection>>) -> Response {
+    let sel = body.map(|b| b.0).unwrap_or_default();
+    match state.store.purge_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE)).await {
+        Ok(n) => Json(json!({ "purged": n })).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn list_sinks(State(state): State<OpsState>) -> Response {
+    let paused = match state.store.paused_sinks().await {
+        Ok(p) => p,
+        Err(e) => return store_error(e),
+    };
+    let sinks: Vec<_> = state
+        .known_sinks
+        .iter()
+        .map(|s| json!({ "sink": s, "loaded": state.sinks.contains(s), "paused": paused.contains(s) }))
+        .collect();
+    Json(json!({ "sinks": sinks })).into_response()
+}
+
+async fn set_paused(state: OpsState, sink: String, paused: bool) -> Response {
+    if !state.known_sinks.contains(&sink) {
+        return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no sink named {sink:?}") }))).into_response();
+    }
+    match state.store.set_paused(&sink, paused).await {
+        Ok(()) => Json(json!({ "sink": sink, "paused": paused })).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn pause(State(state): State<OpsState>, Path(sink): Path<String>) -> Response {
+    set_paused(state, sink, true).await
+}
+
+async fn resume(State(state): State<OpsState>, Path(sink): Path<String>) -> Response {
+    let r = set_paused(state.clone(), sink, false).await;
+    r
+}
