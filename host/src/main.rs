@@ -46,6 +46,90 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Show an event and its deliveries.
+    Events {
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
+    /// List, replay or purge dead letters.
+    Dead {
+        #[command(subcommand)]
+        command: DeadCommand,
+        #[command(flatten)]
+        flags: Flags,
+    },
+    /// List, pause or resume sinks (shared by every replica).
+    Sinks {
+        #[command(subcommand)]
+        command: SinksCommand,
+        #[command(flatten)]
+        flags: Flags,
+    },
+    /// Show the effective configuration, secrets redacted.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum EventsCommand {
+    /// Print an event and its deliveries as JSON.
+    Show {
+        id: String,
+        #[command(flatten)]
+        flags: Flags,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the merged configuration (file, environment, flags) as TOML.
+    Show {
+        #[command(flatten)]
+        flags: Flags,
+    },
+}
+
+/// Which dead letters: every given option must match.
+#[derive(Args)]
+struct DeadSelection {
+    #[arg(long)]
+    sink: Option<String>,
+    #[arg(long)]
+    stream: Option<String>,
+    /// One event's deliveries.
+    #[arg(long)]
+    event: Option<String>,
+    /// Died at or after this time (RFC 3339).
+    #[arg(long)]
+    since: Option<String>,
+    /// Died before this time (RFC 3339).
+    #[arg(long)]
+    until: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 1000)]
+    limit: u32,
+}
+
+#[derive(Subcommand)]
+enum DeadCommand {
+    /// List dead letters with their reasons, newest first.
+    List(DeadSelection),
+    /// Make dead letters pending again (attempts and window start afresh).
+    Replay(DeadSelection),
+    /// Delete dead letters.
+    Purge(DeadSelection),
+}
+
+#[derive(Subcommand)]
+enum SinksCommand {
+    /// Sinks with paused state.
+    List,
+    /// Pause a sink: nothing is claimed, nothing is lost.
+    Pause { sink: String },
+    /// Resume a paused sink.
+    Resume { sink: String },
 }
 
 #[derive(Subcommand)]
@@ -141,11 +225,119 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Events { command: EventsCommand::Show { id, flags } } => {
+            let store = open_store(cli.config.as_deref(), &flags).await?;
+            match store.event(&id).await? {
+                None => {
+                    eprintln!("no event with id {id:?}");
+                    Ok(ExitCode::FAILURE)
+                }
+                Some((stored, deliveries)) => {
+                    let ev = &stored.event;
+                    let out = serde_json::json!({
+                        "id": ev.id, "source": ev.source, "type": ev.ty, "subject": ev.subject,
+                        "stream": ev.stream, "sequence": stored.sequence, "time": ev.time,
+                        "datacontenttype": ev.datacontenttype, "ingested_at_ms": stored.ingested_at_ms,
+                        "data_bytes": ev.data.len(), "deliveries": deliveries,
+                    });
+                    println!("{}", serde_json::to_string_pretty(&out)?);
+                    Ok(ExitCode::SUCCESS)
+                }
+            }
+        }
+        Command::Dead { command, flags } => {
+            let store = open_store(cli.config.as_deref(), &flags).await?;
+            let (sel, action) = match command {
+                DeadCommand::List(s) => (s, "list"),
+                DeadCommand::Replay(s) => (s, "replay"),
+                DeadCommand::Purge(s) => (s, "purge"),
+            };
+            let parse = |t: &Option<String>, flag: &str| -> anyhow::Result<Option<i64>> {
+                t.as_deref()
+                    .map(|t| {
+                        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                            .map(|d| (d.unix_timestamp_nanos() / 1_000_000) as i64)
+                            .map_err(|_| anyhow::anyhow!("--{flag}: expected an RFC 3339 time, got {t:?}"))
+                    })
+                    .transpose()
+            };
+            let filter = outboxd::store::DeadFilter {
+                sink: sel.sink,
+                stream: sel.stream,
+                event_id: sel.event,
+                since_ms: parse(&sel.since, "since")?,
+                until_ms: parse(&sel.until, "until")?,
+            };
+            match action {
+                "list" => {
+                    for d in store.list_dead(&filter, sel.limit).await? {
+                        println!(
+                            "{}\t{}\t{}#{}\tattempts={}\t{}",
+                            d.event_id,
+                            d.sink,
+                            d.stream,
+                            d.sequence,
+                            d.attempts,
+                            d.reason.unwrap_or_default()
+                        );
+                    }
+                }
+                "replay" => println!("replayed {}", store.replay_dead(&filter, sel.limit).await?),
+                _ => println!("purged {}", store.purge_dead(&filter, sel.limit).await?),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sinks { command, flags } => {
+            let store = open_store(cli.config.as_deref(), &flags).await?;
+            match command {
+                SinksCommand::List => {
+                    let paused = store.paused_sinks().await?;
+                    let config = Config::load(cli.config.as_deref(), &flags)?;
+                    let runtime = outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let plugins = outboxd::plugin::load_dir(&runtime, &config.plugins_dir);
+                    for sink in plugins.known_sinks() {
+                        let state = if paused.contains(&sink) { "paused" } else { "active" };
+                        let loaded = if plugins.loaded.contains_key(&sink) { "loaded" } else { "refused" };
+                        println!("{sink}\t{state}\t{loaded}");
+                    }
+                }
+                SinksCommand::Pause { sink } => {
+                    store.set_paused(&sink, true).await?;
+                    println!("{sink}: paused");
+                }
+                SinksCommand::Resume { sink } => {
+                    store.set_paused(&sink, false).await?;
+                    println!("{sink}: resumed");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config { command: ConfigCommand::Show { flags } } => {
+            let mut config = Config::load(cli.config.as_deref(), &flags)?;
+            if config.admin.token.is_some() {
+                config.admin.token = Some("***".into());
+            }
+            config.database_url = config.database_url.as_deref().map(outboxd::store::redact_url);
+            print!("{}", toml::to_string_pretty(&config)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Plugin { command: PluginCommand::Check { file, manifest } } => {
             init_logging(LogFormat::Text);
             Ok(outboxd::plugin::check::run(&file, manifest.as_deref()))
         }
     }
+}
+
+/// Open the configured store for an admin command (migrations must be
+/// current).
+async fn open_store(file: Option<&std::path::Path>, flags: &Flags) -> anyhow::Result<std::sync::Arc<dyn outboxd::store::Store>> {
+    let config = Config::load(file, flags)?;
+    let store = outboxd::store::open(&config.effective_database_url()).await?;
+    let pending = store.pending_migrations().await?;
+    if !pending.is_empty() {
+        anyhow::bail!("database has pending migrations: {}; run `outboxd migrate`", pending.join(", "));
+    }
+    Ok(store)
 }
 
 async fn shutdown_signal() {

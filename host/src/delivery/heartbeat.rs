@@ -12,6 +12,10 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Failed turns in a row after which a loop counts as failing (about 1.5 s
+/// of retrying with the loop's backoff of 0.2 s, 0.4 s, 0.8 s).
+pub const FAILING_AFTER: u32 = 3;
+
 /// One loop's beat.
 #[derive(Debug, Clone, Copy)]
 pub struct Beat {
@@ -34,9 +38,11 @@ impl Beat {
         self.age() <= self.stale_after
     }
 
-    /// The loop succeeded recently (a loop whose every turn fails is not).
+    /// The loop succeeded recently and is not failing now: a loop whose
+    /// every turn fails is not succeeding, even while it keeps turning.
     pub fn succeeding(&self) -> bool {
-        self.last_success.unwrap_or(self.started).elapsed() <= self.stale_after
+        self.consecutive_failures < FAILING_AFTER
+            && self.last_success.unwrap_or(self.started).elapsed() <= self.stale_after
     }
 }
 
