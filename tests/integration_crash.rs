@@ -189,7 +189,12 @@ async fn produce(targets: Vec<String>, events: Vec<Planned>, span: Duration, see
     out
 }
 
-fn start_producers(prefix: &str, targets: &[String], span: Duration, seed: u64) -> Vec<tokio::task::JoinHandle<Produced>> {
+fn start_producers(
+    prefix: &str,
+    targets: &[String],
+    span: Duration,
+    seed: u64,
+) -> Vec<tokio::task::JoinHandle<Produced>> {
     plan(prefix)
         .into_iter()
         .enumerate()
@@ -304,7 +309,10 @@ fn check_order(receipts: &[Receipt], kills: &[Instant]) -> Order {
         }
         let Some(((prev, prev_at), max)) = streams.get(r.stream.as_str()).copied() else {
             if r.sequence != 1 {
-                order.violations.push(format!("{}: the first event received is {} (sequence {})", r.stream, r.id, r.sequence));
+                order.violations.push(format!(
+                    "{}: the first event received is {} (sequence {})",
+                    r.stream, r.id, r.sequence
+                ));
             }
             streams.insert(&r.stream, ((r.sequence, r.at), r.sequence));
             continue;
@@ -320,7 +328,8 @@ fn check_order(receipts: &[Receipt], kills: &[Instant]) -> Order {
                 ));
             } else if prev - r.sequence >= MAX_BATCH {
                 order.violations.push(format!(
-                    "{}: after a crash it went back from sequence {prev} to {}, further than one claimed batch ({MAX_BATCH})",
+                    "{}: after a crash it went back from sequence {prev} to {}, \
+                     further than one claimed batch ({MAX_BATCH})",
                     r.stream, r.sequence
                 ));
             }
@@ -474,7 +483,8 @@ async fn crash_sigkill_at_random_moments_loses_nothing_and_no_stream_goes_backwa
     let order = check_order(&receipts(&receiver, &secret, &planned), &kills);
     println!(
         "crash test: {EVENTS} events over {STREAMS} streams, {} crashes, {} posts ({} failed and sent again, {} events \
-         answered as duplicates), {} requests at the receiver ({} distinct, {} re-deliveries, {} rewinds on {} streams), \
+         answered as duplicates), {} requests at the receiver ({} distinct, {} re-deliveries, {} rewinds on {} \
+         streams), \
          attempts per delivery {attempts:?}, all posted after {posted:.1?}, {} delivered at the last kill and all \
          {drained:.1?} after it, elapsed {:.1?}",
         kills.len(),
@@ -571,13 +581,15 @@ async fn three_replicas_on_one_database_deliver_each_event_once_in_stream_order(
         *seen.entry(r.id.as_str()).or_default() += 1;
     }
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "{} events delivered more than once, e.g. {:?}", twice.len(), &twice[..twice.len().min(5)]);
+    let example = &twice[..twice.len().min(5)];
+    assert!(twice.is_empty(), "{} events delivered more than once, e.g. {example:?}", twice.len());
     assert_eq!(order.distinct, EVENTS);
     assert_eq!(order.receipts, EVENTS);
     assert_eq!(attempts.keys().copied().collect::<Vec<_>>(), vec![1], "every delivery took one attempt");
     for i in 0..3 {
         let path = format!("/webhook/replica-{i}");
-        assert!(by_replica.get(path.as_str()).copied().unwrap_or(0) > 0, "replica {i} delivered nothing: {by_replica:?}");
+        let n = by_replica.get(path.as_str()).copied().unwrap_or(0);
+        assert!(n > 0, "replica {i} delivered nothing: {by_replica:?}");
     }
 
     for r in &mut replicas {

@@ -214,3 +214,47 @@ async fn broken_plugins_are_refused_with_their_file_named_and_the_good_one_keeps
     let _ = webhook;
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_after_is_honoured_the_window_dead_letters_and_a_replay_delivers() {
+    let receiver = Receiver::start().await;
+    receiver.script(503, &[("retry-after", "2")], "busy");
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    let manifest = plugins.path().join("webhook.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap().replace("cap = \"1s\"\n", "cap = \"1s\"\nwindow = \"4s\"\n");
+    std::fs::write(&manifest, text).unwrap();
+    let d = TestDaemon::start(plugins.path()).await;
+
+    d.post("application/cloudevents+json", serde_json::to_vec(&event("ra", "s1", "t", json!({}))).unwrap()).await;
+    d.wait_delivery("ra", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 2);
+    let gap = seen[1].at - seen[0].at;
+    assert!(gap >= Duration::from_secs(2), "Retry-After: 2 honoured, next attempt after {gap:?}");
+
+    // Always 503 on another stream: the 4 s window runs out → dead.
+    for _ in 0..100 {
+        receiver.script(503, &[], "down");
+    }
+    d.post("application/cloudevents+json", serde_json::to_vec(&event("win", "s2", "t", json!({}))).unwrap()).await;
+    let dead = d.wait_delivery("win", Duration::from_secs(30), |x| x["status"] == "dead").await;
+    let reason = dead["last_error"].as_str().unwrap();
+    assert!(reason.contains("retry window") && reason.contains("HTTP 503"), "{reason}");
+    assert!(dead["attempts"].as_u64().unwrap() >= 2, "{dead}");
+
+    receiver.clear_script();
+    let r: serde_json::Value = d
+        .http
+        .post(format!("{}/v1/admin/dead/replay", d.base))
+        .json(&json!({"sink": "webhook"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["replayed"], 1);
+    d.wait_delivery("win", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    d.stop().await;
+}

@@ -150,6 +150,11 @@ impl Receiver {
         ));
     }
 
+    /// Forget every scripted answer not used yet (later requests get 200).
+    pub fn clear_script(&self) {
+        self.inner.lock().unwrap().script.clear();
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}/webhook", self.addr)
     }
@@ -246,7 +251,15 @@ impl PluginsDir {
     /// [`PluginsDir::add_webhook`] with the body of the manifest's
     /// `[limits]` table given (e.g. `deadline = "2s"\nmax-batch = 20\n`).
     /// `extra` is appended after the `[config]` keys.
-    pub fn add_webhook_with_limits(&self, name: &str, url: &str, allow: &[String], secret: &str, limits: &str, extra: &str) {
+    pub fn add_webhook_with_limits(
+        &self,
+        name: &str,
+        url: &str,
+        allow: &[String],
+        secret: &str,
+        limits: &str,
+        extra: &str,
+    ) {
         let wasm = built_plugins().join("webhook.wasm");
         std::fs::copy(&wasm, self.path().join("webhook.wasm")).unwrap();
         let allow: Vec<String> = allow.iter().map(|a| format!("{a:?}")).collect();
@@ -561,7 +574,8 @@ impl ChildDaemon {
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         let child = command.spawn().expect("spawn the outboxd binary");
-        ChildDaemon { pid: child.id(), child: Some(child), base: format!("http://{}", config.listen), log: config.log.clone() }
+        let base = format!("http://{}", config.listen);
+        ChildDaemon { pid: child.id(), child: Some(child), base, log: config.log.clone() }
     }
 
     /// Wait until `GET /health` answers 200; returns how long that took.
