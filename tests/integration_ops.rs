@@ -15,14 +15,26 @@ fn sample(metrics: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)
         .iter()
         .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
         .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
-            prometheus_parse::Value::Histogram(ref h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(ref h) => {
+                h.iter().map(|b| b.count).fold(0.0, f64::max)
+            }
             _ => f64::NAN,
         })
 }
 
 async fn scrape(d: &TestDaemon) -> prometheus_parse::Scrape {
-    let text = d.http.get(format!("{}/metrics", d.base)).send().await.unwrap().text().await.unwrap();
+    let text = d
+        .http
+        .get(format!("{}/metrics", d.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let lines = text.lines().map(|l| Ok(l.to_string()));
     prometheus_parse::Scrape::parse(lines).expect("metrics parse as Prometheus text")
 }
@@ -31,30 +43,99 @@ async fn scrape(d: &TestDaemon) -> prometheus_parse::Scrape {
 async fn metrics_parse_and_move_as_events_flow() {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
     let before = scrape(&d).await;
-    assert_eq!(sample(&before, "outboxd_plugin_loads_total", &[("plugin", "webhook")]), Some(1.0));
+    assert_eq!(
+        sample(
+            &before,
+            "outboxd_plugin_loads_total",
+            &[("plugin", "webhook")]
+        ),
+        Some(1.0)
+    );
 
-    let batch: Vec<_> = (0..5).map(|i| event(&format!("m{i}"), "s", "t", json!({"i": i}))).collect();
-    d.post("application/cloudevents-batch+json", serde_json::to_vec(&batch).unwrap()).await;
-    d.post("application/cloudevents+json", serde_json::to_vec(&batch[0]).unwrap()).await; // duplicate
+    let batch: Vec<_> = (0..5)
+        .map(|i| event(&format!("m{i}"), "s", "t", json!({"i": i})))
+        .collect();
+    d.post(
+        "application/cloudevents-batch+json",
+        serde_json::to_vec(&batch).unwrap(),
+    )
+    .await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&batch[0]).unwrap(),
+    )
+    .await; // duplicate
     d.post("application/cloudevents+json", "{").await; // rejected
     assert!(eventually(Duration::from_secs(20), || receiver.seen().len() >= 5).await);
-    d.wait_delivery("m4", Duration::from_secs(10), |x| x["status"] == "delivered").await;
+    d.wait_delivery("m4", Duration::from_secs(10), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
 
     let after = scrape(&d).await;
-    assert_eq!(sample(&after, "outboxd_events_ingested_total", &[("outcome", "stored")]), Some(5.0));
-    assert_eq!(sample(&after, "outboxd_events_ingested_total", &[("outcome", "duplicate")]), Some(1.0));
-    assert_eq!(sample(&after, "outboxd_events_ingested_total", &[("outcome", "rejected")]), Some(1.0));
     assert_eq!(
-        sample(&after, "outboxd_deliveries_total", &[("sink", "webhook"), ("outcome", "delivered")]),
+        sample(
+            &after,
+            "outboxd_events_ingested_total",
+            &[("outcome", "stored")]
+        ),
+        Some(5.0)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "outboxd_events_ingested_total",
+            &[("outcome", "duplicate")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "outboxd_events_ingested_total",
+            &[("outcome", "rejected")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "outboxd_deliveries_total",
+            &[("sink", "webhook"), ("outcome", "delivered")]
+        ),
         Some(5.0),
         "deliveries counted as the receiver saw them"
     );
-    assert_eq!(sample(&after, "outboxd_queue_depth", &[("sink", "webhook"), ("status", "pending")]), Some(0.0));
-    assert!(sample(&after, "outboxd_worker_heartbeat_age_seconds", &[("sink", "webhook")]).unwrap() < 5.0);
-    assert!(after.samples.iter().any(|s| s.metric.starts_with("outboxd_delivery_latency_seconds")));
+    assert_eq!(
+        sample(
+            &after,
+            "outboxd_queue_depth",
+            &[("sink", "webhook"), ("status", "pending")]
+        ),
+        Some(0.0)
+    );
+    assert!(
+        sample(
+            &after,
+            "outboxd_worker_heartbeat_age_seconds",
+            &[("sink", "webhook")]
+        )
+        .unwrap()
+            < 5.0
+    );
+    assert!(after
+        .samples
+        .iter()
+        .any(|s| s.metric.starts_with("outboxd_delivery_latency_seconds")));
     d.stop().await;
 }
 
@@ -62,20 +143,47 @@ async fn metrics_parse_and_move_as_events_flow() {
 async fn a_paused_sink_delivers_nothing_until_resumed() {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
-    let r = d.http.post(format!("{}/v1/admin/sinks/webhook/pause", d.base)).send().await.unwrap();
+    let r = d
+        .http
+        .post(format!("{}/v1/admin/sinks/webhook/pause", d.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     tokio::time::sleep(Duration::from_millis(1500)).await; // the loop sees the pause
     for i in 0..3 {
-        d.post("application/cloudevents+json", serde_json::to_vec(&event(&format!("p{i}"), "s", "t", json!({}))).unwrap()).await;
+        d.post(
+            "application/cloudevents+json",
+            serde_json::to_vec(&event(&format!("p{i}"), "s", "t", json!({}))).unwrap(),
+        )
+        .await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(receiver.seen().is_empty(), "nothing delivered while paused");
-    assert_eq!(d.deliveries("p0").await[0]["status"], "pending", "nothing lost");
-    let r = d.http.post(format!("{}/v1/admin/sinks/webhook/resume", d.base)).send().await.unwrap();
+    assert_eq!(
+        d.deliveries("p0").await[0]["status"],
+        "pending",
+        "nothing lost"
+    );
+    let r = d
+        .http
+        .post(format!("{}/v1/admin/sinks/webhook/resume", d.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(eventually(Duration::from_secs(20), || receiver.seen().len() == 3).await, "everything after resume");
+    assert!(
+        eventually(Duration::from_secs(20), || receiver.seen().len() == 3).await,
+        "everything after resume"
+    );
     d.stop().await;
 }
 
@@ -84,14 +192,35 @@ async fn a_replayed_dead_letter_is_delivered() {
     let receiver = Receiver::start().await;
     receiver.script(400, &[], "not today");
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("dl", "s", "t", json!({}))).unwrap()).await;
-    d.wait_delivery("dl", Duration::from_secs(20), |x| x["status"] == "dead").await;
-    let listed: serde_json::Value =
-        d.http.get(format!("{}/v1/admin/dead?sink=webhook", d.base)).send().await.unwrap().json().await.unwrap();
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("dl", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
+    d.wait_delivery("dl", Duration::from_secs(20), |x| x["status"] == "dead")
+        .await;
+    let listed: serde_json::Value = d
+        .http
+        .get(format!("{}/v1/admin/dead?sink=webhook", d.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(listed["dead"][0]["event_id"], "dl");
-    assert!(listed["dead"][0]["reason"].as_str().unwrap().contains("400"));
+    assert!(listed["dead"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("400"));
     let r: serde_json::Value = d
         .http
         .post(format!("{}/v1/admin/dead/replay", d.base))
@@ -103,7 +232,11 @@ async fn a_replayed_dead_letter_is_delivered() {
         .await
         .unwrap();
     assert_eq!(r["replayed"], 1);
-    let done = d.wait_delivery("dl", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    let done = d
+        .wait_delivery("dl", Duration::from_secs(20), |x| {
+            x["status"] == "delivered"
+        })
+        .await;
     assert_eq!(done["attempts"], 1, "a replay starts the attempts afresh");
     d.stop().await;
 }
@@ -113,15 +246,41 @@ async fn the_admin_api_wants_its_token() {
     let plugins = PluginsDir::new();
     let d = TestDaemon::start_with(plugins.path(), |c| c.admin.token = Some("s3cret".into())).await;
     let url = format!("{}/v1/admin/sinks", d.base);
-    assert_eq!(d.http.get(&url).send().await.unwrap().status(), 401, "no token");
-    assert_eq!(d.http.get(&url).bearer_auth("wrong").send().await.unwrap().status(), 401, "wrong token");
-    assert_eq!(d.http.get(&url).bearer_auth("s3cret").send().await.unwrap().status(), 200);
+    assert_eq!(
+        d.http.get(&url).send().await.unwrap().status(),
+        401,
+        "no token"
+    );
+    assert_eq!(
+        d.http
+            .get(&url)
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401,
+        "wrong token"
+    );
+    assert_eq!(
+        d.http
+            .get(&url)
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     // The ingest API and probes do not need it.
     assert_eq!(d.get("/health").await.0, 200);
     d.stop().await;
 
     // Listening beyond loopback without a token is refused at start.
-    let config = outboxd::config::Config { listen: "0.0.0.0:0".parse().unwrap(), ..Default::default() };
+    let config = outboxd::config::Config {
+        listen: "0.0.0.0:0".parse().unwrap(),
+        ..Default::default()
+    };
     let err = config.validate().unwrap_err().to_string();
     assert!(err.contains("admin.token"), "{err}");
 }
@@ -147,15 +306,32 @@ async fn ready_is_503_while_every_claim_fails() {
     let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("r1", "s", "t", json!({}))).unwrap()).await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("r1", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
     assert!(eventually(Duration::from_secs(10), || !receiver.seen().is_empty()).await);
     let (status, body) = d.get("/ready").await;
     assert_eq!(status, 200, "{body}");
 
-    sqlx::query(&format!("REVOKE UPDATE ON outboxd.heads FROM {role}")).execute(&mut admin).await.unwrap();
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("r2", "s", "t", json!({}))).unwrap()).await;
+    sqlx::query(&format!("REVOKE UPDATE ON outboxd.heads FROM {role}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("r2", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
     let start = std::time::Instant::now();
     loop {
         let (status, body) = d.get("/ready").await;
@@ -164,13 +340,22 @@ async fn ready_is_503_while_every_claim_fails() {
             assert_eq!(body["checks"]["database"]["ok"], true, "{body}");
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(15), "still ready while claims fail: {body}");
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "still ready while claims fail: {body}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(d.get("/health").await.0, 200, "the loop is still turning");
 
-    sqlx::query(&format!("GRANT UPDATE ON outboxd.heads TO {role}")).execute(&mut admin).await.unwrap();
-    assert!(eventually(Duration::from_secs(20), || receiver.seen().len() >= 2).await, "delivers again without a restart");
+    sqlx::query(&format!("GRANT UPDATE ON outboxd.heads TO {role}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || receiver.seen().len() >= 2).await,
+        "delivers again without a restart"
+    );
     let start = std::time::Instant::now();
     while d.get("/ready").await.0 != 200 {
         assert!(start.elapsed() < Duration::from_secs(15), "not ready again");
@@ -180,6 +365,87 @@ async fn ready_is_503_while_every_claim_fails() {
     drop(admin);
     db.cleanup().await;
     if let Ok(mut a) = sqlx::PgConnection::connect(&pg_admin_url()).await {
-        let _ = sqlx::query(&format!("DROP ROLE IF EXISTS {role}")).execute(&mut a).await;
+        let _ = sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
+            .execute(&mut a)
+            .await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backfill_gives_a_new_sink_the_past_events_once() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let old = Receiver::start().await;
+    let new = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("a", &old.url(), &[old.origin()], &new_secret(), "");
+    let url = db.url.clone();
+    let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url.clone())).await;
+    let batch: Vec<_> = (0..6)
+        .map(|i| {
+            event(
+                &format!("b{i}"),
+                &format!("s{}", i % 2),
+                "t",
+                json!({"i": i}),
+            )
+        })
+        .collect();
+    d.post(
+        "application/cloudevents-batch+json",
+        serde_json::to_vec(&batch).unwrap(),
+    )
+    .await;
+    assert!(eventually(Duration::from_secs(20), || old.seen().len() == 6).await);
+    d.stop().await;
+
+    // A new sink appears; past events have no delivery for it yet.
+    let wasm = plugins.path().join("webhook.wasm");
+    let manifest = std::fs::read_to_string(plugins.path().join("a.toml")).unwrap();
+    let manifest = manifest
+        .replace("name = \"a\"", "name = \"b\"")
+        .replace(&old.url(), &new.url())
+        .replace(&old.origin(), &new.origin());
+    std::fs::write(plugins.path().join("b.toml"), manifest).unwrap();
+    assert!(wasm.exists());
+    let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url.clone())).await;
+    let body = json!({"sink": "b"});
+    let first: serde_json::Value = d
+        .http
+        .post(format!("{}/v1/admin/backfill", d.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(first["created"], 6, "{first}");
+    let second: serde_json::Value = d
+        .http
+        .post(format!("{}/v1/admin/backfill", d.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        second["created"], 0,
+        "running it twice creates nothing new: {second}"
+    );
+    assert!(eventually(Duration::from_secs(20), || new.seen().len() == 6).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(new.seen().len(), 6);
+    assert_eq!(old.seen().len(), 6, "the old sink got nothing twice");
+    // Per-stream order at the new sink.
+    let mut last = std::collections::BTreeMap::new();
+    for r in new.seen() {
+        let seq: u64 = r.header("ce-sequence").unwrap().parse().unwrap();
+        let prev = last
+            .insert(r.header("ce-partitionkey").unwrap(), seq)
+            .unwrap_or(0);
+        assert!(seq > prev);
+    }
+    d.stop().await;
 }

@@ -120,7 +120,10 @@ pub struct IngestConfig {
 
 impl Default for IngestConfig {
     fn default() -> Self {
-        IngestConfig { max_body_bytes: 1 << 20, max_batch_items: 1000 }
+        IngestConfig {
+            max_body_bytes: 1 << 20,
+            max_batch_items: 1000,
+        }
     }
 }
 
@@ -197,7 +200,10 @@ impl Config {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(file) = file {
             if !file.exists() {
-                return Err(ConfigError::Invalid(format!("file {} does not exist", file.display())));
+                return Err(ConfigError::Invalid(format!(
+                    "file {} does not exist",
+                    file.display()
+                )));
             }
             figment = figment.merge(Toml::file(file));
         }
@@ -207,13 +213,21 @@ impl Config {
                     // Only variables naming a config key: plugin manifests
                     // may read other OUTBOXD_* variables of their own.
                     .filter(|key| {
-                        let top = key.as_str().split("__").next().unwrap_or("").replace('_', "-").to_ascii_lowercase();
+                        let top = key
+                            .as_str()
+                            .split("__")
+                            .next()
+                            .unwrap_or("")
+                            .replace('_', "-")
+                            .to_ascii_lowercase();
                         top_level_keys().contains(&top)
                     })
                     .map(|key| key.as_str().replace("__", ".").replace('_', "-").into()),
             )
             .merge(Serialized::defaults(overrides));
-        let config: Config = figment.extract().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -221,7 +235,10 @@ impl Config {
     /// Check the values that types alone cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let value = |key: &str, problem: &str| {
-            Err(ConfigError::Value { key: key.to_string(), problem: problem.to_string() })
+            Err(ConfigError::Value {
+                key: key.to_string(),
+                problem: problem.to_string(),
+            })
         };
         if self.ingest.max_body_bytes == 0 {
             return value("ingest.max-body-bytes", "must be greater than 0");

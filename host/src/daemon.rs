@@ -15,9 +15,9 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::delivery::{Heartbeats, Shared};
-use crate::metrics::{Metrics, PluginLabel};
 use crate::ingest::http::IngestState;
 use crate::ingest::routes::Router as Routes;
+use crate::metrics::{Metrics, PluginLabel};
 use crate::ops::OpsState;
 use crate::plugin::{self, Runtime};
 use crate::store::{self, StoreError};
@@ -30,7 +30,10 @@ pub enum StartError {
     #[error("{0}")]
     Routes(#[from] crate::ingest::routes::UnknownSink),
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("WebAssembly runtime: {0}")]
     Runtime(String),
     #[error("{0}")]
@@ -73,15 +76,28 @@ impl Daemon {
             }
         }
 
-        let runtime = Runtime::new().map_err(|e| StartError::Runtime(format!("{e:#}")))?;
+        let runtime = Runtime::new()
+            .map_err(|e| StartError::Runtime(format!("{e:#}")))?
+            .with_cache(config.data_dir.join("cache"));
         let metrics = Metrics::new();
         let plugins = plugin::load_dir(&runtime, &config.plugins_dir);
         for name in plugins.loaded.keys() {
-            metrics.plugin_loads.get_or_create(&PluginLabel { plugin: name.clone() }).inc();
+            metrics
+                .plugin_loads
+                .get_or_create(&PluginLabel {
+                    plugin: name.clone(),
+                })
+                .inc();
         }
         for failure in &plugins.failed {
-            let plugin = failure.name.clone().unwrap_or_else(|| failure.file.display().to_string());
-            metrics.plugin_load_failures.get_or_create(&PluginLabel { plugin }).inc();
+            let plugin = failure
+                .name
+                .clone()
+                .unwrap_or_else(|| failure.file.display().to_string());
+            metrics
+                .plugin_load_failures
+                .get_or_create(&PluginLabel { plugin })
+                .inc();
         }
         for plugin in plugins.loaded.values() {
             let deadline = plugin.manifest().limits.deadline;
@@ -119,14 +135,21 @@ impl Daemon {
             wake.clone(),
             shutdown_rx.clone(),
         )));
-        tasks.push(tokio::spawn(crate::delivery::run_retention(shared.clone(), shutdown_rx.clone())));
+        tasks.push(tokio::spawn(crate::delivery::run_retention(
+            shared.clone(),
+            shutdown_rx.clone(),
+        )));
         for plugin in plugins.loaded.values() {
-            tasks.push(tokio::spawn(crate::delivery::run_sink(shared.clone(), plugin.clone(), shutdown_rx.clone())));
+            tasks.push(tokio::spawn(crate::delivery::run_sink(
+                shared.clone(),
+                plugin.clone(),
+                shutdown_rx.clone(),
+            )));
         }
 
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
-            routes,
+            routes: routes.clone(),
             limits: config.ingest.clone(),
             wake,
             metrics: metrics.clone(),
@@ -143,17 +166,27 @@ impl Daemon {
             heartbeats,
             metrics,
             admin_token: config.admin.token.clone(),
+            routes,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
-            .map_err(|source| StartError::Listen { addr: config.listen, source })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Listen { addr: config.listen, source })?;
+            .map_err(|source| StartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Listen {
+            addr: config.listen,
+            source,
+        })?;
         let mut rx = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
             let stop = async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+            {
                 tracing::error!("HTTP server failed: {e}");
             }
         }));
@@ -165,7 +198,11 @@ impl Daemon {
             refused = plugins.failed.len(),
             "outboxd started"
         );
-        Ok(Daemon { addr, shutdown, tasks })
+        Ok(Daemon {
+            addr,
+            shutdown,
+            tasks,
+        })
     }
 
     /// Stop claiming and accepting, wait for in-flight batches (at most

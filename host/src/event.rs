@@ -101,7 +101,10 @@ pub struct EventError {
 }
 
 fn err(field: &str, problem: impl Into<String>) -> EventError {
-    EventError { field: field.to_string(), problem: problem.into() }
+    EventError {
+        field: field.to_string(),
+        problem: problem.into(),
+    }
 }
 
 /// True when `datacontenttype` says the data is JSON (absent counts as JSON,
@@ -110,15 +113,20 @@ pub fn is_json_content_type(ct: Option<&str>) -> bool {
     match ct {
         None => true,
         Some(ct) => {
-            let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+            let essence = ct
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
             essence == "application/json" || essence == "text/json" || essence.ends_with("+json")
         }
     }
 }
 
 fn text_attr(name: &str, raw: &RawValue, max: usize) -> Result<String, EventError> {
-    let value: String = serde_json::from_str(raw.get())
-        .map_err(|_| err(name, "must be a JSON string"))?;
+    let value: String =
+        serde_json::from_str(raw.get()).map_err(|_| err(name, "must be a JSON string"))?;
     check_text(name, &value, max)?;
     Ok(value)
 }
@@ -128,7 +136,10 @@ fn check_text(name: &str, value: &str, max: usize) -> Result<(), EventError> {
         return Err(err(name, "must not contain NUL (\\u0000) characters"));
     }
     if value.len() > max {
-        return Err(err(name, format!("is {} bytes, over the limit of {max}", value.len())));
+        return Err(err(
+            name,
+            format!("is {} bytes, over the limit of {max}", value.len()),
+        ));
     }
     Ok(())
 }
@@ -141,10 +152,13 @@ impl NewEvent {
     /// characters in text attributes, over-long `id` or stream key, bad
     /// `data_base64`, both `data` and `data_base64`.
     pub fn from_json(raw: &RawValue) -> Result<NewEvent, EventError> {
-        let attrs: BTreeMap<String, Box<RawValue>> = serde_json::from_str(raw.get())
-            .map_err(|_| err("event", "must be a JSON object"))?;
+        let attrs: BTreeMap<String, Box<RawValue>> =
+            serde_json::from_str(raw.get()).map_err(|_| err("event", "must be a JSON object"))?;
         let required = |name: &str| -> Result<&RawValue, EventError> {
-            attrs.get(name).map(|v| &**v).ok_or_else(|| err(name, "is required"))
+            attrs
+                .get(name)
+                .map(|v| &**v)
+                .ok_or_else(|| err(name, "is required"))
         };
         let optional_text = |name: &str| -> Result<Option<String>, EventError> {
             match attrs.get(name) {
@@ -156,7 +170,10 @@ impl NewEvent {
 
         let specversion = text_attr("specversion", required("specversion")?, 16)?;
         if specversion != "1.0" {
-            return Err(err("specversion", format!("must be \"1.0\", got {specversion:?}")));
+            return Err(err(
+                "specversion",
+                format!("must be \"1.0\", got {specversion:?}"),
+            ));
         }
         let id = text_attr("id", required("id")?, MAX_ID_BYTES)?;
         if id.is_empty() {
@@ -186,13 +203,17 @@ impl NewEvent {
             match name.as_str() {
                 "specversion" | "id" | "source" | "type" | "subject" | "time"
                 | "datacontenttype" | "dataschema" | "data" | "data_base64" => {}
-                "partitionkey" => partitionkey = Some(text_attr("partitionkey", value, MAX_STREAM_BYTES)?),
+                "partitionkey" => {
+                    partitionkey = Some(text_attr("partitionkey", value, MAX_STREAM_BYTES)?)
+                }
                 "sequence" => sequence = Some(parse_sequence(value)?),
                 _ => {
                     let field = format!("extensions.{name}");
                     if name.is_empty()
                         || name.len() > 64
-                        || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                        || !name
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
                     {
                         return Err(err(&field, "extension names are lower-case letters and digits (CloudEvents §3.1.1)"));
                     }
@@ -219,7 +240,9 @@ impl NewEvent {
 
         let json_data = is_json_content_type(datacontenttype.as_deref());
         let (data, data_format) = match (attrs.get("data"), attrs.get("data_base64")) {
-            (Some(_), Some(_)) => return Err(err("data_base64", "must not be given together with data")),
+            (Some(_), Some(_)) => {
+                return Err(err("data_base64", "must not be given together with data"))
+            }
             (Some(d), None) if d.get() == "null" => (Vec::new(), DataFormat::None),
             (Some(d), None) if json_data => (d.get().as_bytes().to_vec(), DataFormat::Json),
             (Some(d), None) => match serde_json::from_str::<serde_json::Value>(d.get()) {
@@ -280,7 +303,10 @@ impl NewEvent {
         field("type", Some(self.ty.as_bytes()));
         field("subject", self.subject.as_deref().map(str::as_bytes));
         field("time", self.time.as_deref().map(str::as_bytes));
-        field("datacontenttype", self.datacontenttype.as_deref().map(str::as_bytes));
+        field(
+            "datacontenttype",
+            self.datacontenttype.as_deref().map(str::as_bytes),
+        );
         field("dataschema", self.dataschema.as_deref().map(str::as_bytes));
         field("stream", Some(self.stream.as_bytes()));
         let seq = self.sequence.map(|s| s.to_string());
@@ -306,12 +332,18 @@ impl NewEvent {
         cmp("type", self.ty == other.ty);
         cmp("subject", self.subject == other.subject);
         cmp("time", self.time == other.time);
-        cmp("datacontenttype", self.datacontenttype == other.datacontenttype);
+        cmp(
+            "datacontenttype",
+            self.datacontenttype == other.datacontenttype,
+        );
         cmp("dataschema", self.dataschema == other.dataschema);
         cmp("partitionkey", self.stream == other.stream);
         cmp("sequence", self.sequence == other.sequence);
-        let keys: std::collections::BTreeSet<&String> =
-            self.extensions.keys().chain(other.extensions.keys()).collect();
+        let keys: std::collections::BTreeSet<&String> = self
+            .extensions
+            .keys()
+            .chain(other.extensions.keys())
+            .collect();
         for k in keys {
             cmp(k, self.extensions.get(k) == other.extensions.get(k));
         }
@@ -336,7 +368,9 @@ fn parse_sequence(raw: &RawValue) -> Result<u64, EventError> {
     let problem = "must be a non-negative integer, or a string of decimal digits, below 2^63";
     let n = match serde_json::from_str::<serde_json::Value>(raw.get()) {
         Ok(serde_json::Value::Number(n)) => n.as_u64(),
-        Ok(serde_json::Value::String(s)) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
+        Ok(serde_json::Value::String(s))
+            if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) =>
+        {
             s.parse::<u64>().ok()
         }
         _ => None,
@@ -357,15 +391,18 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<NewEvent>, EventError> {
         .iter()
         .enumerate()
         .map(|(i, raw)| {
-            NewEvent::from_json(raw).map_err(|e| EventError { field: format!("[{i}].{}", e.field), problem: e.problem })
+            NewEvent::from_json(raw).map_err(|e| EventError {
+                field: format!("[{i}].{}", e.field),
+                problem: e.problem,
+            })
         })
         .collect()
 }
 
 /// Parse a single event in the CloudEvents JSON format.
 pub fn parse_one(body: &[u8]) -> Result<NewEvent, EventError> {
-    let raw: Box<RawValue> = serde_json::from_slice(body)
-        .map_err(|e| err("body", format!("is not valid JSON: {e}")))?;
+    let raw: Box<RawValue> =
+        serde_json::from_slice(body).map_err(|e| err("body", format!("is not valid JSON: {e}")))?;
     NewEvent::from_json(&raw)
 }
 
@@ -408,24 +445,60 @@ mod tests {
     #[test]
     fn stream_key_prefers_partitionkey_then_subject_then_source() {
         let base = r#""specversion":"1.0","id":"1","source":"s","type":"t""#;
-        assert_eq!(ev(&format!("{{{base},\"partitionkey\":\"p\",\"subject\":\"x\"}}")).unwrap().stream, "p");
-        assert_eq!(ev(&format!("{{{base},\"subject\":\"x\"}}")).unwrap().stream, "x");
+        assert_eq!(
+            ev(&format!(
+                "{{{base},\"partitionkey\":\"p\",\"subject\":\"x\"}}"
+            ))
+            .unwrap()
+            .stream,
+            "p"
+        );
+        assert_eq!(
+            ev(&format!("{{{base},\"subject\":\"x\"}}")).unwrap().stream,
+            "x"
+        );
         assert_eq!(ev(&format!("{{{base}}}")).unwrap().stream, "s");
     }
 
     #[test]
     fn missing_attributes_are_named() {
-        assert_eq!(ev(r#"{"specversion":"1.0","source":"s","type":"t"}"#).unwrap_err().field, "id");
-        assert_eq!(ev(r#"{"specversion":"1.0","id":"1","type":"t"}"#).unwrap_err().field, "source");
-        assert_eq!(ev(r#"{"specversion":"1.0","id":"1","source":"s"}"#).unwrap_err().field, "type");
-        assert_eq!(ev(r#"{"id":"1","source":"s","type":"t"}"#).unwrap_err().field, "specversion");
+        assert_eq!(
+            ev(r#"{"specversion":"1.0","source":"s","type":"t"}"#)
+                .unwrap_err()
+                .field,
+            "id"
+        );
+        assert_eq!(
+            ev(r#"{"specversion":"1.0","id":"1","type":"t"}"#)
+                .unwrap_err()
+                .field,
+            "source"
+        );
+        assert_eq!(
+            ev(r#"{"specversion":"1.0","id":"1","source":"s"}"#)
+                .unwrap_err()
+                .field,
+            "type"
+        );
+        assert_eq!(
+            ev(r#"{"id":"1","source":"s","type":"t"}"#)
+                .unwrap_err()
+                .field,
+            "specversion"
+        );
     }
 
     #[test]
     fn json_data_hash_ignores_key_order_and_whitespace() {
-        let a = ev(r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"a":1,"b":[1,2]}}"#).unwrap();
+        let a = ev(
+            r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"a":1,"b":[1,2]}}"#,
+        )
+        .unwrap();
         let b = ev(r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{ "b" : [1, 2], "a":1 }}"#).unwrap();
-        let c = ev(r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"a":2,"b":[1,2]}}"#).unwrap();
+        let c = ev(
+            r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"a":2,"b":[1,2]}}"#,
+        )
+        .unwrap();
         assert_eq!(a.content_hash(), b.content_hash());
         assert_ne!(a.content_hash(), c.content_hash());
         assert_eq!(a.differences(&c), vec!["data".to_string()]);
@@ -435,9 +508,13 @@ mod tests {
 
     #[test]
     fn nul_in_text_attribute_is_refused_but_kept_in_json_data() {
-        let e = ev(r#"{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"a\u0000b"}"#).unwrap_err();
+        let e =
+            ev(r#"{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"a\u0000b"}"#)
+                .unwrap_err();
         assert_eq!(e.field, "subject");
-        let ok = ev(r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"x":"a\u0000b"}}"#).unwrap();
+        let ok =
+            ev(r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"x":"a\u0000b"}}"#)
+                .unwrap();
         assert_eq!(ok.data, br#"{"x":"a\u0000b"}"#);
     }
 

@@ -17,7 +17,11 @@ use outboxd::daemon::{Daemon, Migrations};
 use serde::Serialize;
 
 #[derive(Parser)]
-#[command(name = "outboxd", version, about = "Durable event delivery with WebAssembly sinks")]
+#[command(
+    name = "outboxd",
+    version,
+    about = "Durable event delivery with WebAssembly sinks"
+)]
 struct Cli {
     /// TOML configuration file (also OUTBOXD_CONFIG).
     #[arg(long, global = true, env = "OUTBOXD_CONFIG")]
@@ -62,6 +66,17 @@ enum Command {
     Sinks {
         #[command(subcommand)]
         command: SinksCommand,
+        #[command(flatten)]
+        flags: Flags,
+    },
+    /// Create deliveries for a (new) sink over past events, by the routes;
+    /// running it twice creates nothing new.
+    Backfill {
+        #[arg(long)]
+        sink: String,
+        /// Events ingested at or after this time (RFC 3339). Default: all.
+        #[arg(long)]
+        since: Option<String>,
         #[command(flatten)]
         flags: Flags,
     },
@@ -172,9 +187,12 @@ struct Flags {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -183,7 +201,10 @@ fn init_logging(format: LogFormat) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("outboxd: cannot start the async runtime: {e}");
@@ -204,7 +225,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run { flags, migrate } => {
             let config = Config::load(cli.config.as_deref(), &flags)?;
             init_logging(config.log_format);
-            let mode = if migrate { Migrations::Apply } else { Migrations::RequireCurrent };
+            let mode = if migrate {
+                Migrations::Apply
+            } else {
+                Migrations::RequireCurrent
+            };
             let daemon = Daemon::start(config, mode).await?;
             shutdown_signal().await;
             tracing::info!("shutdown requested: finishing in-flight batches");
@@ -219,13 +244,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let pending = store.pending_migrations().await?;
             store.migrate().await?;
             if pending.is_empty() {
-                println!("{}: no pending migrations", outboxd::store::redact_url(&url));
+                println!(
+                    "{}: no pending migrations",
+                    outboxd::store::redact_url(&url)
+                );
             } else {
-                println!("{}: applied {}", outboxd::store::redact_url(&url), pending.join(", "));
+                println!(
+                    "{}: applied {}",
+                    outboxd::store::redact_url(&url),
+                    pending.join(", ")
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Events { command: EventsCommand::Show { id, flags } } => {
+        Command::Events {
+            command: EventsCommand::Show { id, flags },
+        } => {
             let store = open_store(cli.config.as_deref(), &flags).await?;
             match store.event(&id).await? {
                 None => {
@@ -255,9 +289,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let parse = |t: &Option<String>, flag: &str| -> anyhow::Result<Option<i64>> {
                 t.as_deref()
                     .map(|t| {
-                        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
-                            .map(|d| (d.unix_timestamp_nanos() / 1_000_000) as i64)
-                            .map_err(|_| anyhow::anyhow!("--{flag}: expected an RFC 3339 time, got {t:?}"))
+                        time::OffsetDateTime::parse(
+                            t,
+                            &time::format_description::well_known::Rfc3339,
+                        )
+                        .map(|d| (d.unix_timestamp_nanos() / 1_000_000) as i64)
+                        .map_err(|_| {
+                            anyhow::anyhow!("--{flag}: expected an RFC 3339 time, got {t:?}")
+                        })
                     })
                     .transpose()
             };
@@ -293,11 +332,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 SinksCommand::List => {
                     let paused = store.paused_sinks().await?;
                     let config = Config::load(cli.config.as_deref(), &flags)?;
-                    let runtime = outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let runtime =
+                        outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
                     let plugins = outboxd::plugin::load_dir(&runtime, &config.plugins_dir);
                     for sink in plugins.known_sinks() {
-                        let state = if paused.contains(&sink) { "paused" } else { "active" };
-                        let loaded = if plugins.loaded.contains_key(&sink) { "loaded" } else { "refused" };
+                        let state = if paused.contains(&sink) {
+                            "paused"
+                        } else {
+                            "active"
+                        };
+                        let loaded = if plugins.loaded.contains_key(&sink) {
+                            "loaded"
+                        } else {
+                            "refused"
+                        };
                         println!("{sink}\t{state}\t{loaded}");
                     }
                 }
@@ -312,16 +360,55 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Config { command: ConfigCommand::Show { flags } } => {
+        Command::Backfill { sink, since, flags } => {
+            let config = Config::load(cli.config.as_deref(), &flags)?;
+            let store = open_store(cli.config.as_deref(), &flags).await?;
+            let runtime = outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let plugins = outboxd::plugin::load_dir(&runtime, &config.plugins_dir);
+            let known = plugins.known_sinks();
+            if !known.contains(&sink) {
+                anyhow::bail!(
+                    "no sink named {sink:?} in {} (known: {})",
+                    config.plugins_dir.display(),
+                    known.join(", ")
+                );
+            }
+            let routes = outboxd::ingest::routes::Router::new(config.routes.clone(), known)?;
+            let since_ms = match since {
+                None => 0,
+                Some(t) => {
+                    let d = time::OffsetDateTime::parse(
+                        &t,
+                        &time::format_description::well_known::Rfc3339,
+                    )
+                    .map_err(|_| {
+                        anyhow::anyhow!("--since: expected an RFC 3339 time, got {t:?}")
+                    })?;
+                    (d.unix_timestamp_nanos() / 1_000_000) as i64
+                }
+            };
+            let (scanned, created) =
+                outboxd::ops::admin::run_backfill(&*store, &routes, &sink, since_ms).await?;
+            println!("{sink}: scanned {scanned} events, created {created} deliveries");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config {
+            command: ConfigCommand::Show { flags },
+        } => {
             let mut config = Config::load(cli.config.as_deref(), &flags)?;
             if config.admin.token.is_some() {
                 config.admin.token = Some("***".into());
             }
-            config.database_url = config.database_url.as_deref().map(outboxd::store::redact_url);
+            config.database_url = config
+                .database_url
+                .as_deref()
+                .map(outboxd::store::redact_url);
             print!("{}", toml::to_string_pretty(&config)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Plugin { command: PluginCommand::Check { file, manifest } } => {
+        Command::Plugin {
+            command: PluginCommand::Check { file, manifest },
+        } => {
             init_logging(LogFormat::Text);
             Ok(outboxd::plugin::check::run(&file, manifest.as_deref()))
         }
@@ -330,12 +417,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
 
 /// Open the configured store for an admin command (migrations must be
 /// current).
-async fn open_store(file: Option<&std::path::Path>, flags: &Flags) -> anyhow::Result<std::sync::Arc<dyn outboxd::store::Store>> {
+async fn open_store(
+    file: Option<&std::path::Path>,
+    flags: &Flags,
+) -> anyhow::Result<std::sync::Arc<dyn outboxd::store::Store>> {
     let config = Config::load(file, flags)?;
     let store = outboxd::store::open(&config.effective_database_url()).await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
-        anyhow::bail!("database has pending migrations: {}; run `outboxd migrate`", pending.join(", "));
+        anyhow::bail!(
+            "database has pending migrations: {}; run `outboxd migrate`",
+            pending.join(", ")
+        );
     }
     Ok(store)
 }
@@ -344,13 +437,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

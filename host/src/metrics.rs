@@ -103,8 +103,16 @@ impl Metrics {
             plugin_load_failures: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("events_ingested", "Events received by ingest, by outcome", m.events_ingested.clone());
-        registry.register("deliveries", "Delivery attempts finished, by sink and outcome", m.deliveries.clone());
+        registry.register(
+            "events_ingested",
+            "Events received by ingest, by outcome",
+            m.events_ingested.clone(),
+        );
+        registry.register(
+            "deliveries",
+            "Delivery attempts finished, by sink and outcome",
+            m.deliveries.clone(),
+        );
         registry.register(
             "delivery_latency_seconds",
             "Time from ingest commit to delivered, by sink",
@@ -125,8 +133,16 @@ impl Metrics {
             "Age of the oldest due head of a stream, by sink",
             m.oldest_due_age.clone(),
         );
-        registry.register("leases_active", "Deliveries under a live lease", m.leases_active.clone());
-        registry.register("leases_expired", "Deliveries whose lease expired unfinished", m.leases_expired.clone());
+        registry.register(
+            "leases_active",
+            "Deliveries under a live lease",
+            m.leases_active.clone(),
+        );
+        registry.register(
+            "leases_expired",
+            "Deliveries whose lease expired unfinished",
+            m.leases_expired.clone(),
+        );
         registry.register(
             "worker_heartbeat_age_seconds",
             "Time since the delivery loop of a sink last finished a turn",
@@ -137,33 +153,49 @@ impl Metrics {
             "Delivery turns in a row that failed, by sink",
             m.consecutive_failures.clone(),
         );
-        registry.register("plugin_traps", "Plugin traps, by plugin and kind", m.plugin_traps.clone());
+        registry.register(
+            "plugin_traps",
+            "Plugin traps, by plugin and kind",
+            m.plugin_traps.clone(),
+        );
         registry.register(
             "plugin_quarantines",
             "Times a plugin was quarantined after consecutive traps",
             m.plugin_quarantines.clone(),
         );
         registry.register("plugin_loads", "Plugins loaded", m.plugin_loads.clone());
-        registry.register("plugin_load_failures", "Plugins refused at load or reload", m.plugin_load_failures.clone());
+        registry.register(
+            "plugin_load_failures",
+            "Plugins refused at load or reload",
+            m.plugin_load_failures.clone(),
+        );
         Arc::new(Metrics { registry, ..m })
     }
 
     /// The registry in the Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
         out
     }
 
     /// Count an ingest outcome `n` times.
     pub fn ingested(&self, outcome: &str, n: u64) {
-        self.events_ingested.get_or_create(&OutcomeLabel { outcome: outcome.to_string() }).inc_by(n);
+        self.events_ingested
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            })
+            .inc_by(n);
     }
 
     /// Count a delivery outcome for `sink`.
     pub fn delivery(&self, sink: &str, outcome: &str) {
         self.deliveries
-            .get_or_create(&SinkOutcomeLabel { sink: sink.to_string(), outcome: outcome.to_string() })
+            .get_or_create(&SinkOutcomeLabel {
+                sink: sink.to_string(),
+                outcome: outcome.to_string(),
+            })
             .inc();
     }
 }

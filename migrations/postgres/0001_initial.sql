@@ -29,6 +29,9 @@ CREATE TABLE outboxd.events (
 -- Events enqueued by SQL (outboxd.enqueue) wait here for the daemon's router.
 CREATE INDEX events_unrouted ON outboxd.events (seq_id) WHERE NOT routed;
 
+-- Backfill pages through events by ingest time.
+CREATE INDEX events_ingested_at ON outboxd.events (ingested_at);
+
 -- Last sequence given out per stream; ingest locks the row, so sequences are
 -- strictly increasing and (when assigned by outboxd) gapless.
 CREATE TABLE outboxd.streams (

@@ -22,6 +22,9 @@ CREATE TABLE events (
     UNIQUE (stream, sequence)
 );
 
+-- Backfill pages through events by ingest time.
+CREATE INDEX events_ingested_at ON events (ingested_at);
+
 -- Last sequence given out per stream: the ingest transaction bumps it, so
 -- sequences are strictly increasing and (when assigned by outboxd) gapless.
 CREATE TABLE streams (

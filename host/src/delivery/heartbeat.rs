@@ -57,14 +57,22 @@ impl Heartbeats {
     pub fn register(&self, sink: &str, stale_after: Duration) {
         self.beats.lock().unwrap().insert(
             sink.to_string(),
-            Beat { started: Instant::now(), last_turn: None, last_success: None, consecutive_failures: 0, stale_after },
+            Beat {
+                started: Instant::now(),
+                last_turn: None,
+                last_success: None,
+                consecutive_failures: 0,
+                stale_after,
+            },
         );
     }
 
     /// Record a finished turn.
     pub fn turn(&self, sink: &str, ok: bool) -> u32 {
         let mut beats = self.beats.lock().unwrap();
-        let Some(beat) = beats.get_mut(sink) else { return 0 };
+        let Some(beat) = beats.get_mut(sink) else {
+            return 0;
+        };
         let now = Instant::now();
         beat.last_turn = Some(now);
         if ok {

@@ -24,10 +24,10 @@ use tokio::sync::{watch, Notify};
 
 use crate::config::DeliveryConfig;
 use crate::metrics::{Metrics, PluginLabel, SinkLabel, TrapLabel};
-pub use heartbeat::Heartbeats;
 use crate::plugin::bindings::{Event, Outcome};
 use crate::plugin::{Plugin, SinkFailure};
 use crate::store::{Claimed, Finish, Store};
+pub use heartbeat::Heartbeats;
 
 /// The minimum lease for a sink with deadline `d`: `2·d + 5 s`. A lease
 /// shorter than this could expire while the batch is still running and let
@@ -56,7 +56,8 @@ pub async fn run_router(
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let routed = tokio::time::timeout(config.db_timeout, store.route_pending(&*route, PAGE)).await;
+        let routed =
+            tokio::time::timeout(config.db_timeout, store.route_pending(&*route, PAGE)).await;
         match routed {
             Ok(Ok(n)) if n > 0 => {
                 wake.notify_waiters();
@@ -66,7 +67,10 @@ pub async fn run_router(
             }
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::warn!("routing enqueued events failed: {e}"),
-            Err(_) => tracing::warn!("routing enqueued events timed out after {:?}", config.db_timeout),
+            Err(_) => tracing::warn!(
+                "routing enqueued events timed out after {:?}",
+                config.db_timeout
+            ),
         }
         tokio::select! {
             _ = tokio::time::sleep(config.max_poll_interval) => {}
@@ -109,7 +113,9 @@ pub async fn run_retention(shared: Shared, mut shutdown: watch::Receiver<bool>) 
         loop {
             let purged = tokio::time::timeout(
                 shared.config.db_timeout,
-                shared.store.purge_delivered(shared.config.retention, RETENTION_BATCH),
+                shared
+                    .store
+                    .purge_delivered(shared.config.retention, RETENTION_BATCH),
             )
             .await;
             match purged {
@@ -146,7 +152,9 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
     // A turn may take the plugin's deadline plus its database calls; past
     // this it is abandoned (its leases then expire and others take over).
     let turn_deadline = deadline + config.db_timeout * 3;
-    shared.heartbeats.register(&sink, stale_after(config, deadline));
+    shared
+        .heartbeats
+        .register(&sink, stale_after(config, deadline));
     let mut traps_in_a_row: u32 = 0;
     let mut quarantines_in_a_row: u32 = 0;
     tracing::info!(sink = %sink, lease = ?lease, batch_size, "delivery loop started");
@@ -168,20 +176,38 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
             shared.heartbeats.turn(&sink, true);
             PAUSE_RECHECK
         } else {
-            let result = match tokio::time::timeout(turn_deadline, turn(&shared, &plugin, &sink, batch_size, lease)).await {
+            let result = match tokio::time::timeout(
+                turn_deadline,
+                turn(&shared, &plugin, &sink, batch_size, lease),
+            )
+            .await
+            {
                 Ok(r) => r,
-                Err(_) => Err(format!("turn exceeded its deadline of {turn_deadline:?}; its leases will expire")),
+                Err(_) => Err(format!(
+                    "turn exceeded its deadline of {turn_deadline:?}; its leases will expire"
+                )),
             };
             match result {
                 Ok(report) => {
                     shared.heartbeats.turn(&sink, true);
-                    traps_in_a_row = if report.trapped { traps_in_a_row + 1 } else { 0 };
+                    traps_in_a_row = if report.trapped {
+                        traps_in_a_row + 1
+                    } else {
+                        0
+                    };
                     if traps_in_a_row >= config.quarantine_after_traps.max(1) {
-                        let backoff = (config.quarantine_backoff * 2u32.saturating_pow(quarantines_in_a_row.min(10)))
-                            .min(Duration::from_secs(600));
+                        let backoff = (config.quarantine_backoff
+                            * 2u32.saturating_pow(quarantines_in_a_row.min(10)))
+                        .min(Duration::from_secs(600));
                         quarantines_in_a_row += 1;
                         traps_in_a_row = 0;
-                        shared.metrics.plugin_quarantines.get_or_create(&PluginLabel { plugin: sink.clone() }).inc();
+                        shared
+                            .metrics
+                            .plugin_quarantines
+                            .get_or_create(&PluginLabel {
+                                plugin: sink.clone(),
+                            })
+                            .inc();
                         tracing::error!(
                             sink = %sink, pause = ?backoff,
                             "plugin quarantined after {} batches in a row ended in a trap; deliveries wait",
@@ -199,7 +225,9 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
                         }
                         continue;
                     } else {
-                        match tokio::time::timeout(config.db_timeout, store.next_due_in(&sink)).await {
+                        match tokio::time::timeout(config.db_timeout, store.next_due_in(&sink))
+                            .await
+                        {
                             Ok(Ok(Some(wait))) => wait.min(config.max_poll_interval),
                             Ok(Ok(None)) => config.max_poll_interval,
                             Ok(Err(e)) => {
@@ -212,8 +240,9 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
                 }
                 Err(e) => {
                     let failures = shared.heartbeats.turn(&sink, false);
-                    let backoff = (Duration::from_millis(100) * 2u32.saturating_pow(failures.min(10)))
-                        .min(config.max_poll_interval.max(Duration::from_secs(5)));
+                    let backoff = (Duration::from_millis(100)
+                        * 2u32.saturating_pow(failures.min(10)))
+                    .min(config.max_poll_interval.max(Duration::from_secs(5)));
                     tracing::warn!(sink = %sink, consecutive_failures = failures, "delivery turn failed: {e}");
                     backoff
                 }
@@ -238,7 +267,13 @@ struct TurnReport {
 }
 
 /// One turn: claim, deliver, finish.
-async fn turn(shared: &Shared, plugin: &Plugin, sink: &str, batch_size: u32, lease: Duration) -> Result<TurnReport, String> {
+async fn turn(
+    shared: &Shared,
+    plugin: &Plugin,
+    sink: &str,
+    batch_size: u32,
+    lease: Duration,
+) -> Result<TurnReport, String> {
     let store = &*shared.store;
     let db_timeout = shared.config.db_timeout;
     let metrics = &shared.metrics;
@@ -247,14 +282,19 @@ async fn turn(shared: &Shared, plugin: &Plugin, sink: &str, batch_size: u32, lea
         .map_err(|_| format!("claim timed out after {db_timeout:?}"))?
         .map_err(|e| format!("claim: {e}"))?;
     if claimed.is_empty() {
-        return Ok(TurnReport { claimed: 0, trapped: false });
+        return Ok(TurnReport {
+            claimed: 0,
+            trapped: false,
+        });
     }
     let batch: Vec<Event> = claimed.iter().map(to_wit_event).collect();
     let started = std::time::Instant::now();
     let outcomes = plugin.deliver(&batch).await;
     metrics
         .attempt_duration
-        .get_or_create(&SinkLabel { sink: sink.to_string() })
+        .get_or_create(&SinkLabel {
+            sink: sink.to_string(),
+        })
         .observe(started.elapsed().as_secs_f64());
     let policy = &plugin.manifest().retry;
     let mut trapped = false;
@@ -264,20 +304,34 @@ async fn turn(shared: &Shared, plugin: &Plugin, sink: &str, batch_size: u32, lea
             .zip(outcomes)
             .map(|(c, outcome)| match outcome {
                 Outcome::Delivered => Finish::Delivered,
-                Outcome::Retry(info) => {
-                    retry::after_failure(policy, c, &info.reason, info.after_ms.map(Duration::from_millis))
-                }
-                Outcome::Reject(reason) => Finish::Dead { reason: format!("rejected: {reason}") },
+                Outcome::Retry(info) => retry::after_failure(
+                    policy,
+                    c,
+                    &info.reason,
+                    info.after_ms.map(Duration::from_millis),
+                ),
+                Outcome::Reject(reason) => Finish::Dead {
+                    reason: format!("rejected: {reason}"),
+                },
             })
             .collect(),
         Err(failure) => {
             log_failure(sink, &failure, claimed.len());
             if let SinkFailure::Trap { kind, .. } = &failure {
                 trapped = true;
-                metrics.plugin_traps.get_or_create(&TrapLabel { plugin: sink.to_string(), kind: kind.clone() }).inc();
+                metrics
+                    .plugin_traps
+                    .get_or_create(&TrapLabel {
+                        plugin: sink.to_string(),
+                        kind: kind.clone(),
+                    })
+                    .inc();
             }
             let reason = failure.to_string();
-            claimed.iter().map(|c| retry::after_failure(policy, c, &reason, None)).collect()
+            claimed
+                .iter()
+                .map(|c| retry::after_failure(policy, c, &reason, None))
+                .collect()
         }
     };
     // Behind the first event of a stream that was not delivered, the rest of
@@ -297,10 +351,13 @@ async fn turn(shared: &Shared, plugin: &Plugin, sink: &str, batch_size: u32, lea
     }
     for (c, finish) in claimed.iter().zip(&finishes) {
         let ev = &c.event.event;
-        let kept = tokio::time::timeout(db_timeout, store.finish(c.delivery_id, &c.lease_token, finish))
-            .await
-            .map_err(|_| format!("finish timed out after {db_timeout:?}"))?
-            .map_err(|e| format!("finish: {e}"))?;
+        let kept = tokio::time::timeout(
+            db_timeout,
+            store.finish(c.delivery_id, &c.lease_token, finish),
+        )
+        .await
+        .map_err(|_| format!("finish timed out after {db_timeout:?}"))?
+        .map_err(|e| format!("finish: {e}"))?;
         if !kept {
             metrics.delivery(sink, "lease_lost");
             tracing::warn!(
@@ -321,7 +378,12 @@ async fn turn(shared: &Shared, plugin: &Plugin, sink: &str, batch_size: u32, lea
         if let Finish::Delivered = finish {
             let now_ms = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
             let latency = (now_ms as i64 - c.event.ingested_at_ms).max(0) as f64 / 1000.0;
-            metrics.delivery_latency.get_or_create(&SinkLabel { sink: sink.to_string() }).observe(latency);
+            metrics
+                .delivery_latency
+                .get_or_create(&SinkLabel {
+                    sink: sink.to_string(),
+                })
+                .observe(latency);
         }
         match finish {
             Finish::Delivered => {
@@ -340,13 +402,20 @@ async fn turn(shared: &Shared, plugin: &Plugin, sink: &str, batch_size: u32, lea
             ),
         }
     }
-    Ok(TurnReport { claimed: claimed.len(), trapped })
+    Ok(TurnReport {
+        claimed: claimed.len(),
+        trapped,
+    })
 }
 
 fn log_failure(sink: &str, failure: &SinkFailure, events: usize) {
     match failure {
         SinkFailure::Trap { kind, detail } => {
-            tracing::warn!(sink, events, "plugin trap ({kind}); batch will be retried: {detail}")
+            tracing::warn!(
+                sink,
+                events,
+                "plugin trap ({kind}); batch will be retried: {detail}"
+            )
         }
         SinkFailure::Init(reason) => tracing::warn!(sink, events, "plugin init refused: {reason}"),
     }
@@ -355,7 +424,8 @@ fn log_failure(sink: &str, failure: &SinkFailure, events: usize) {
 fn rfc3339_ms(ms: i64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
 }
 
 /// The WIT view of a claimed delivery.
@@ -373,11 +443,16 @@ fn to_wit_event(c: &Claimed) -> Event {
         // JSON-format events without `datacontenttype` carry JSON
         // (CloudEvents JSON format §3.1); say so to the sink.
         datacontenttype: ev.datacontenttype.clone().or_else(|| {
-            (ev.data_format == crate::event::DataFormat::Json).then(|| "application/json".to_string())
+            (ev.data_format == crate::event::DataFormat::Json)
+                .then(|| "application/json".to_string())
         }),
         dataschema: ev.dataschema.clone(),
         data: ev.data.clone(),
-        extensions: ev.extensions.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        extensions: ev
+            .extensions
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         attempt: c.attempts,
         ingested_at,
     }

@@ -27,7 +27,12 @@ pub fn backoff(policy: &RetryPolicy, attempts: u32) -> Duration {
 /// Decide what a retryable failure of `claimed` becomes: another attempt
 /// after `max(backoff, hint)`, or a dead letter when that attempt would fall
 /// outside the retry window.
-pub fn after_failure(policy: &RetryPolicy, claimed: &Claimed, reason: &str, hint: Option<Duration>) -> Finish {
+pub fn after_failure(
+    policy: &RetryPolicy,
+    claimed: &Claimed,
+    reason: &str,
+    hint: Option<Duration>,
+) -> Finish {
     let mut delay = backoff(policy, claimed.attempts);
     if let Some(hint) = hint {
         delay = delay.max(hint);
@@ -43,7 +48,10 @@ pub fn after_failure(policy: &RetryPolicy, claimed: &Claimed, reason: &str, hint
             ),
         };
     }
-    Finish::Retry { delay, reason: reason.to_string() }
+    Finish::Retry {
+        delay,
+        reason: reason.to_string(),
+    }
 }
 
 #[cfg(test)]

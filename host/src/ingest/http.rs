@@ -26,8 +26,8 @@ use tokio::sync::Notify;
 
 use super::routes::Router as Routes;
 use crate::config::IngestConfig;
-use crate::metrics::Metrics;
 use crate::event::{self, DataFormat, EventError};
+use crate::metrics::Metrics;
 use crate::store::{IngestError, IngestItem, Store};
 
 /// What the ingest handlers need.
@@ -78,21 +78,27 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
     let batch = match content_type.as_deref() {
         Some("application/cloudevents+json") => false,
         Some("application/cloudevents-batch+json") => true,
-        other => {
-            return error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                Some("content-type"),
-                format!(
-                    "content-type {} is not accepted: use application/cloudevents+json (one event) or \
+        other => return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Some("content-type"),
+            format!(
+                "content-type {} is not accepted: use application/cloudevents+json (one event) or \
                      application/cloudevents-batch+json (a JSON array of events)",
-                    other.map(|o| format!("{o:?}")).unwrap_or_else(|| "(missing)".into())
-                ),
-            )
-        }
+                other
+                    .map(|o| format!("{o:?}"))
+                    .unwrap_or_else(|| "(missing)".into())
+            ),
+        ),
     };
     let limit = state.limits.max_body_bytes;
     let bytes = match axum::body::to_bytes(body, limit).await {
@@ -140,13 +146,19 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
     match state.store.ingest(&items).await {
         Ok(results) => {
             let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
-            state.metrics.ingested("stored", results.len() as u64 - duplicates);
+            state
+                .metrics
+                .ingested("stored", results.len() as u64 - duplicates);
             state.metrics.ingested("duplicate", duplicates);
             let created = results.iter().any(|r| !r.duplicate);
             if created {
                 state.wake.notify_waiters();
             }
-            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
             if batch {
                 (status, Json(json!({ "events": results }))).into_response()
             } else {
@@ -154,29 +166,53 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
             }
         }
         Err(e @ IngestError::Conflict { .. }) => {
-            let IngestError::Conflict { index, attributes, .. } = &e else { unreachable!() };
-            let field = if batch { format!("[{index}].{}", attributes.join(",")) } else { attributes.join(",") };
-            let mut body = json!({ "error": e.to_string(), "field": field, "attributes": attributes });
+            let IngestError::Conflict {
+                index, attributes, ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            let field = if batch {
+                format!("[{index}].{}", attributes.join(","))
+            } else {
+                attributes.join(",")
+            };
+            let mut body =
+                json!({ "error": e.to_string(), "field": field, "attributes": attributes });
             if !batch {
                 body["error"] = json!(e.to_string().replacen("event [0] ", "event ", 1));
             }
             (StatusCode::CONFLICT, Json(body)).into_response()
         }
         Err(e @ IngestError::SequenceNotIncreasing { .. }) => {
-            let IngestError::SequenceNotIncreasing { index, .. } = &e else { unreachable!() };
-            let field = if batch { format!("[{index}].sequence") } else { "sequence".to_string() };
+            let IngestError::SequenceNotIncreasing { index, .. } = &e else {
+                unreachable!()
+            };
+            let field = if batch {
+                format!("[{index}].sequence")
+            } else {
+                "sequence".to_string()
+            };
             error(StatusCode::CONFLICT, Some(&field), e.to_string())
         }
         Err(IngestError::Store(e)) => {
             tracing::error!("ingest failed: {e}");
-            error(StatusCode::SERVICE_UNAVAILABLE, None, format!("store unavailable, nothing stored: {e}"))
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                format!("store unavailable, nothing stored: {e}"),
+            )
         }
     }
 }
 
 async fn get_event(State(state): State<IngestState>, Path(id): Path<String>) -> Response {
     match state.store.event(&id).await {
-        Ok(None) => error(StatusCode::NOT_FOUND, Some("id"), format!("no event with id {id:?}")),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            Some("id"),
+            format!("no event with id {id:?}"),
+        ),
         Ok(Some((stored, deliveries))) => {
             let ev = &stored.event;
             let mut body = json!({
@@ -188,7 +224,12 @@ async fn get_event(State(state): State<IngestState>, Path(id): Path<String>) -> 
                 "sequence": stored.sequence,
                 "ingested_at_ms": stored.ingested_at_ms,
             });
-            for (k, v) in [("subject", &ev.subject), ("time", &ev.time), ("datacontenttype", &ev.datacontenttype), ("dataschema", &ev.dataschema)] {
+            for (k, v) in [
+                ("subject", &ev.subject),
+                ("time", &ev.time),
+                ("datacontenttype", &ev.datacontenttype),
+                ("dataschema", &ev.dataschema),
+            ] {
                 if let Some(v) = v {
                     body[k] = json!(v);
                 }
@@ -198,16 +239,22 @@ async fn get_event(State(state): State<IngestState>, Path(id): Path<String>) -> 
             }
             match ev.data_format {
                 DataFormat::Json => {
-                    body["data"] = serde_json::from_slice(&ev.data).unwrap_or(serde_json::Value::Null)
+                    body["data"] =
+                        serde_json::from_slice(&ev.data).unwrap_or(serde_json::Value::Null)
                 }
                 DataFormat::Text => body["data"] = json!(String::from_utf8_lossy(&ev.data)),
                 DataFormat::Binary => {
-                    body["data_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&ev.data))
+                    body["data_base64"] =
+                        json!(base64::engine::general_purpose::STANDARD.encode(&ev.data))
                 }
                 DataFormat::None => {}
             }
             Json(json!({ "event": body, "deliveries": deliveries })).into_response()
         }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, None, format!("store unavailable: {e}")),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+            format!("store unavailable: {e}"),
+        ),
     }
 }

@@ -19,7 +19,9 @@ pub struct Router {
 
 /// A route that names a sink no plugin manifest declares.
 #[derive(Debug, thiserror::Error)]
-#[error("routes[{index}] names sink {sink:?}, which no plugin manifest declares (known sinks: {known})")]
+#[error(
+    "routes[{index}] names sink {sink:?}, which no plugin manifest declares (known sinks: {known})"
+)]
 pub struct UnknownSink {
     pub index: usize,
     pub sink: String,
@@ -36,7 +38,11 @@ impl Router {
                         return Err(UnknownSink {
                             index,
                             sink: sink.clone(),
-                            known: if sinks.is_empty() { "none".into() } else { sinks.join(", ") },
+                            known: if sinks.is_empty() {
+                                "none".into()
+                            } else {
+                                sinks.join(", ")
+                            },
                         });
                     }
                 }

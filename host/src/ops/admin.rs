@@ -29,6 +29,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/dead/replay", post(replay_dead))
         .route("/v1/admin/dead/purge", post(purge_dead))
         .route("/v1/admin/sinks", get(list_sinks))
+        .route("/v1/admin/backfill", post(backfill))
         .route("/v1/admin/sinks/{sink}/pause", post(pause))
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
@@ -62,7 +63,11 @@ async fn require_token(State(state): State<OpsState>, request: Request, next: Ne
 }
 
 fn store_error(e: impl std::fmt::Display) -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": format!("store: {e}") }))).into_response()
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "error": format!("store: {e}") })),
+    )
+        .into_response()
 }
 
 async fn show_event(State(state): State<OpsState>, Path(id): Path<String>) -> Response {
@@ -77,7 +82,11 @@ async fn show_event(State(state): State<OpsState>, Path(id): Path<String>) -> Re
             "deliveries": deliveries,
         }))
         .into_response(),
-        Ok(None) => (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no event with id {id:?}") }))).into_response(),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("no event with id {id:?}") })),
+        )
+            .into_response(),
         Err(e) => store_error(e),
     }
 }
@@ -91,8 +100,16 @@ struct ListQuery {
 }
 
 async fn list_dead(State(state): State<OpsState>, Query(q): Query<ListQuery>) -> Response {
-    let filter = DeadFilter { sink: q.sink, stream: q.stream, ..Default::default() };
-    match state.store.list_dead(&filter, q.limit.unwrap_or(100).min(MAX_PAGE)).await {
+    let filter = DeadFilter {
+        sink: q.sink,
+        stream: q.stream,
+        ..Default::default()
+    };
+    match state
+        .store
+        .list_dead(&filter, q.limit.unwrap_or(100).min(MAX_PAGE))
+        .await
+    {
         Ok(dead) => Json(json!({ "dead": dead })).into_response(),
         Err(e) => store_error(e),
     }
@@ -109,7 +126,11 @@ struct Selection {
 
 async fn replay_dead(State(state): State<OpsState>, body: Option<Json<Selection>>) -> Response {
     let sel = body.map(|b| b.0).unwrap_or_default();
-    match state.store.replay_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE)).await {
+    match state
+        .store
+        .replay_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE))
+        .await
+    {
         Ok(n) => Json(json!({ "replayed": n })).into_response(),
         Err(e) => store_error(e),
     }
@@ -117,7 +138,11 @@ async fn replay_dead(State(state): State<OpsState>, body: Option<Json<Selection>
 
 async fn purge_dead(State(state): State<OpsState>, body: Option<Json<Selection>>) -> Response {
     let sel = body.map(|b| b.0).unwrap_or_default();
-    match state.store.purge_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE)).await {
+    match state
+        .store
+        .purge_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE))
+        .await
+    {
         Ok(n) => Json(json!({ "purged": n })).into_response(),
         Err(e) => store_error(e),
     }
@@ -138,7 +163,11 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
 
 async fn set_paused(state: OpsState, sink: String, paused: bool) -> Response {
     if !state.known_sinks.contains(&sink) {
-        return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no sink named {sink:?}") }))).into_response();
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("no sink named {sink:?}") })),
+        )
+            .into_response();
     }
     match state.store.set_paused(&sink, paused).await {
         Ok(()) => Json(json!({ "sink": sink, "paused": paused })).into_response(),
@@ -153,4 +182,58 @@ async fn pause(State(state): State<OpsState>, Path(sink): Path<String>) -> Respo
 async fn resume(State(state): State<OpsState>, Path(sink): Path<String>) -> Response {
     let r = set_paused(state.clone(), sink, false).await;
     r
+}
+
+/// Body of `POST /v1/admin/backfill`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackfillRequest {
+    sink: String,
+    /// Events ingested at or after this time, Unix ms. Default: all.
+    #[serde(default)]
+    since_ms: i64,
+}
+
+async fn backfill(State(state): State<OpsState>, Json(req): Json<BackfillRequest>) -> Response {
+    if !state.known_sinks.contains(&req.sink) {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("no sink named {:?}", req.sink) })),
+        )
+            .into_response();
+    }
+    match run_backfill(&*state.store, &state.routes, &req.sink, req.since_ms).await {
+        Ok((scanned, created)) => {
+            Json(json!({ "sink": req.sink, "scanned": scanned, "created": created }))
+                .into_response()
+        }
+        Err(e) => store_error(e),
+    }
+}
+
+/// Events per backfill page (one transaction each).
+pub const BACKFILL_PAGE: u32 = 500;
+
+/// Backfill `sink` over every event since `since_ms`, page by page.
+/// Returns (events scanned, deliveries created). Running it twice creates
+/// nothing the second time.
+pub async fn run_backfill(
+    store: &dyn crate::store::Store,
+    routes: &crate::ingest::routes::Router,
+    sink: &str,
+    since_ms: i64,
+) -> Result<(u64, u64), crate::store::StoreError> {
+    let route = |e: &crate::event::NewEvent| routes.sinks_for(e);
+    let (mut scanned, mut created, mut after) = (0, 0, 0);
+    loop {
+        let page = store
+            .backfill_page(sink, since_ms, after, BACKFILL_PAGE, &route)
+            .await?;
+        scanned += page.scanned;
+        created += page.created;
+        match page.next_after {
+            Some(next) => after = next,
+            None => return Ok((scanned, created)),
+        }
+    }
 }

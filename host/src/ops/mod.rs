@@ -45,6 +45,8 @@ pub struct OpsState {
     pub heartbeats: Arc<Heartbeats>,
     pub metrics: Arc<Metrics>,
     pub admin_token: Option<String>,
+    /// The routing table (backfill routes past events with it).
+    pub routes: Arc<crate::ingest::routes::Router>,
 }
 
 /// The ops routes.
@@ -62,12 +64,22 @@ async fn health(State(state): State<OpsState>) -> Response {
     let stale: Vec<String> = beats
         .iter()
         .filter(|(_, b)| !b.fresh())
-        .map(|(sink, b)| format!("{sink}: last turn {:.0?} ago (limit {:?})", b.age(), b.stale_after))
+        .map(|(sink, b)| {
+            format!(
+                "{sink}: last turn {:.0?} ago (limit {:?})",
+                b.age(),
+                b.stale_after
+            )
+        })
         .collect();
     if stale.is_empty() {
         (StatusCode::OK, Json(json!({ "status": "ok" }))).into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "stale", "stale_loops": stale }))).into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "stale", "stale_loops": stale })),
+        )
+            .into_response()
     }
 }
 
@@ -86,7 +98,8 @@ async fn ready(State(state): State<OpsState>) -> Response {
         Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
     };
     let migrations = match &database {
-        Ok(()) => match tokio::time::timeout(PROBE_TIMEOUT, state.store.pending_migrations()).await {
+        Ok(()) => match tokio::time::timeout(PROBE_TIMEOUT, state.store.pending_migrations()).await
+        {
             Ok(Ok(p)) if p.is_empty() => Ok(()),
             Ok(Ok(p)) => Err(format!("pending: {}", p.join(", "))),
             Ok(Err(e)) => Err(e.to_string()),
@@ -111,7 +124,11 @@ async fn ready(State(state): State<OpsState>) -> Response {
         );
     }
     let plugins_ok = state.plugin_failures.is_empty();
-    let queue = if database.is_ok() { queue(&*state.store).await } else { Err("database unavailable".into()) };
+    let queue = if database.is_ok() {
+        queue(&*state.store).await
+    } else {
+        Err("database unavailable".into())
+    };
     let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
@@ -130,7 +147,11 @@ async fn ready(State(state): State<OpsState>) -> Response {
             Err(e) => json!({ "error": e }),
         },
     });
-    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, Json(body)).into_response()
 }
 
@@ -138,17 +159,34 @@ async fn metrics(State(state): State<OpsState>) -> Response {
     let m = &state.metrics;
     for (sink, beat) in state.heartbeats.snapshot() {
         let label = SinkLabel { sink };
-        m.heartbeat_age.get_or_create(&label).set(beat.age().as_secs_f64());
-        m.consecutive_failures.get_or_create(&label).set(beat.consecutive_failures as i64);
+        m.heartbeat_age
+            .get_or_create(&label)
+            .set(beat.age().as_secs_f64());
+        m.consecutive_failures
+            .get_or_create(&label)
+            .set(beat.consecutive_failures as i64);
     }
     if let Ok(q) = queue(&*state.store).await {
         let (mut active, mut expired) = (0, 0);
         for sink in &state.known_sinks {
-            let s = q.sinks.iter().find(|s| &s.sink == sink).cloned().unwrap_or_default();
-            for (status, n) in
-                [("pending", s.pending), ("retrying", s.retrying), ("leased", s.leased), ("dead", s.dead)]
-            {
-                m.queue_depth.get_or_create(&SinkStatusLabel { sink: sink.clone(), status: status.into() }).set(n as i64);
+            let s = q
+                .sinks
+                .iter()
+                .find(|s| &s.sink == sink)
+                .cloned()
+                .unwrap_or_default();
+            for (status, n) in [
+                ("pending", s.pending),
+                ("retrying", s.retrying),
+                ("leased", s.leased),
+                ("dead", s.dead),
+            ] {
+                m.queue_depth
+                    .get_or_create(&SinkStatusLabel {
+                        sink: sink.clone(),
+                        status: status.into(),
+                    })
+                    .set(n as i64);
             }
             m.oldest_due_age
                 .get_or_create(&SinkLabel { sink: sink.clone() })
@@ -160,7 +198,10 @@ async fn metrics(State(state): State<OpsState>) -> Response {
         m.leases_expired.set(expired);
     }
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         m.encode(),
     )
         .into_response()

@@ -116,7 +116,11 @@ impl AmqpPool {
                 .or_insert_with(|| Arc::new(Broker::new(uri, redact_url(&grant.url))))
                 .clone()
         };
-        Ok(AmqpAccess { broker: Some(broker), exchanges: grant.exchanges.clone().into(), deadline: None })
+        Ok(AmqpAccess {
+            broker: Some(broker),
+            exchanges: grant.exchanges.clone().into(),
+            deadline: None,
+        })
     }
 
     /// The state of every broker a loaded plugin names, as last seen. It
@@ -138,8 +142,13 @@ impl AmqpPool {
     }
 
     fn brokers(&self) -> Vec<Arc<Broker>> {
-        let mut brokers: Vec<Arc<Broker>> =
-            self.brokers.lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+        let mut brokers: Vec<Arc<Broker>> = self
+            .brokers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
         brokers.sort_by(|a, b| a.shown.cmp(&b.shown));
         brokers
     }
@@ -149,7 +158,10 @@ impl AmqpPool {
 fn parse_url(url: &str) -> Result<AMQPUri, String> {
     let scheme_ok = url.starts_with("amqp://") || url.starts_with("amqps://");
     if !scheme_ok {
-        return Err(format!("{}: expected amqp://… or amqps://…", redact_url(url)));
+        return Err(format!(
+            "{}: expected amqp://… or amqps://…",
+            redact_url(url)
+        ));
     }
     let mut uri = AMQPUri::from_str(url).map_err(|e| {
         // The parser's message may quote the URL; never pass it on then.
@@ -163,7 +175,10 @@ fn parse_url(url: &str) -> Result<AMQPUri, String> {
     // for an IP address; keep the address that was written.
     if let Ok(parsed) = url.parse::<http::Uri>() {
         if let Some(host) = parsed.host() {
-            uri.authority.host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+            uri.authority.host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
         }
     }
     Ok(uri)
@@ -199,7 +214,11 @@ impl Broker {
     fn new(uri: AMQPUri, shown: String) -> Broker {
         Broker {
             uri,
-            seen: Mutex::new(BrokerStatus { broker: shown.clone(), connected: false, last_error: None }),
+            seen: Mutex::new(BrokerStatus {
+                broker: shown.clone(),
+                connected: false,
+                last_error: None,
+            }),
             shown,
             link: tokio::sync::Mutex::new(Link::default()),
             idle: Mutex::new(Vec::new()),
@@ -207,13 +226,23 @@ impl Broker {
     }
 
     fn status(&self) -> BrokerStatus {
-        let mut status = self.seen.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut status = self
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         // A connection the broker closed since it was last looked at.
         if status.connected {
             if let Ok(link) = self.link.try_lock() {
-                if !link.connection.as_ref().is_some_and(|c| c.status().connected()) {
+                if !link
+                    .connection
+                    .as_ref()
+                    .is_some_and(|c| c.status().connected())
+                {
                     status.connected = false;
-                    status.last_error.get_or_insert_with(|| "connection lost".into());
+                    status
+                        .last_error
+                        .get_or_insert_with(|| "connection lost".into());
                 }
             }
         }
@@ -221,9 +250,15 @@ impl Broker {
     }
 
     fn record(&self, link: &Link) {
-        let connected = link.connection.as_ref().is_some_and(|c| c.status().connected());
-        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) =
-            BrokerStatus { broker: self.shown.clone(), connected, last_error: link.last_error.clone() };
+        let connected = link
+            .connection
+            .as_ref()
+            .is_some_and(|c| c.status().connected());
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = BrokerStatus {
+            broker: self.shown.clone(),
+            connected,
+            last_error: link.last_error.clone(),
+        };
     }
 
     /// The open connection, or a new one; `Err` says why there is none.
@@ -237,12 +272,18 @@ impl Broker {
             drop(was);
             link.last_error = Some("connection lost".into());
             tracing::warn!(broker = %self.shown, "AMQP connection lost; reconnecting");
-            self.idle.lock().unwrap_or_else(PoisonError::into_inner).clear();
+            self.idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
         }
         if let Some(at) = link.retry_at {
             let now = Instant::now();
             if now < at {
-                let reason = link.last_error.clone().unwrap_or_else(|| "not connected".into());
+                let reason = link
+                    .last_error
+                    .clone()
+                    .unwrap_or_else(|| "not connected".into());
                 return Err(format!(
                     "broker {} unreachable: {reason}; next attempt in {} ms",
                     self.shown,
@@ -251,7 +292,11 @@ impl Broker {
             }
         }
         let properties = ConnectionProperties::default().with_connection_name("outboxd".into());
-        let attempt = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect_uri(self.uri.clone(), properties)).await;
+        let attempt = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect_uri(self.uri.clone(), properties),
+        )
+        .await;
         let error = match attempt {
             Ok(Ok(connection)) => {
                 let connection = Arc::new(connection);
@@ -284,7 +329,11 @@ impl Broker {
     /// An idle channel in confirm mode, or a new one.
     async fn channel(&self) -> Result<Channel, String> {
         loop {
-            let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let idle = self
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
             match idle {
                 Some(channel) if channel.status().connected() => return Ok(channel),
                 Some(_) => continue,
@@ -294,13 +343,18 @@ impl Broker {
         let connection = self.connection().await?;
         let opened = async {
             let channel = connection.create_channel().await?;
-            channel.confirm_select(ConfirmSelectOptions::default()).await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
             Ok::<_, lapin::Error>(channel)
         };
         match tokio::time::timeout(CONNECT_TIMEOUT, opened).await {
             Ok(Ok(channel)) => Ok(channel),
             Ok(Err(e)) => Err(format!("broker {}: cannot open a channel: {e}", self.shown)),
-            Err(_) => Err(format!("broker {}: no channel within {CONNECT_TIMEOUT:?}", self.shown)),
+            Err(_) => Err(format!(
+                "broker {}: no channel within {CONNECT_TIMEOUT:?}",
+                self.shown
+            )),
         }
     }
 
@@ -322,7 +376,9 @@ fn discard(channel: Channel) {
     if channel.status().connected() {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                let _ = channel.close(200, "outboxd: channel discarded".into()).await;
+                let _ = channel
+                    .close(200, "outboxd: channel discarded".into())
+                    .await;
             });
         }
     }
@@ -345,17 +401,28 @@ pub struct AmqpAccess {
 impl AmqpAccess {
     /// No AMQP at all: every message is `not-allowed`.
     pub fn denied() -> AmqpAccess {
-        AmqpAccess { broker: None, exchanges: Arc::from(Vec::new()), deadline: None }
+        AmqpAccess {
+            broker: None,
+            exchanges: Arc::from(Vec::new()),
+            deadline: None,
+        }
     }
 
     /// The same rights for a batch that must be answered by `deadline`.
     pub fn for_batch(&self, deadline: Instant) -> AmqpAccess {
-        AmqpAccess { deadline: Some(deadline), ..self.clone() }
+        AmqpAccess {
+            deadline: Some(deadline),
+            ..self.clone()
+        }
     }
 
     /// Whether `exchange` is granted.
     pub fn allows(&self, exchange: &str) -> bool {
-        self.broker.is_some() && self.exchanges.iter().any(|p| crate::event::glob_match(p, exchange))
+        self.broker.is_some()
+            && self
+                .exchanges
+                .iter()
+                .any(|p| crate::event::glob_match(p, exchange))
     }
 
     /// Publish `messages` (see `publish-batch` in `wit/sink.wit`): one answer
@@ -365,7 +432,9 @@ impl AmqpAccess {
         for (i, message) in messages.iter().enumerate() {
             results[i] = self.refuse(i, message).map(Err);
         }
-        let todo: Vec<usize> = (0..messages.len()).filter(|&i| results[i].is_none()).collect();
+        let todo: Vec<usize> = (0..messages.len())
+            .filter(|&i| results[i].is_none())
+            .collect();
         if let (Some(broker), false) = (&self.broker, todo.is_empty()) {
             let wait_until = self.wait_until();
             let answers = broker.publish(&messages, &todo, wait_until).await;
@@ -383,7 +452,10 @@ impl AmqpAccess {
     fn wait_until(&self) -> Instant {
         let cap = Instant::now() + CONFIRM_TIMEOUT;
         match self.deadline {
-            Some(deadline) => deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(deadline).min(cap),
+            Some(deadline) => deadline
+                .checked_sub(DEADLINE_MARGIN)
+                .unwrap_or(deadline)
+                .min(cap),
             None => cap,
         }
     }
@@ -416,7 +488,10 @@ impl AmqpAccess {
 fn check_message(message: &AmqpMessage) -> Result<(), String> {
     let short = |what: &str, value: &str| {
         if value.len() > MAX_SHORT_STRING {
-            Err(format!("{what} is {} bytes; AMQP allows at most {MAX_SHORT_STRING}", value.len()))
+            Err(format!(
+                "{what} is {} bytes; AMQP allows at most {MAX_SHORT_STRING}",
+                value.len()
+            ))
         } else {
             Ok(())
         }
@@ -444,12 +519,20 @@ impl Broker {
     /// Publish `messages[i]` for each `i` of `todo` on one channel, then
     /// await their confirms together until `wait_until`. One answer per
     /// entry of `todo`.
-    async fn publish(&self, messages: &[AmqpMessage], todo: &[usize], wait_until: Instant) -> Vec<Result<(), PublishError>> {
+    async fn publish(
+        &self,
+        messages: &[AmqpMessage],
+        todo: &[usize],
+        wait_until: Instant,
+    ) -> Vec<Result<(), PublishError>> {
         let channel = match tokio::time::timeout_at(wait_until.into(), self.channel()).await {
             Ok(Ok(channel)) => channel,
             Ok(Err(reason)) => return vec![Err(PublishError::Unavailable(reason)); todo.len()],
             Err(_) => {
-                let reason = format!("broker {}: no channel before the batch deadline", self.shown);
+                let reason = format!(
+                    "broker {}: no channel before the batch deadline",
+                    self.shown
+                );
                 return vec![Err(PublishError::Unavailable(reason)); todo.len()];
             }
         };
@@ -464,7 +547,10 @@ impl Broker {
                 continue;
             }
             let m = &messages[i];
-            let options = BasicPublishOptions { mandatory: m.mandatory, immediate: false };
+            let options = BasicPublishOptions {
+                mandatory: m.mandatory,
+                immediate: false,
+            };
             let sent = channel
                 .basic_publish(
                     ShortString::from(m.exchange.as_str()),
@@ -486,7 +572,11 @@ impl Broker {
 
         // Then wait for all confirms at once.
         let slots: Vec<usize> = pending.iter().map(|(slot, _)| *slot).collect();
-        let confirms = tokio::time::timeout_at(wait_until.into(), join_all(pending.into_iter().map(|(_, c)| c))).await;
+        let confirms = tokio::time::timeout_at(
+            wait_until.into(),
+            join_all(pending.into_iter().map(|(_, c)| c)),
+        )
+        .await;
         let mut clean = send_error.is_none();
         match confirms {
             Ok(confirms) => {
@@ -496,17 +586,24 @@ impl Broker {
                 for (slot, confirm) in slots.iter().zip(confirms) {
                     let answer = match confirm {
                         Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => Ok(()),
-                        Ok(Confirmation::Ack(Some(returned))) => Err(PublishError::Unroutable(format!(
-                            "returned by the broker: {} {} (exchange {:?}, routing key {:?})",
-                            returned.reply_code,
-                            returned.reply_text,
-                            returned.delivery.exchange.as_str(),
-                            returned.delivery.routing_key.as_str(),
-                        ))),
-                        Ok(Confirmation::Nack(returned)) => Err(PublishError::Nacked(match returned {
-                            Some(r) => format!("negative confirm from the broker ({} {})", r.reply_code, r.reply_text),
-                            None => "negative confirm from the broker".to_string(),
-                        })),
+                        Ok(Confirmation::Ack(Some(returned))) => {
+                            Err(PublishError::Unroutable(format!(
+                                "returned by the broker: {} {} (exchange {:?}, routing key {:?})",
+                                returned.reply_code,
+                                returned.reply_text,
+                                returned.delivery.exchange.as_str(),
+                                returned.delivery.routing_key.as_str(),
+                            )))
+                        }
+                        Ok(Confirmation::Nack(returned)) => {
+                            Err(PublishError::Nacked(match returned {
+                                Some(r) => format!(
+                                    "negative confirm from the broker ({} {})",
+                                    r.reply_code, r.reply_text
+                                ),
+                                None => "negative confirm from the broker".to_string(),
+                            }))
+                        }
                         Err(e) => {
                             clean = false;
                             match (self.classify(&e), &refused) {
@@ -514,7 +611,9 @@ impl Broker {
                                     refused = Some(reason.clone());
                                     Err(PublishError::Refused(reason))
                                 }
-                                (_, Some(reason)) if channel_closed(&e) => Err(PublishError::Refused(reason.clone())),
+                                (_, Some(reason)) if channel_closed(&e) => {
+                                    Err(PublishError::Refused(reason.clone()))
+                                }
                                 (other, _) => Err(other),
                             }
                         }
@@ -524,7 +623,10 @@ impl Broker {
             }
             Err(_) => {
                 clean = false;
-                let reason = format!("broker {}: no confirm before the batch deadline", self.shown);
+                let reason = format!(
+                    "broker {}: no confirm before the batch deadline",
+                    self.shown
+                );
                 for slot in slots {
                     answers[slot] = Some(Err(PublishError::Unavailable(reason.clone())));
                 }
@@ -545,9 +647,13 @@ impl Broker {
     /// broker, or the broker being unavailable.
     fn classify(&self, e: &lapin::Error) -> PublishError {
         match e.kind() {
-            ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(_)) => PublishError::Refused(
-                format!("broker closed the channel: {} {}", amqp.get_id(), amqp.get_message()),
-            ),
+            ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(_)) => {
+                PublishError::Refused(format!(
+                    "broker closed the channel: {} {}",
+                    amqp.get_id(),
+                    amqp.get_message()
+                ))
+            }
             _ => PublishError::Unavailable(format!("broker {}: {e}", self.shown)),
         }
     }
@@ -555,12 +661,16 @@ impl Broker {
 
 /// Whether `e` only says the channel is no longer usable.
 fn channel_closed(e: &lapin::Error) -> bool {
-    matches!(e.kind(), ErrorKind::InvalidChannelState(..) | ErrorKind::InvalidChannel(_))
+    matches!(
+        e.kind(),
+        ErrorKind::InvalidChannelState(..) | ErrorKind::InvalidChannel(_)
+    )
 }
 
 /// The content header of a message.
 fn properties(m: &AmqpMessage) -> BasicProperties {
-    let mut properties = BasicProperties::default().with_delivery_mode(if m.persistent { 2 } else { 1 });
+    let mut properties =
+        BasicProperties::default().with_delivery_mode(if m.persistent { 2 } else { 1 });
     if let Some(content_type) = &m.content_type {
         properties = properties.with_content_type(content_type.as_str().into());
     }
@@ -570,7 +680,10 @@ fn properties(m: &AmqpMessage) -> BasicProperties {
     if !m.headers.is_empty() {
         let mut headers = FieldTable::default();
         for (name, value) in &m.headers {
-            headers.insert(name.as_str().into(), AMQPValue::LongString(LongString::from(value.as_bytes())));
+            headers.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(LongString::from(value.as_bytes())),
+            );
         }
         properties = properties.with_headers(headers);
     }
@@ -590,8 +703,14 @@ mod tests {
 
     #[test]
     fn passwords_never_shown() {
-        assert_eq!(redact_url("amqp://guest:secret@127.0.0.1:5672/%2f"), "amqp://guest:***@127.0.0.1:5672/%2f");
-        assert_eq!(redact_url("amqps://u:p@ss@h/v?x=1"), "amqps://u:***@h/v?x=1");
+        assert_eq!(
+            redact_url("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("amqps://u:p@ss@h/v?x=1"),
+            "amqps://u:***@h/v?x=1"
+        );
         assert_eq!(redact_url("amqp://h:5672"), "amqp://h:5672");
         assert_eq!(redact_url("amqp://user@h"), "amqp://user@h");
         let e = parse_url("http://guest:secret@h").unwrap_err();
@@ -626,33 +745,58 @@ mod tests {
     async fn exchanges_outside_the_grant_are_refused_without_a_broker() {
         let pool = AmqpPool::new();
         // Port 1: nothing listens; a refusal must not even try.
-        let grant = AmqpCapability { url: "amqp://guest:guest@127.0.0.1:1/%2f".into(), exchanges: vec!["events.*".into()] };
+        let grant = AmqpCapability {
+            url: "amqp://guest:guest@127.0.0.1:1/%2f".into(),
+            exchanges: vec!["events.*".into()],
+        };
         let access = pool.access(Some(&grant)).unwrap();
         assert!(access.allows("events.orders"));
         assert!(!access.allows("documents"));
-        let answers = access.publish_batch(vec![message("documents"), message("other")]).await;
+        let answers = access
+            .publish_batch(vec![message("documents"), message("other")])
+            .await;
         for answer in answers {
-            assert!(matches!(&answer, Err(PublishError::NotAllowed(r)) if r.contains("not granted")), "{answer:?}");
+            assert!(
+                matches!(&answer, Err(PublishError::NotAllowed(r)) if r.contains("not granted")),
+                "{answer:?}"
+            );
         }
-        assert_eq!(pool.status()[0].last_error, None, "the broker was never tried");
+        assert_eq!(
+            pool.status()[0].last_error,
+            None,
+            "the broker was never tried"
+        );
 
-        let answers = AmqpAccess::denied().publish_batch(vec![message("events.x")]).await;
-        assert!(matches!(&answers[0], Err(PublishError::NotAllowed(r)) if r.contains("no AMQP capability")));
+        let answers = AmqpAccess::denied()
+            .publish_batch(vec![message("events.x")])
+            .await;
+        assert!(
+            matches!(&answers[0], Err(PublishError::NotAllowed(r)) if r.contains("no AMQP capability"))
+        );
     }
 
     #[tokio::test]
     async fn an_unreachable_broker_is_unavailable_and_backs_off() {
         let pool = AmqpPool::new();
-        let grant = AmqpCapability { url: "amqp://guest:hunter2@127.0.0.1:1/%2f".into(), exchanges: vec!["*".into()] };
+        let grant = AmqpCapability {
+            url: "amqp://guest:hunter2@127.0.0.1:1/%2f".into(),
+            exchanges: vec!["*".into()],
+        };
         let access = pool.access(Some(&grant)).unwrap();
         let answers = access.publish_batch(vec![message("x"), message("y")]).await;
         for answer in &answers {
-            assert!(matches!(answer, Err(PublishError::Unavailable(r)) if !r.contains("hunter2")), "{answer:?}");
+            assert!(
+                matches!(answer, Err(PublishError::Unavailable(r)) if !r.contains("hunter2")),
+                "{answer:?}"
+            );
         }
         // Within the backoff the next call fails at once, naming the wait.
         let started = Instant::now();
         let answers = access.publish_batch(vec![message("x")]).await;
-        assert!(matches!(&answers[0], Err(PublishError::Unavailable(r)) if r.contains("next attempt")), "{answers:?}");
+        assert!(
+            matches!(&answers[0], Err(PublishError::Unavailable(r)) if r.contains("next attempt")),
+            "{answers:?}"
+        );
         assert!(started.elapsed() < Duration::from_millis(100));
         let status = pool.status();
         assert!(!status[0].connected && status[0].last_error.is_some());

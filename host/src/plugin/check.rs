@@ -44,20 +44,42 @@ pub fn run(file: &Path, manifest: Option<&Path>) -> ExitCode {
     for (name, _) in ty.exports(runtime.engine()) {
         println!("  {name}");
     }
-    let manifest_path = manifest.map(Path::to_path_buf).unwrap_or_else(|| file.with_extension("toml"));
+    let manifest_path = manifest
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| file.with_extension("toml"));
     let manifest = if manifest_path.exists() {
         match Manifest::load(&manifest_path) {
             Ok(m) => {
-                println!("manifest: {} (sink {:?}, version {})", manifest_path.display(), m.name, m.version);
+                println!(
+                    "manifest: {} (sink {:?}, version {})",
+                    manifest_path.display(),
+                    m.name,
+                    m.version
+                );
                 m
             }
             Err(e) => return refuse(e.to_string()),
         }
     } else {
-        println!("manifest: none found at {}; checking with no capabilities granted", manifest_path.display());
-        let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").to_ascii_lowercase();
-        let name: String =
-            name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect();
+        println!(
+            "manifest: none found at {}; checking with no capabilities granted",
+            manifest_path.display()
+        );
+        let name = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("plugin")
+            .to_ascii_lowercase();
+        let name: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
         let text = format!("name = {name:?}\nversion = \"0\"\nwit = \"outboxd:sink@0.1.0\"\n");
         match Manifest::parse(&text, file) {
             Ok(m) => m,

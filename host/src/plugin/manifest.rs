@@ -60,7 +60,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { memory_mib: 64, deadline: Duration::from_secs(30), max_batch: 100 }
+        Limits {
+            memory_mib: 64,
+            deadline: Duration::from_secs(30),
+            max_batch: 100,
+        }
     }
 }
 
@@ -136,7 +140,10 @@ impl Default for RetryPolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("{file}: cannot read: {source}")]
-    Read { file: PathBuf, source: std::io::Error },
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{file}: {message}")]
     Invalid { file: PathBuf, message: String },
 }
@@ -144,18 +151,27 @@ pub enum ManifestError {
 impl Manifest {
     /// Read, parse, resolve environment references and check a manifest.
     pub fn load(file: &Path) -> Result<Manifest, ManifestError> {
-        let text = std::fs::read_to_string(file)
-            .map_err(|source| ManifestError::Read { file: file.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(file).map_err(|source| ManifestError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
         Manifest::parse(&text, file)
     }
 
     /// As [`Manifest::load`], from text; `file` is used in messages and to
     /// resolve the component path.
     pub fn parse(text: &str, file: &Path) -> Result<Manifest, ManifestError> {
-        let invalid = |message: String| ManifestError::Invalid { file: file.to_path_buf(), message };
-        let mut m: Manifest = toml::from_str(text).map_err(|e| invalid(e.to_string().trim().to_string()))?;
+        let invalid = |message: String| ManifestError::Invalid {
+            file: file.to_path_buf(),
+            message,
+        };
+        let mut m: Manifest =
+            toml::from_str(text).map_err(|e| invalid(e.to_string().trim().to_string()))?;
         if m.name.is_empty()
-            || !m.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            || !m
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         {
             return Err(invalid(format!(
                 "name {:?}: use lower-case letters, digits, '-' and '_'",
@@ -164,7 +180,9 @@ impl Manifest {
         }
         check_wit(&m.wit).map_err(invalid)?;
         if m.limits.memory_mib == 0 || m.limits.memory_mib > 4096 {
-            return Err(invalid("limits.memory-mib: must be between 1 and 4096".into()));
+            return Err(invalid(
+                "limits.memory-mib: must be between 1 and 4096".into(),
+            ));
         }
         if m.limits.deadline.is_zero() {
             return Err(invalid("limits.deadline: must be greater than 0s".into()));
@@ -179,16 +197,21 @@ impl Manifest {
             *value = interpolate(value).map_err(|e| invalid(format!("config.{key}: {e}")))?;
         }
         for (i, pattern) in m.capabilities.http.iter_mut().enumerate() {
-            *pattern = interpolate(pattern).map_err(|e| invalid(format!("capabilities.http[{i}]: {e}")))?;
+            *pattern = interpolate(pattern)
+                .map_err(|e| invalid(format!("capabilities.http[{i}]: {e}")))?;
         }
         if let Some(amqp) = &mut m.capabilities.amqp {
-            amqp.url = interpolate(&amqp.url).map_err(|e| invalid(format!("capabilities.amqp.url: {e}")))?;
+            amqp.url = interpolate(&amqp.url)
+                .map_err(|e| invalid(format!("capabilities.amqp.url: {e}")))?;
             for (i, pattern) in amqp.exchanges.iter_mut().enumerate() {
                 *pattern = interpolate(pattern)
                     .map_err(|e| invalid(format!("capabilities.amqp.exchanges[{i}]: {e}")))?;
             }
         }
-        let component = m.component.clone().unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
+        let component = m
+            .component
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
         let base = file.parent().unwrap_or(Path::new("."));
         m.component = Some(base.join(component));
         Ok(m)
@@ -196,7 +219,9 @@ impl Manifest {
 
     /// Path of the component file.
     pub fn component_path(&self) -> &Path {
-        self.component.as_deref().expect("resolved in Manifest::parse")
+        self.component
+            .as_deref()
+            .expect("resolved in Manifest::parse")
     }
 }
 
@@ -206,10 +231,18 @@ fn check_wit(wit: &str) -> Result<(), String> {
         return Err(format!("wit {wit:?}: expected \"{WIT_PACKAGE}@<version>\""));
     };
     if package != WIT_PACKAGE {
-        return Err(format!("wit {wit:?}: this host implements {WIT_PACKAGE}, not {package}"));
+        return Err(format!(
+            "wit {wit:?}: this host implements {WIT_PACKAGE}, not {package}"
+        ));
     }
-    let parts: Vec<u64> = version.split('.').map(|p| p.parse().unwrap_or(u64::MAX)).collect();
-    let (major, minor) = (parts.first().copied().unwrap_or(u64::MAX), parts.get(1).copied().unwrap_or(u64::MAX));
+    let parts: Vec<u64> = version
+        .split('.')
+        .map(|p| p.parse().unwrap_or(u64::MAX))
+        .collect();
+    let (major, minor) = (
+        parts.first().copied().unwrap_or(u64::MAX),
+        parts.get(1).copied().unwrap_or(u64::MAX),
+    );
     let (hmaj, hmin, _) = WIT_VERSION;
     let compatible = major == hmaj && (hmaj != 0 || minor == hmin);
     if !compatible {
@@ -228,14 +261,18 @@ pub fn interpolate(value: &str) -> Result<String, String> {
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after.find('}').ok_or_else(|| "unclosed ${ reference".to_string())?;
+        let end = after
+            .find('}')
+            .ok_or_else(|| "unclosed ${ reference".to_string())?;
         let reference = &after[..end];
         let (var, default) = match reference.split_once(":-") {
             Some((v, d)) => (v, Some(d)),
             None => (reference, None),
         };
         if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(format!("${{{reference}}} is not a valid environment variable reference"));
+            return Err(format!(
+                "${{{reference}}} is not a valid environment variable reference"
+            ));
         }
         match (std::env::var(var), default) {
             (Ok(v), _) if !v.is_empty() => out.push_str(&v),
@@ -256,9 +293,14 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named() {
-        let e = Manifest::parse(&format!("{MINIMAL}colour = 1\n"), Path::new("s.toml")).unwrap_err();
+        let e =
+            Manifest::parse(&format!("{MINIMAL}colour = 1\n"), Path::new("s.toml")).unwrap_err();
         assert!(e.to_string().contains("colour"), "{e}");
-        let e = Manifest::parse(&format!("{MINIMAL}[limits]\nmemory = 1\n"), Path::new("s.toml")).unwrap_err();
+        let e = Manifest::parse(
+            &format!("{MINIMAL}[limits]\nmemory = 1\n"),
+            Path::new("s.toml"),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("memory"), "{e}");
     }
 
@@ -272,7 +314,10 @@ mod tests {
 
     #[test]
     fn amqp_capability_resolves_the_environment_and_hides_the_password() {
-        std::env::set_var("OUTBOXD_TEST_MANIFEST_AMQP", "amqp://app:s3cret@127.0.0.1:5672/%2f");
+        std::env::set_var(
+            "OUTBOXD_TEST_MANIFEST_AMQP",
+            "amqp://app:s3cret@127.0.0.1:5672/%2f",
+        );
         let text = format!(
             "{MINIMAL}[capabilities]\namqp = {{ url = \"${{OUTBOXD_TEST_MANIFEST_AMQP}}\", exchanges = [\"documents\", \"events.*\"] }}\n"
         );
@@ -281,17 +326,29 @@ mod tests {
         assert_eq!(amqp.url, "amqp://app:s3cret@127.0.0.1:5672/%2f");
         assert_eq!(amqp.exchanges, ["documents", "events.*"]);
         let shown = format!("{m:?}");
-        assert!(!shown.contains("s3cret") && shown.contains("app:***@"), "{shown}");
-        let e = Manifest::parse(&format!("{MINIMAL}[capabilities]\namqp = {{ url = \"amqp://h\", queues = [] }}\n"), Path::new("s.toml"))
-            .unwrap_err();
+        assert!(
+            !shown.contains("s3cret") && shown.contains("app:***@"),
+            "{shown}"
+        );
+        let e = Manifest::parse(
+            &format!("{MINIMAL}[capabilities]\namqp = {{ url = \"amqp://h\", queues = [] }}\n"),
+            Path::new("s.toml"),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("queues"), "{e}");
     }
 
     #[test]
     fn environment_references() {
         std::env::set_var("OUTBOXD_TEST_MANIFEST_VAR", "v");
-        assert_eq!(interpolate("a${OUTBOXD_TEST_MANIFEST_VAR}b").unwrap(), "avb");
-        assert_eq!(interpolate("${OUTBOXD_TEST_MANIFEST_UNSET:-d}").unwrap(), "d");
+        assert_eq!(
+            interpolate("a${OUTBOXD_TEST_MANIFEST_VAR}b").unwrap(),
+            "avb"
+        );
+        assert_eq!(
+            interpolate("${OUTBOXD_TEST_MANIFEST_UNSET:-d}").unwrap(),
+            "d"
+        );
         let e = interpolate("${OUTBOXD_TEST_MANIFEST_UNSET}").unwrap_err();
         assert!(e.contains("OUTBOXD_TEST_MANIFEST_UNSET"));
     }

@@ -3,7 +3,7 @@
 //! Owns: finding plugins in the plugins directory (every `NAME.toml` with the
 //! component it names, by default `NAME.wasm`), checking each against the
 //! `outboxd:sink` world and its manifest's grants, and running batches in
-//! the sandbox ([`runtime`]), with outbound HTTP ([`egress`]) and AMQP
+//! the sandbox ([`runtime`]; compiled forms kept on disk by [`cache`]), with outbound HTTP ([`egress`]) and AMQP
 //! ([`amqp`]) only as far as the manifest grants. A plugin that fails to
 //! load is reported with its file and the reason; the others load
 //! regardless.
@@ -13,6 +13,7 @@
 
 pub mod amqp;
 pub mod bindings;
+pub mod cache;
 pub mod check;
 pub mod egress;
 pub mod manifest;
@@ -68,9 +69,14 @@ pub fn load_dir(runtime: &Runtime, dir: &Path) -> Plugins {
     };
     let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     files.sort();
-    let manifests: Vec<&PathBuf> = files.iter().filter(|p| p.extension().is_some_and(|e| e == "toml")).collect();
+    let manifests: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
     for path in &files {
-        if path.extension().is_some_and(|e| e == "wasm") && !manifests.iter().any(|m| m.with_extension("wasm") == *path) {
+        if path.extension().is_some_and(|e| e == "wasm")
+            && !manifests.iter().any(|m| m.with_extension("wasm") == *path)
+        {
             // A component without a manifest of the same name may still be
             // named by another manifest's `component`; only note it.
             tracing::debug!(file = %path.display(), "component without a manifest of the same name");
@@ -83,7 +89,11 @@ pub fn load_dir(runtime: &Runtime, dir: &Path) -> Plugins {
                 if plugins.loaded.contains_key(&name) {
                     let reason = format!("sink name {name:?} is already used by another manifest");
                     tracing::error!(file = %path.display(), "plugin refused: {reason}");
-                    plugins.failed.push(LoadFailure { file: path.clone(), name: None, reason });
+                    plugins.failed.push(LoadFailure {
+                        file: path.clone(),
+                        name: None,
+                        reason,
+                    });
                     continue;
                 }
                 tracing::info!(
@@ -112,19 +122,29 @@ pub fn load_one(runtime: &Runtime, manifest_path: &Path) -> Result<Plugin, LoadF
     })?;
     let name = Some(manifest.name.clone());
     let component_path = manifest.component_path().to_path_buf();
-    let fail = |reason: String| LoadFailure { file: component_path.clone(), name: name.clone(), reason };
-    let bytes = std::fs::read(&component_path).map_err(|e| fail(format!("cannot read component: {e}")))?;
-    let component = compile_checked(runtime, &bytes).map_err(fail)?;
-    runtime.prepare(manifest, &component).map_err(|reason| LoadFailure {
+    let fail = |reason: String| LoadFailure {
         file: component_path.clone(),
         name: name.clone(),
         reason,
-    })
+    };
+    let bytes =
+        std::fs::read(&component_path).map_err(|e| fail(format!("cannot read component: {e}")))?;
+    let component = compile_checked(runtime, &bytes).map_err(fail)?;
+    runtime
+        .prepare(manifest, &component)
+        .map_err(|reason| LoadFailure {
+            file: component_path.clone(),
+            name: name.clone(),
+            reason,
+        })
 }
 
 /// Compile bytes that must be a WebAssembly component (not a core module,
 /// not anything else). The error says which.
-pub fn compile_checked(runtime: &Runtime, bytes: &[u8]) -> Result<wasmtime::component::Component, String> {
+pub fn compile_checked(
+    runtime: &Runtime,
+    bytes: &[u8],
+) -> Result<wasmtime::component::Component, String> {
     const MAGIC: &[u8] = b"\0asm";
     if bytes.len() < 8 || &bytes[..4] != MAGIC {
         return Err("not a WebAssembly file (no \\0asm header)".into());
@@ -133,5 +153,7 @@ pub fn compile_checked(runtime: &Runtime, bytes: &[u8]) -> Result<wasmtime::comp
     if bytes[6..8] == [0, 0] {
         return Err("a core WebAssembly module, not a component (build for wasm32-wasip2 or run `wasm-tools component new`)".into());
     }
-    runtime.compile(bytes).map_err(|e| format!("not a valid component: {e:#}"))
+    runtime
+        .compile(bytes)
+        .map_err(|e| format!("not a valid component: {e:#}"))
 }

@@ -41,6 +41,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::amqp::{AmqpAccess, AmqpPool};
 use super::bindings::{self, Event, Level, Outcome, Sink, SinkPre};
+use super::cache::CompiledCache;
 use super::egress::{EgressHooks, EgressPolicy, HttpClient};
 use super::manifest::Manifest;
 
@@ -74,9 +75,11 @@ pub enum SinkFailure {
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
-    client: HttpClient,
     /// Broker connections of the `amqp` interface, shared by all plugins.
     amqp: AmqpPool,
+    /// Compiled components on disk (`<data-dir>/cache/`); `None` compiles
+    /// every time (`outboxd plugin check`, tests).
+    cache: Option<CompiledCache>,
 }
 
 impl Runtime {
@@ -88,15 +91,33 @@ impl Runtime {
         config.epoch_interruption(true);
         let engine = Engine::new(&config)?;
         let weak = engine.weak();
-        std::thread::Builder::new().name("outboxd-epoch".into()).spawn(move || loop {
-            std::thread::sleep(EPOCH_TICK);
-            match weak.upgrade() {
-                Some(engine) => engine.increment_epoch(),
-                None => return,
-            }
+        std::thread::Builder::new()
+            .name("outboxd-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => return,
+                }
+            })
+            .map_err(|e| wasmtime::format_err!("cannot start the epoch thread: {e}"))?;
+        Ok(Runtime {
+            engine,
+            amqp: AmqpPool::new(),
+            cache: None,
         })
-        .map_err(|e| wasmtime::format_err!("cannot start the epoch thread: {e}"))?;
-        Ok(Runtime { engine, client: super::egress::http_client(), amqp: AmqpPool::new() })
+    }
+
+    /// Keep compiled components in `dir` (see [`super::cache`]), so a
+    /// restart or a reload of an unchanged component does not compile again.
+    pub fn with_cache(mut self, dir: std::path::PathBuf) -> Runtime {
+        self.cache = Some(CompiledCache::new(&self.engine, dir));
+        self
+    }
+
+    /// The compiled-component cache, when there is one.
+    pub fn cache(&self) -> Option<&CompiledCache> {
+        self.cache.as_ref()
     }
 
     /// The engine.
@@ -121,27 +142,49 @@ impl Runtime {
         Ok(linker)
     }
 
-    /// Compile a component file.
+    /// Compile a component file, or load its compiled form from the cache.
     pub fn compile(&self, bytes: &[u8]) -> wasmtime::Result<Component> {
-        Component::new(&self.engine, bytes)
+        match &self.cache {
+            None => Component::new(&self.engine, bytes),
+            Some(cache) => {
+                let (component, source) = cache
+                    .get_or_compile(&self.engine, bytes, || Component::new(&self.engine, bytes))?;
+                tracing::debug!(?source, "component compiled or loaded from the cache");
+                Ok(component)
+            }
+        }
     }
 
     /// Prepare a plugin: check its manifest's capabilities, link, and
     /// pre-instantiate. Errors say which import is not granted or which
     /// export is missing.
     pub fn prepare(&self, manifest: Manifest, component: &Component) -> Result<Plugin, String> {
-        let policy = EgressPolicy::new(&manifest.capabilities.http).map_err(|e| format!("capabilities.http: {e}"))?;
+        let policy = EgressPolicy::new(&manifest.capabilities.http)
+            .map_err(|e| format!("capabilities.http: {e}"))?;
         let grants_http = !manifest.capabilities.http.is_empty();
-        let linker = self.linker(grants_http).map_err(|e| format!("linking: {e:#}"))?;
-        let pre = linker.instantiate_pre(component).map_err(|e| explain_link_error(&e, grants_http))?;
-        let pre = SinkPre::new(pre).map_err(|e| format!("does not match the world outboxd:sink/sink: {e:#}"))?;
-        let config = manifest.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let amqp = self.amqp.access(manifest.capabilities.amqp.as_ref()).map_err(|e| format!("capabilities.amqp.{e}"))?;
+        let linker = self
+            .linker(grants_http)
+            .map_err(|e| format!("linking: {e:#}"))?;
+        let pre = linker
+            .instantiate_pre(component)
+            .map_err(|e| explain_link_error(&e, grants_http))?;
+        let pre = SinkPre::new(pre)
+            .map_err(|e| format!("does not match the world outboxd:sink/sink: {e:#}"))?;
+        let config = manifest
+            .config
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let amqp = self
+            .amqp
+            .access(manifest.capabilities.amqp.as_ref())
+            .map_err(|e| format!("capabilities.amqp.{e}"))?;
         Ok(Plugin {
             name: Arc::from(manifest.name.as_str()),
             manifest,
             pre,
             config,
+            client: super::egress::http_client(Arc::new(policy.clone())),
             policy: Arc::new(policy),
             amqp,
             runtime: self.clone(),
@@ -177,13 +220,20 @@ pub struct HostState {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
 impl WasiHttpView for HostState {
     fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.hooks }
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
     }
 }
 
@@ -212,7 +262,12 @@ struct MemoryCap {
 }
 
 impl ResourceLimiter for MemoryCap {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.max_bytes {
             self.refused = Some(desired);
             return Ok(false);
@@ -220,7 +275,12 @@ impl ResourceLimiter for MemoryCap {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 
@@ -245,6 +305,9 @@ pub struct Plugin {
     pre: SinkPre<HostState>,
     config: Vec<(String, String)>,
     policy: Arc<EgressPolicy>,
+    /// This plugin's pooled outbound client (its connector applies
+    /// `policy`'s address rule; see `egress`).
+    client: HttpClient,
     amqp: AmqpAccess,
     runtime: Runtime,
 }
@@ -271,11 +334,14 @@ impl Plugin {
             wasi: WasiCtx::builder().build(),
             http: WasiHttpCtx::new(),
             table: ResourceTable::new(),
-            limits: MemoryCap { max_bytes: (self.manifest.limits.memory_mib as usize) << 20, refused: None },
+            limits: MemoryCap {
+                max_bytes: (self.manifest.limits.memory_mib as usize) << 20,
+                refused: None,
+            },
             hooks: EgressHooks {
                 plugin: self.name.clone(),
                 policy: self.policy.clone(),
-                client: self.runtime.client.clone(),
+                client: self.client.clone(),
             },
             plugin: self.name.clone(),
             amqp: self.amqp.for_batch(Instant::now() + deadline),
@@ -291,7 +357,10 @@ impl Plugin {
             if started.elapsed() >= deadline {
                 Ok(UpdateDeadline::Interrupt)
             } else {
-                Ok(UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
+                Ok(UpdateDeadline::YieldCustom(
+                    1,
+                    Box::pin(tokio::task::yield_now()),
+                ))
             }
         });
 
@@ -308,25 +377,38 @@ impl Plugin {
         let result = tokio::time::timeout(deadline + EPOCH_TICK * 10, call).await;
         let refused_memory = store.data().limits.refused;
         match result {
-            Err(_) => Err(SinkFailure::Trap { kind: "deadline".into(), detail: format!("batch exceeded {deadline:?}") }),
+            Err(_) => Err(SinkFailure::Trap {
+                kind: "deadline".into(),
+                detail: format!("batch exceeded {deadline:?}"),
+            }),
             Ok(Ok(Err(reason))) => Err(SinkFailure::Init(reason)),
             Ok(Ok(Ok(outcomes))) if outcomes.len() != batch.len() => Err(SinkFailure::Trap {
                 kind: "wrong number of outcomes".into(),
                 detail: format!("{} outcomes for {} events", outcomes.len(), batch.len()),
             }),
             Ok(Ok(Ok(outcomes))) => Ok(outcomes),
-            Ok(Err(e)) => Err(classify_trap(&e, refused_memory, started.elapsed() >= deadline)),
+            Ok(Err(e)) => Err(classify_trap(
+                &e,
+                refused_memory,
+                started.elapsed() >= deadline,
+            )),
         }
     }
 }
 
 /// Name the kind of a guest failure.
-fn classify_trap(e: &wasmtime::Error, refused_memory: Option<usize>, past_deadline: bool) -> SinkFailure {
+fn classify_trap(
+    e: &wasmtime::Error,
+    refused_memory: Option<usize>,
+    past_deadline: bool,
+) -> SinkFailure {
     let detail = format!("{e:#}");
     let kind = match e.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => "deadline".to_string(),
         Some(wasmtime::Trap::StackOverflow) => "stack overflow".to_string(),
-        Some(wasmtime::Trap::MemoryOutOfBounds) if in_deep_recursion(e) => "stack overflow".to_string(),
+        Some(wasmtime::Trap::MemoryOutOfBounds) if in_deep_recursion(e) => {
+            "stack overflow".to_string()
+        }
         _ if refused_memory.is_some() => "out of memory".to_string(),
         Some(wasmtime::Trap::UnreachableCodeReached) => "panic".to_string(),
         Some(wasmtime::Trap::OutOfFuel) => "out of fuel".to_string(),
@@ -351,9 +433,10 @@ fn in_deep_recursion(e: &wasmtime::Error) -> bool {
     }
     let mut distinct: Vec<&wasmtime::FrameInfo> = Vec::new();
     for frame in frames {
-        let seen = distinct
-            .iter()
-            .any(|d| d.func_index() == frame.func_index() && wasmtime::Module::same(d.module(), frame.module()));
+        let seen = distinct.iter().any(|d| {
+            d.func_index() == frame.func_index()
+                && wasmtime::Module::same(d.module(), frame.module())
+        });
         if !seen {
             distinct.push(frame);
         }

@@ -50,10 +50,20 @@ pub struct Ingested {
 pub enum IngestError {
     /// Same id, different content (HTTP 409).
     #[error("event [{index}] id {id:?} was already stored with different {}", attributes.join(", "))]
-    Conflict { index: usize, id: String, attributes: Vec<String> },
+    Conflict {
+        index: usize,
+        id: String,
+        attributes: Vec<String>,
+    },
     /// A producer-supplied sequence not above the stream's last one (HTTP 409).
     #[error("event [{index}] id {id:?}: sequence {given} does not advance stream {stream:?} (last sequence {last})")]
-    SequenceNotIncreasing { index: usize, id: String, stream: String, given: u64, last: u64 },
+    SequenceNotIncreasing {
+        index: usize,
+        id: String,
+        stream: String,
+        given: u64,
+        last: u64,
+    },
     /// The database failed (HTTP 503).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -161,8 +171,19 @@ pub struct DeadLetter {
     pub died_at_ms: Option<i64>,
 }
 
+/// One page of a backfill.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BackfillPage {
+    /// Events looked at.
+    pub scanned: u64,
+    /// Deliveries created (0 for events that already had one).
+    pub created: u64,
+    /// Cursor for the next page; `None` when done.
+    pub next_after: Option<i64>,
+}
+
 /// Routing decision handed to the store: the sinks an event goes to.
-pub type RouteFn = dyn for<'e> Fn(&'e NewEvent) -> Vec<String> + Send + Sync;
+pub type RouteFn<'a> = dyn for<'e> Fn(&'e NewEvent) -> Vec<String> + Send + Sync + 'a;
 
 /// How a claimed delivery ends this attempt.
 #[derive(Debug, Clone)]
@@ -189,17 +210,28 @@ pub trait Store: Send + Sync + 'static {
     async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError>;
 
     /// An event and its deliveries, by id.
-    async fn event(&self, id: &str) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError>;
+    async fn event(&self, id: &str)
+        -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError>;
 
     /// Claim up to `limit` deliveries of `sink` that are due (pending and
     /// their next attempt time reached, or holding an expired lease) and at
     /// the head of their stream for this sink. Sets a fresh lease token and
     /// expiry `now + lease` (database clock) and counts the attempt.
-    async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError>;
+    async fn claim(
+        &self,
+        sink: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<Claimed>, StoreError>;
 
     /// Record the outcome of a claimed delivery, fenced on its lease token.
     /// Returns false when the lease was lost (nothing changed).
-    async fn finish(&self, delivery_id: i64, lease_token: &str, finish: &Finish) -> Result<bool, StoreError>;
+    async fn finish(
+        &self,
+        delivery_id: i64,
+        lease_token: &str,
+        finish: &Finish,
+    ) -> Result<bool, StoreError>;
 
     /// Time until the earliest pending delivery of `sink` becomes due (zero
     /// if one is due now); `None` when it has none pending.
@@ -208,23 +240,27 @@ pub trait Store: Send + Sync + 'static {
     /// Create the deliveries of up to `limit` events that were enqueued
     /// without routing (by SQL, inside an application's transaction),
     /// using `route` to pick their sinks. Returns how many events it routed.
-    async fn route_pending(
-        &self,
-        route: &RouteFn,
-        limit: u32,
-    ) -> Result<usize, StoreError>;
+    async fn route_pending(&self, route: &RouteFn<'_>, limit: u32) -> Result<usize, StoreError>;
 
     /// Start forwarding wake-ups from other processes (PostgreSQL
     /// LISTEN/NOTIFY on ingest) to `wake`, reconnecting after failures,
     /// until `stop` turns true. A store without cross-process wake-ups does
     /// nothing.
-    fn forward_wakeups(&self, wake: std::sync::Arc<tokio::sync::Notify>, stop: tokio::sync::watch::Receiver<bool>);
+    fn forward_wakeups(
+        &self,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+        stop: tokio::sync::watch::Receiver<bool>,
+    );
 
     /// Queue figures per sink, counting at most `cap` live-or-dead rows.
     async fn queue_stats(&self, cap: u64) -> Result<QueueStats, StoreError>;
 
     /// Dead letters matching `filter`, newest first, at most `limit`.
-    async fn list_dead(&self, filter: &DeadFilter, limit: u32) -> Result<Vec<DeadLetter>, StoreError>;
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, StoreError>;
 
     /// Make up to `limit` matching dead letters pending again: attempts and
     /// retry window start afresh. Returns how many.
@@ -242,6 +278,20 @@ pub trait Store: Send + Sync + 'static {
     /// Delete up to `limit` deliveries delivered more than `older_than` ago.
     /// Returns how many.
     async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError>;
+
+    /// Create deliveries for `sink` over up to `page` events ingested at or
+    /// after `since_ms`, after the cursor `after` (start with 0), whose
+    /// routes include `sink`. Idempotent: an event that already has a
+    /// delivery for `sink` gets no second one. Heads of the touched streams
+    /// are recomputed so the oldest live delivery goes first.
+    async fn backfill_page(
+        &self,
+        sink: &str,
+        since_ms: i64,
+        after: i64,
+        page: u32,
+        route: &RouteFn<'_>,
+    ) -> Result<BackfillPage, StoreError>;
 
     /// Names of migrations not yet applied.
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError>;
@@ -264,11 +314,18 @@ pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(std::sync::Arc::new(postgres::PgStore::open(url).await?));
     }
-    if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+    if let Some(path) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
         return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path).await?));
     }
     Err(StoreError::Database(sqlx::Error::Configuration(
-        format!("unsupported database URL {:?}: expected postgres://… or sqlite://PATH", redact_url(url)).into(),
+        format!(
+            "unsupported database URL {:?}: expected postgres://… or sqlite://PATH",
+            redact_url(url)
+        )
+        .into(),
     )))
 }
 
@@ -289,7 +346,12 @@ pub fn redact_url(url: &str) -> String {
 /// Whether `stored` and `new` (same id) are the same event: equal content
 /// hashes, or — when the stored row has no hash (enqueued by SQL) — no
 /// differing attribute. `Err` lists the attributes that differ.
-pub(crate) fn same_event(stored_hash: Option<&str>, stored: &NewEvent, new: &NewEvent, new_hash: &str) -> Result<(), Vec<String>> {
+pub(crate) fn same_event(
+    stored_hash: Option<&str>,
+    stored: &NewEvent,
+    new: &NewEvent,
+    new_hash: &str,
+) -> Result<(), Vec<String>> {
     if stored_hash == Some(new_hash) {
         return Ok(());
     }

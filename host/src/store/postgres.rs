@@ -28,8 +28,8 @@ use sqlx::{PgPool, Postgres, QueryBuilder, Row, Transaction};
 use tokio::sync::{watch, Notify};
 
 use super::{
-    new_lease_token, DeadFilter, DeadLetter, QueueStats, RouteFn, same_event, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store,
-    StoreError, StoredEvent,
+    new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter, DeliveryInfo,
+    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError, StoredEvent,
 };
 use crate::event::{DataFormat, NewEvent};
 
@@ -79,18 +79,25 @@ impl PgStore {
     /// Connect (pool of up to 16 connections).
     pub async fn open(url: &str) -> Result<PgStore, StoreError> {
         let options = PgConnectOptions::from_str(url)?
-            .options([("statement_timeout", format!("{}", STATEMENT_TIMEOUT.as_millis()))])
+            .options([(
+                "statement_timeout",
+                format!("{}", STATEMENT_TIMEOUT.as_millis()),
+            )])
             .application_name("outboxd");
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        Ok(PgStore { pool, url: url.to_string() })
+        Ok(PgStore {
+            pool,
+            url: url.to_string(),
+        })
     }
 }
 
-const EVENT_COLUMNS: &str = "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
+const EVENT_COLUMNS: &str =
+    "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
      producer_sequence, extensions, data, data_format, \
      (extract(epoch FROM ingested_at) * 1000)::bigint AS ingested_at_ms";
 
@@ -126,7 +133,10 @@ fn is_retryable(e: &IngestError) -> bool {
     let IngestError::Store(StoreError::Database(sqlx::Error::Database(db))) = e else {
         return false;
     };
-    matches!(db.code().as_deref(), Some("23505") | Some("40001") | Some("40P01"))
+    matches!(
+        db.code().as_deref(),
+        Some("23505") | Some("40001") | Some("40P01")
+    )
 }
 
 async fn insert_deliveries(
@@ -158,7 +168,10 @@ async fn insert_deliveries(
 }
 
 impl PgStore {
-    async fn ingest_once(&self, items: &[IngestItem]) -> Result<(Vec<Ingested>, bool), IngestError> {
+    async fn ingest_once(
+        &self,
+        items: &[IngestItem],
+    ) -> Result<(Vec<Ingested>, bool), IngestError> {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
         // Lock every stream row this request touches, in sorted order.
         let streams: BTreeSet<&str> = items.iter().map(|i| i.event.stream.as_str()).collect();
@@ -178,7 +191,8 @@ impl PgStore {
         .fetch_all(&mut *tx)
         .await
         .map_err(StoreError::from)?;
-        let mut last: BTreeMap<String, u64> = rows.into_iter().map(|(s, n)| (s, n as u64)).collect();
+        let mut last: BTreeMap<String, u64> =
+            rows.into_iter().map(|(s, n)| (s, n as u64)).collect();
         let original = last.clone();
         // A stream with events enqueued by SQL and not yet routed: new events
         // of it wait for the router too, so deliveries keep stream order.
@@ -205,7 +219,8 @@ impl PgStore {
             .await
             .map_err(StoreError::from)?;
             if let Some(row) = existing {
-                let stored_hash: Option<String> = row.try_get("content_hash").map_err(StoreError::from)?;
+                let stored_hash: Option<String> =
+                    row.try_get("content_hash").map_err(StoreError::from)?;
                 let stored = event_from_row(&row)?;
                 match same_event(stored_hash.as_deref(), &stored.event, ev, &hash) {
                     Ok(()) => {
@@ -217,7 +232,13 @@ impl PgStore {
                         });
                         continue;
                     }
-                    Err(attributes) => return Err(IngestError::Conflict { index, id: ev.id.clone(), attributes }),
+                    Err(attributes) => {
+                        return Err(IngestError::Conflict {
+                            index,
+                            id: ev.id.clone(),
+                            attributes,
+                        })
+                    }
                 }
             }
             let prev = last.get(&ev.stream).copied().unwrap_or(0);
@@ -267,7 +288,12 @@ impl PgStore {
                     .map_err(StoreError::from)?;
                 queued |= !item.sinks.is_empty();
             }
-            out.push(Ingested { id: ev.id.clone(), stream: ev.stream.clone(), sequence, duplicate: false });
+            out.push(Ingested {
+                id: ev.id.clone(),
+                stream: ev.stream.clone(),
+                sequence,
+                duplicate: false,
+            });
         }
         let changed: Vec<(String, i64)> = last
             .iter()
@@ -315,11 +341,16 @@ impl Store for PgStore {
         }
     }
 
-    async fn event(&self, id: &str) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError> {
-        let Some(row) = sqlx::query(&format!("SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
+    async fn event(
+        &self,
+        id: &str,
+    ) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError> {
+        let Some(row) = sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
         else {
             return Ok(None);
         };
@@ -352,7 +383,12 @@ impl Store for PgStore {
         Ok(Some((event, deliveries)))
     }
 
-    async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError> {
+    async fn claim(
+        &self,
+        sink: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<Claimed>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
             .bind(sink)
@@ -416,12 +452,17 @@ impl Store for PgStore {
         .bind(lease.as_millis() as i64)
         .execute(&mut *tx)
         .await?;
-        let event_ids: Vec<String> = rows.iter().map(|r| r.try_get("event_id")).collect::<Result<_, _>>()?;
+        let event_ids: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get("event_id"))
+            .collect::<Result<_, _>>()?;
         let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
-        for row in sqlx::query(&format!("SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = ANY($1)"))
-            .bind(&event_ids)
-            .fetch_all(&mut *tx)
-            .await?
+        for row in sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = ANY($1)"
+        ))
+        .bind(&event_ids)
+        .fetch_all(&mut *tx)
+        .await?
         {
             let ev = event_from_row(&row)?;
             events.insert(ev.event.id.clone(), ev);
@@ -430,10 +471,9 @@ impl Store for PgStore {
         let mut claimed = Vec::with_capacity(rows.len());
         for row in rows {
             let event_id: String = row.try_get("event_id")?;
-            let event = events
-                .get(&event_id)
-                .cloned()
-                .ok_or_else(|| StoreError::Corrupt(format!("delivery refers to missing event {event_id:?}")))?;
+            let event = events.get(&event_id).cloned().ok_or_else(|| {
+                StoreError::Corrupt(format!("delivery refers to missing event {event_id:?}"))
+            })?;
             claimed.push(Claimed {
                 delivery_id: row.try_get("id")?,
                 lease_token: token.clone(),
@@ -444,14 +484,21 @@ impl Store for PgStore {
             });
         }
         claimed.sort_by(|a, b| {
-            (a.event.event.stream.as_str(), a.event.sequence).cmp(&(b.event.event.stream.as_str(), b.event.sequence))
+            (a.event.event.stream.as_str(), a.event.sequence)
+                .cmp(&(b.event.event.stream.as_str(), b.event.sequence))
         });
         Ok(claimed)
     }
 
-    async fn finish(&self, delivery_id: i64, lease_token: &str, finish: &Finish) -> Result<bool, StoreError> {
+    async fn finish(
+        &self,
+        delivery_id: i64,
+        lease_token: &str,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let fence = "WHERE id = $1 AND lease_token = $2 AND status = 'pending' RETURNING sink, stream";
+        let fence =
+            "WHERE id = $1 AND lease_token = $2 AND status = 'pending' RETURNING sink, stream";
         let clear = "lease_token = NULL, lease_expires_at = NULL";
         let (sql, delay, reason) = match finish {
             Finish::Delivered => (
@@ -483,7 +530,9 @@ impl Store for PgStore {
                 None,
             ),
         };
-        let mut q = sqlx::query_as::<_, (String, String)>(&sql).bind(delivery_id).bind(lease_token);
+        let mut q = sqlx::query_as::<_, (String, String)>(&sql)
+            .bind(delivery_id)
+            .bind(lease_token);
         if let Some(delay) = delay {
             q = q.bind(delay);
         }
@@ -540,11 +589,7 @@ impl Store for PgStore {
         Ok(wait.map(|ms| Duration::from_millis(ms.max(0) as u64)))
     }
 
-    async fn route_pending(
-        &self,
-        route: &RouteFn,
-        limit: u32,
-    ) -> Result<usize, StoreError> {
+    async fn route_pending(&self, route: &RouteFn<'_>, limit: u32) -> Result<usize, StoreError> {
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(&format!(
             "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE NOT routed ORDER BY seq_id LIMIT $1 \
@@ -557,7 +602,14 @@ impl Store for PgStore {
         for row in &rows {
             let stored = event_from_row(row)?;
             let sinks = route(&stored.event);
-            insert_deliveries(&mut tx, &stored.event.id, &stored.event.stream, stored.sequence as i64, &sinks).await?;
+            insert_deliveries(
+                &mut tx,
+                &stored.event.id,
+                &stored.event.stream,
+                stored.sequence as i64,
+                &sinks,
+            )
+            .await?;
             queued |= !sinks.is_empty();
             sqlx::query("UPDATE outboxd.events SET routed = true, content_hash = $2 WHERE id = $1")
                 .bind(&stored.event.id)
@@ -566,7 +618,11 @@ impl Store for PgStore {
                 .await?;
         }
         if queued {
-            sqlx::query("SELECT pg_notify($1, 'routed')").bind(WAKE_CHANNEL).execute(&mut *tx).await.ok();
+            sqlx::query("SELECT pg_notify($1, 'routed')")
+                .bind(WAKE_CHANNEL)
+                .execute(&mut *tx)
+                .await
+                .ok();
         }
         tx.commit().await?;
         Ok(rows.len())
@@ -618,7 +674,9 @@ impl Store for PgStore {
     async fn queue_stats(&self, cap: u64) -> Result<QueueStats, StoreError> {
         let mut tx = self.pool.begin().await?;
         // A probe must answer fast even under a huge backlog.
-        sqlx::query("SET LOCAL statement_timeout = 2000").execute(&mut *tx).await?;
+        sqlx::query("SET LOCAL statement_timeout = 2000")
+            .execute(&mut *tx)
+            .await?;
         let rows: Vec<(String, String, i64)> = sqlx::query_as(
             "SELECT sink, st, COUNT(*) FROM ( \
                SELECT sink, CASE WHEN status = 'dead' THEN 'dead' \
@@ -641,26 +699,40 @@ impl Store for PgStore {
         Ok(super::sqlite::fold_stats(rows, ages, cap))
     }
 
-    async fn list_dead(&self, filter: &DeadFilter, limit: u32) -> Result<Vec<DeadLetter>, StoreError> {
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
         let mut q = QueryBuilder::<Postgres>::new(
             "SELECT event_id, sink, stream, sequence, attempts, last_error, \
              (extract(epoch FROM finished_at) * 1000)::bigint FROM outboxd.deliveries WHERE status = 'dead'",
         );
         push_dead_filter(&mut q, filter);
-        q.push(" ORDER BY finished_at DESC LIMIT ").push_bind(limit as i64);
-        let rows: Vec<(String, String, String, i64, i32, Option<String>, Option<i64>)> =
-            q.build_query_as().fetch_all(&self.pool).await?;
+        q.push(" ORDER BY finished_at DESC LIMIT ")
+            .push_bind(limit as i64);
+        let rows: Vec<(
+            String,
+            String,
+            String,
+            i64,
+            i32,
+            Option<String>,
+            Option<i64>,
+        )> = q.build_query_as().fetch_all(&self.pool).await?;
         Ok(rows
             .into_iter()
-            .map(|(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
-                event_id,
-                sink,
-                stream,
-                sequence: sequence as u64,
-                attempts: attempts as u32,
-                reason,
-                died_at_ms: died,
-            })
+            .map(
+                |(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
+                    event_id,
+                    sink,
+                    stream,
+                    sequence: sequence as u64,
+                    attempts: attempts as u32,
+                    reason,
+                    died_at_ms: died,
+                },
+            )
             .collect())
     }
 
@@ -672,7 +744,9 @@ impl Store for PgStore {
              WHERE id IN (SELECT id FROM outboxd.deliveries WHERE status = 'dead'",
         );
         push_dead_filter(&mut q, filter);
-        q.push(" LIMIT ").push_bind(limit as i64).push(" FOR UPDATE) RETURNING sink, stream");
+        q.push(" LIMIT ")
+            .push_bind(limit as i64)
+            .push(" FOR UPDATE) RETURNING sink, stream");
         let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
         let pairs: BTreeSet<(String, String)> = rows.iter().cloned().collect();
         // The replayed letter may sit before its stream's current head.
@@ -689,7 +763,10 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await?;
         }
-        sqlx::query("SELECT pg_notify($1, 'replay')").bind(WAKE_CHANNEL).execute(&mut *tx).await?;
+        sqlx::query("SELECT pg_notify($1, 'replay')")
+            .bind(WAKE_CHANNEL)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(rows.len() as u64)
     }
@@ -713,15 +790,20 @@ impl Store for PgStore {
         .execute(&self.pool)
         .await?;
         if !paused {
-            sqlx::query("SELECT pg_notify($1, 'resume')").bind(WAKE_CHANNEL).execute(&self.pool).await?;
+            sqlx::query("SELECT pg_notify($1, 'resume')")
+                .bind(WAKE_CHANNEL)
+                .execute(&self.pool)
+                .await?;
         }
         Ok(())
     }
 
     async fn paused_sinks(&self) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT sink FROM outboxd.sink_state WHERE paused ORDER BY sink")
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_scalar("SELECT sink FROM outboxd.sink_state WHERE paused ORDER BY sink")
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
@@ -737,11 +819,84 @@ impl Store for PgStore {
         Ok(result.rows_affected())
     }
 
+    async fn backfill_page(
+        &self,
+        sink: &str,
+        since_ms: i64,
+        after: i64,
+        page: u32,
+        route: &RouteFn<'_>,
+    ) -> Result<BackfillPage, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(&format!(
+            "SELECT seq_id, {EVENT_COLUMNS} FROM outboxd.events \
+             WHERE seq_id > $1 AND ingested_at >= to_timestamp($2) AND routed ORDER BY seq_id LIMIT $3"
+        ))
+        .bind(after)
+        .bind(since_ms as f64 / 1000.0)
+        .bind(page as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut out = BackfillPage {
+            scanned: rows.len() as u64,
+            ..Default::default()
+        };
+        let mut streams = BTreeSet::new();
+        for row in &rows {
+            out.next_after = Some(row.try_get("seq_id")?);
+            let stored = event_from_row(row)?;
+            if !route(&stored.event).iter().any(|s| s == sink) {
+                continue;
+            }
+            let created = sqlx::query(
+                "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (event_id, sink) DO NOTHING",
+            )
+            .bind(&stored.event.id)
+            .bind(sink)
+            .bind(&stored.event.stream)
+            .bind(stored.sequence as i64)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if created > 0 {
+                out.created += created;
+                streams.insert(stored.event.stream.clone());
+            }
+        }
+        for stream in streams {
+            sqlx::query(
+                "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
+                 SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
+                 FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
+                 ORDER BY sequence LIMIT 1 \
+                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at",
+            )
+            .bind(sink)
+            .bind(&stream)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if out.created > 0 {
+            sqlx::query("SELECT pg_notify($1, 'backfill')")
+                .bind(WAKE_CHANNEL)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        if rows.len() < page as usize {
+            out.next_after = None;
+        }
+        Ok(out)
+    }
+
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
         let applied: Vec<i64> = if self.is_uninitialised().await? {
             Vec::new()
         } else {
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(&self.pool).await?
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await?
         };
         Ok(MIGRATOR
             .iter()
@@ -779,9 +934,13 @@ fn push_dead_filter(q: &mut QueryBuilder<'_, Postgres>, f: &DeadFilter) {
         q.push(" AND event_id = ").push_bind(id.clone());
     }
     if let Some(since) = f.since_ms {
-        q.push(" AND finished_at >= to_timestamp(").push_bind(since as f64 / 1000.0).push(")");
+        q.push(" AND finished_at >= to_timestamp(")
+            .push_bind(since as f64 / 1000.0)
+            .push(")");
     }
     if let Some(until) = f.until_ms {
-        q.push(" AND finished_at < to_timestamp(").push_bind(until as f64 / 1000.0).push(")");
+        q.push(" AND finished_at < to_timestamp(")
+            .push_bind(until as f64 / 1000.0)
+            .push(")");
     }
 }

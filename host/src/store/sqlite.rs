@@ -19,7 +19,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
-    new_lease_token, DeadFilter, DeadLetter, QueueStats, RouteFn, SinkQueue, same_event, Claimed, DeliveryInfo, Finish, IngestError, IngestItem, Ingested, Store, StoreError,
+    new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter, DeliveryInfo,
+    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, SinkQueue, Store, StoreError,
     StoredEvent,
 };
 use crate::event::{DataFormat, NewEvent};
@@ -43,7 +44,11 @@ impl SqliteStore {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent).map_err(|e| {
                     StoreError::Database(sqlx::Error::Configuration(
-                        format!("cannot create folder {} for the database: {e}", parent.display()).into(),
+                        format!(
+                            "cannot create folder {} for the database: {e}",
+                            parent.display()
+                        )
+                        .into(),
                     ))
                 })?;
             }
@@ -59,16 +64,22 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.clone())
             .await?;
-        let reader = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
         Ok(SqliteStore { writer, reader })
     }
 }
 
 async fn now_ms(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(&format!("SELECT {NOW_MS}")).fetch_one(conn).await
+    sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+        .fetch_one(conn)
+        .await
 }
 
-const EVENT_COLUMNS: &str = "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
+const EVENT_COLUMNS: &str =
+    "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
      producer_sequence, extensions, data, data_format, ingested_at";
 
 fn event_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredEvent, StoreError> {
@@ -107,13 +118,16 @@ impl Store for SqliteStore {
         for (index, item) in items.iter().enumerate() {
             let ev = &item.event;
             let hash = ev.content_hash();
-            let existing = sqlx::query(&format!("SELECT {EVENT_COLUMNS}, content_hash FROM events WHERE id = ?"))
-                .bind(&ev.id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(StoreError::from)?;
+            let existing = sqlx::query(&format!(
+                "SELECT {EVENT_COLUMNS}, content_hash FROM events WHERE id = ?"
+            ))
+            .bind(&ev.id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
             if let Some(row) = existing {
-                let stored_hash: Option<String> = row.try_get("content_hash").map_err(StoreError::from)?;
+                let stored_hash: Option<String> =
+                    row.try_get("content_hash").map_err(StoreError::from)?;
                 let stored = event_from_row(&row)?;
                 match same_event(stored_hash.as_deref(), &stored.event, ev, &hash) {
                     Ok(()) => {
@@ -125,15 +139,22 @@ impl Store for SqliteStore {
                         });
                         continue;
                     }
-                    Err(attributes) => return Err(IngestError::Conflict { index, id: ev.id.clone(), attributes }),
+                    Err(attributes) => {
+                        return Err(IngestError::Conflict {
+                            index,
+                            id: ev.id.clone(),
+                            attributes,
+                        })
+                    }
                 }
             }
 
-            let last: Option<i64> = sqlx::query_scalar("SELECT last_sequence FROM streams WHERE stream = ?")
-                .bind(&ev.stream)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(StoreError::from)?;
+            let last: Option<i64> =
+                sqlx::query_scalar("SELECT last_sequence FROM streams WHERE stream = ?")
+                    .bind(&ev.stream)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?;
             let last = last.unwrap_or(0) as u64;
             let sequence = match ev.sequence {
                 Some(given) if given <= last => {
@@ -211,13 +232,21 @@ impl Store for SqliteStore {
                 .await
                 .map_err(StoreError::from)?;
             }
-            out.push(Ingested { id: ev.id.clone(), stream: ev.stream.clone(), sequence, duplicate: false });
+            out.push(Ingested {
+                id: ev.id.clone(),
+                stream: ev.stream.clone(),
+                sequence,
+                duplicate: false,
+            });
         }
         tx.commit().await.map_err(StoreError::from)?;
         Ok(out)
     }
 
-    async fn event(&self, id: &str) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError> {
+    async fn event(
+        &self,
+        id: &str,
+    ) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError> {
         let mut conn = self.reader.acquire().await?;
         let Some(row) = sqlx::query(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE id = ?"))
             .bind(id)
@@ -251,14 +280,23 @@ impl Store for SqliteStore {
                 status: shown,
                 attempts: attempts as u32,
                 last_error: row.try_get("last_error")?,
-                next_attempt_at_ms: if pending { Some(row.try_get("next_attempt_at")?) } else { None },
+                next_attempt_at_ms: if pending {
+                    Some(row.try_get("next_attempt_at")?)
+                } else {
+                    None
+                },
                 finished_at_ms: row.try_get("finished_at")?,
             });
         }
         Ok(Some((event, deliveries)))
     }
 
-    async fn claim(&self, sink: &str, limit: u32, lease: Duration) -> Result<Vec<Claimed>, StoreError> {
+    async fn claim(
+        &self,
+        sink: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<Claimed>, StoreError> {
         let mut tx = self.writer.begin().await?;
         let now = now_ms(&mut tx).await?;
         let lease_until = now + lease.as_millis() as i64;
@@ -322,7 +360,11 @@ impl Store for SqliteStore {
         let rows = update.build().fetch_all(&mut *tx).await?;
 
         let mut leased = QueryBuilder::<Sqlite>::new("UPDATE heads SET due_at = ");
-        leased.push_bind(lease_until).push(" WHERE sink = ").push_bind(sink).push(" AND stream IN (");
+        leased
+            .push_bind(lease_until)
+            .push(" WHERE sink = ")
+            .push_bind(sink)
+            .push(" AND stream IN (");
         let mut sep = leased.separated(", ");
         for (stream, _) in &heads {
             sep.push_bind(stream);
@@ -330,7 +372,9 @@ impl Store for SqliteStore {
         leased.push(")");
         leased.build().execute(&mut *tx).await?;
 
-        let mut select = QueryBuilder::<Sqlite>::new(format!("SELECT {EVENT_COLUMNS} FROM events WHERE id IN ("));
+        let mut select = QueryBuilder::<Sqlite>::new(format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE id IN ("
+        ));
         let mut sep = select.separated(", ");
         for row in &rows {
             sep.push_bind(row.try_get::<String, _>("event_id")?);
@@ -346,10 +390,9 @@ impl Store for SqliteStore {
         let mut claimed = Vec::with_capacity(rows.len());
         for row in rows {
             let event_id: String = row.try_get("event_id")?;
-            let event = events
-                .get(&event_id)
-                .cloned()
-                .ok_or_else(|| StoreError::Corrupt(format!("delivery refers to missing event {event_id:?}")))?;
+            let event = events.get(&event_id).cloned().ok_or_else(|| {
+                StoreError::Corrupt(format!("delivery refers to missing event {event_id:?}"))
+            })?;
             claimed.push(Claimed {
                 delivery_id: row.try_get("id")?,
                 lease_token: token.clone(),
@@ -361,12 +404,18 @@ impl Store for SqliteStore {
         }
         // Batch order: by stream, then sequence, as the sink contract says.
         claimed.sort_by(|a, b| {
-            (a.event.event.stream.as_str(), a.event.sequence).cmp(&(b.event.event.stream.as_str(), b.event.sequence))
+            (a.event.event.stream.as_str(), a.event.sequence)
+                .cmp(&(b.event.event.stream.as_str(), b.event.sequence))
         });
         Ok(claimed)
     }
 
-    async fn finish(&self, delivery_id: i64, lease_token: &str, finish: &Finish) -> Result<bool, StoreError> {
+    async fn finish(
+        &self,
+        delivery_id: i64,
+        lease_token: &str,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.writer.begin().await?;
         let now = now_ms(&mut tx).await?;
         let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending' RETURNING sink, stream, next_attempt_at";
@@ -406,8 +455,11 @@ impl Store for SqliteStore {
         if let Some(reason) = reason {
             q = q.bind(reason);
         }
-        let Some((sink, stream, next_attempt_at)) =
-            q.bind(delivery_id).bind(lease_token).fetch_optional(&mut *tx).await?
+        let Some((sink, stream, next_attempt_at)) = q
+            .bind(delivery_id)
+            .bind(lease_token)
+            .fetch_optional(&mut *tx)
+            .await?
         else {
             tx.commit().await?;
             return Ok(false);
@@ -436,23 +488,27 @@ impl Store for SqliteStore {
                             .await?;
                     }
                     None => {
-                        sqlx::query("DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?")
-                            .bind(&sink)
-                            .bind(&stream)
-                            .bind(delivery_id)
-                            .execute(&mut *tx)
-                            .await?;
+                        sqlx::query(
+                            "DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?",
+                        )
+                        .bind(&sink)
+                        .bind(&stream)
+                        .bind(delivery_id)
+                        .execute(&mut *tx)
+                        .await?;
                     }
                 }
             }
             Finish::Retry { .. } | Finish::Release => {
-                sqlx::query("UPDATE heads SET due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?")
-                    .bind(next_attempt_at)
-                    .bind(&sink)
-                    .bind(&stream)
-                    .bind(delivery_id)
-                    .execute(&mut *tx)
-                    .await?;
+                sqlx::query(
+                    "UPDATE heads SET due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?",
+                )
+                .bind(next_attempt_at)
+                .bind(&sink)
+                .bind(&stream)
+                .bind(delivery_id)
+                .execute(&mut *tx)
+                .await?;
             }
         }
         tx.commit().await?;
@@ -469,16 +525,16 @@ impl Store for SqliteStore {
         .await?;
         Ok(wait.map(|ms| Duration::from_millis(ms.max(0) as u64)))
     }
-    async fn route_pending(
-        &self,
-        _route: &RouteFn,
-        _limit: u32,
-    ) -> Result<usize, StoreError> {
+    async fn route_pending(&self, _route: &RouteFn<'_>, _limit: u32) -> Result<usize, StoreError> {
         // Every SQLite event comes through ingest, which routes it.
         Ok(0)
     }
 
-    fn forward_wakeups(&self, _wake: std::sync::Arc<tokio::sync::Notify>, _stop: tokio::sync::watch::Receiver<bool>) {
+    fn forward_wakeups(
+        &self,
+        _wake: std::sync::Arc<tokio::sync::Notify>,
+        _stop: tokio::sync::watch::Receiver<bool>,
+    ) {
         // One process owns an SQLite file; ingest wakes the loops directly.
     }
 
@@ -498,40 +554,57 @@ impl Store for SqliteStore {
         .bind(cap as i64)
         .fetch_all(&mut *conn)
         .await?;
-        let ages: Vec<(String, i64)> =
-            sqlx::query_as("SELECT sink, ?1 - MIN(due_at) FROM heads WHERE due_at <= ?1 GROUP BY sink")
-                .bind(now)
-                .fetch_all(&mut *conn)
-                .await?;
+        let ages: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT sink, ?1 - MIN(due_at) FROM heads WHERE due_at <= ?1 GROUP BY sink",
+        )
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await?;
         Ok(fold_stats(rows, ages, cap))
     }
 
-    async fn list_dead(&self, filter: &DeadFilter, limit: u32) -> Result<Vec<DeadLetter>, StoreError> {
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
         let mut q = QueryBuilder::<Sqlite>::new(
             "SELECT event_id, sink, stream, sequence, attempts, last_error, finished_at FROM deliveries WHERE status = 'dead'",
         );
         push_dead_filter(&mut q, filter);
-        q.push(" ORDER BY finished_at DESC LIMIT ").push_bind(limit as i64);
-        let rows: Vec<(String, String, String, i64, i64, Option<String>, Option<i64>)> =
-            q.build_query_as().fetch_all(&self.reader).await?;
+        q.push(" ORDER BY finished_at DESC LIMIT ")
+            .push_bind(limit as i64);
+        let rows: Vec<(
+            String,
+            String,
+            String,
+            i64,
+            i64,
+            Option<String>,
+            Option<i64>,
+        )> = q.build_query_as().fetch_all(&self.reader).await?;
         Ok(rows
             .into_iter()
-            .map(|(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
-                event_id,
-                sink,
-                stream,
-                sequence: sequence as u64,
-                attempts: attempts as u32,
-                reason,
-                died_at_ms: died,
-            })
+            .map(
+                |(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
+                    event_id,
+                    sink,
+                    stream,
+                    sequence: sequence as u64,
+                    attempts: attempts as u32,
+                    reason,
+                    died_at_ms: died,
+                },
+            )
             .collect())
     }
 
     async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
         let mut tx = self.writer.begin().await?;
         let now = now_ms(&mut tx).await?;
-        let mut q = QueryBuilder::<Sqlite>::new("SELECT id, sink, stream FROM deliveries WHERE status = 'dead'");
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT id, sink, stream FROM deliveries WHERE status = 'dead'",
+        );
         push_dead_filter(&mut q, filter);
         q.push(" LIMIT ").push_bind(limit as i64);
         let rows: Vec<(i64, String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
@@ -593,7 +666,11 @@ impl Store for SqliteStore {
     }
 
     async fn paused_sinks(&self) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT sink FROM sink_state WHERE paused ORDER BY sink").fetch_all(&self.reader).await?)
+        Ok(
+            sqlx::query_scalar("SELECT sink FROM sink_state WHERE paused ORDER BY sink")
+                .fetch_all(&self.reader)
+                .await?,
+        )
     }
 
     async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
@@ -606,6 +683,80 @@ impl Store for SqliteStore {
         .execute(&self.writer)
         .await?;
         Ok(result.rows_affected())
+    }
+
+    async fn backfill_page(
+        &self,
+        sink: &str,
+        since_ms: i64,
+        after: i64,
+        page: u32,
+        route: &RouteFn<'_>,
+    ) -> Result<BackfillPage, StoreError> {
+        let mut tx = self.writer.begin().await?;
+        let now = now_ms(&mut tx).await?;
+        let rows = sqlx::query(&format!(
+            "SELECT seq_id, {EVENT_COLUMNS} FROM events WHERE seq_id > ? AND ingested_at >= ? ORDER BY seq_id LIMIT ?"
+        ))
+        .bind(after)
+        .bind(since_ms)
+        .bind(page as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut out = BackfillPage {
+            scanned: rows.len() as u64,
+            ..Default::default()
+        };
+        let mut streams = std::collections::BTreeSet::new();
+        for row in &rows {
+            out.next_after = Some(row.try_get("seq_id")?);
+            let stored = event_from_row(row)?;
+            if !route(&stored.event).iter().any(|s| s == sink) {
+                continue;
+            }
+            let created = sqlx::query(
+                "INSERT INTO deliveries (event_id, sink, stream, sequence, next_attempt_at, created_at) \
+                 VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (event_id, sink) DO NOTHING",
+            )
+            .bind(&stored.event.id)
+            .bind(sink)
+            .bind(&stored.event.stream)
+            .bind(stored.sequence as i64)
+            .bind(now)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if created > 0 {
+                out.created += created;
+                streams.insert(stored.event.stream.clone());
+            }
+        }
+        for stream in streams {
+            let (id, next_at, lease): (i64, i64, Option<i64>) = sqlx::query_as(
+                "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
+                 WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
+            )
+            .bind(sink)
+            .bind(&stream)
+            .fetch_one(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
+                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at",
+            )
+            .bind(sink)
+            .bind(&stream)
+            .bind(id)
+            .bind(next_at.max(lease.unwrap_or(next_at)))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        if rows.len() < page as usize {
+            out.next_after = None;
+        }
+        Ok(out)
     }
 
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
@@ -663,11 +814,18 @@ fn push_dead_filter(q: &mut QueryBuilder<'_, Sqlite>, f: &DeadFilter) {
 }
 
 /// Fold (sink, status, count) rows and (sink, age) rows into figures.
-pub(crate) fn fold_stats(rows: Vec<(String, String, i64)>, ages: Vec<(String, i64)>, cap: u64) -> QueueStats {
+pub(crate) fn fold_stats(
+    rows: Vec<(String, String, i64)>,
+    ages: Vec<(String, i64)>,
+    cap: u64,
+) -> QueueStats {
     let mut by_sink: BTreeMap<String, SinkQueue> = BTreeMap::new();
     let mut total = 0u64;
     for (sink, status, n) in rows {
-        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue { sink, ..Default::default() });
+        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {
+            sink,
+            ..Default::default()
+        });
         let n = n.max(0) as u64;
         total += n;
         match status.as_str() {
@@ -679,8 +837,14 @@ pub(crate) fn fold_stats(rows: Vec<(String, String, i64)>, ages: Vec<(String, i6
         }
     }
     for (sink, age) in ages {
-        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue { sink, ..Default::default() });
+        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {
+            sink,
+            ..Default::default()
+        });
         q.oldest_due_age_ms = Some(age.max(0));
     }
-    QueueStats { sinks: by_sink.into_values().collect(), capped: total >= cap }
+    QueueStats {
+        sinks: by_sink.into_values().collect(),
+        capped: total >= cap,
+    }
 }
