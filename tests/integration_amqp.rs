@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
@@ -24,7 +24,8 @@ use serde_json::json;
 
 /// The test broker (`OUTBOXD_TEST_AMQP`, default the local RabbitMQ).
 fn amqp_url() -> String {
-    std::env::var("OUTBOXD_TEST_AMQP").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    std::env::var("OUTBOXD_TEST_AMQP")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// Held for reading by every test, for writing by the one that restarts the
@@ -32,7 +33,10 @@ fn amqp_url() -> String {
 static BROKER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn unique(prefix: &str) -> String {
-    format!("outboxd-test-{prefix}-{}", hex::encode(rand::random::<[u8; 4]>()))
+    format!(
+        "outboxd-test-{prefix}-{}",
+        hex::encode(rand::random::<[u8; 4]>())
+    )
 }
 
 /// One message as the consumer saw it.
@@ -63,12 +67,25 @@ impl Consumer {
             .await
             .expect("RabbitMQ must run on 127.0.0.1:5672 (scripts/setup.sh starts it)");
         let ch = conn.create_channel().await.unwrap();
-        let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
-        ch.exchange_declare(exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default())
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.exchange_declare(
+            exchange.as_str().into(),
+            ExchangeKind::Topic,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        let q = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.queue_declare(queue.as_str().into(), q, FieldTable::default())
             .await
             .unwrap();
-        let q = QueueDeclareOptions { durable: true, ..Default::default() };
-        ch.queue_declare(queue.as_str().into(), q, FieldTable::default()).await.unwrap();
         ch.queue_bind(
             queue.as_str().into(),
             exchange.as_str().into(),
@@ -82,7 +99,12 @@ impl Consumer {
 
         let seen = Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn(consume(queue.clone(), seen.clone()));
-        Consumer { exchange, queue, seen, task }
+        Consumer {
+            exchange,
+            queue,
+            seen,
+            task,
+        }
     }
 
     fn seen(&self) -> Vec<Got> {
@@ -93,7 +115,11 @@ impl Consumer {
         let seen = self.seen.clone();
         let ok = eventually(timeout, || seen.lock().unwrap().len() >= n).await;
         let got = self.seen();
-        assert!(ok, "only {} of {n} messages arrived within {timeout:?}", got.len());
+        assert!(
+            ok,
+            "only {} of {n} messages arrived within {timeout:?}",
+            got.len()
+        );
         got
     }
 
@@ -101,8 +127,15 @@ impl Consumer {
         self.task.abort();
         if let Ok(conn) = Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
             if let Ok(ch) = conn.create_channel().await {
-                let _ = ch.queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default()).await;
-                let _ = ch.exchange_delete(self.exchange.as_str().into(), ExchangeDeleteOptions::default()).await;
+                let _ = ch
+                    .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+                let _ = ch
+                    .exchange_delete(
+                        self.exchange.as_str().into(),
+                        ExchangeDeleteOptions::default(),
+                    )
+                    .await;
             }
             let _ = conn.close(200, "done".into()).await;
         }
@@ -134,7 +167,9 @@ async fn consume(queue: String, seen: Arc<Mutex<Vec<Got>>>) {
                             .iter()
                             .map(|(k, v)| {
                                 let v = match v {
-                                    AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                                    AMQPValue::LongString(s) => {
+                                        String::from_utf8_lossy(s.as_bytes()).into_owned()
+                                    }
                                     other => format!("{other:?}"),
                                 };
                                 (k.to_string(), v)
@@ -175,7 +210,12 @@ fn add_amqp_sink(plugins: &PluginsDir, name: &str, allowed: &[&str], config: &st
 /// Post `events` in batches of 100.
 async fn post_all(d: &TestDaemon, events: &[serde_json::Value]) {
     for chunk in events.chunks(100) {
-        let (status, body) = d.post("application/cloudevents-batch+json", serde_json::to_vec(chunk).unwrap()).await;
+        let (status, body) = d
+            .post(
+                "application/cloudevents-batch+json",
+                serde_json::to_vec(chunk).unwrap(),
+            )
+            .await;
         assert_eq!(status, 201, "{body}");
     }
 }
@@ -186,7 +226,12 @@ fn events(prefix: &str, n: usize, streams: usize) -> Vec<serde_json::Value> {
         .map(|i| {
             let stream = format!("{prefix}-doc-{}", i % streams);
             let k = i / streams;
-            let mut ev = event(&format!("{stream}-{k}"), &stream, "person", json!({"k": k, "stream": stream}));
+            let mut ev = event(
+                &format!("{stream}-{k}"),
+                &stream,
+                "person",
+                json!({"k": k, "stream": stream}),
+            );
             ev["operation"] = json!(if k == 0 { "new" } else { "update" });
             ev
         })
@@ -200,18 +245,33 @@ fn assert_all_arrived_in_stream_order(got: &[Got], sent: &[serde_json::Value]) {
     let mut last_seq: BTreeMap<String, u64> = BTreeMap::new();
     for g in got {
         let id = g.message_id.clone().expect("message-id set");
-        assert_eq!(g.headers.get("cloudEvents_id"), Some(&id), "message-id = cloudEvents_id");
+        assert_eq!(
+            g.headers.get("cloudEvents_id"),
+            Some(&id),
+            "message-id = cloudEvents_id"
+        );
         if !first.insert(id.clone()) {
             continue; // a redelivery (at least once)
         }
         let stream = g.headers["cloudEvents_partitionkey"].clone();
         let seq: u64 = g.headers["cloudEvents_sequence"].parse().unwrap();
         let prev = last_seq.insert(stream.clone(), seq).unwrap_or(0);
-        assert!(seq > prev, "stream {stream}: sequence {seq} arrived after {prev}");
+        assert!(
+            seq > prev,
+            "stream {stream}: sequence {seq} arrived after {prev}"
+        );
     }
-    let expected: BTreeSet<String> = sent.iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
+    let expected: BTreeSet<String> = sent
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
     let missing: Vec<&String> = expected.difference(&first).collect();
-    assert!(missing.is_empty(), "{} events never arrived, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    assert!(
+        missing.is_empty(),
+        "{} events never arrived, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
     assert_eq!(first, expected, "message ids are exactly the event ids");
 }
 
@@ -225,7 +285,10 @@ async fn a_thousand_events_over_fifty_streams_all_arrive_in_stream_order_with_ev
         &plugins,
         "rabbit",
         &[&consumer.exchange],
-        &format!("exchange = {:?}\nrouting-key = \"documents.{{operation}}.{{type}}\"\n", consumer.exchange),
+        &format!(
+            "exchange = {:?}\nrouting-key = \"documents.{{operation}}.{{type}}\"\n",
+            consumer.exchange
+        ),
     );
     let d = TestDaemon::start(plugins.path()).await;
 
@@ -234,12 +297,19 @@ async fn a_thousand_events_over_fifty_streams_all_arrive_in_stream_order_with_ev
     let got = consumer.wait_for(1000, Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let got_after = consumer.seen();
-    assert_eq!(got_after.len(), 1000, "each event exactly once on a healthy broker");
+    assert_eq!(
+        got_after.len(),
+        1000,
+        "each event exactly once on a healthy broker"
+    );
     assert_all_arrived_in_stream_order(&got, &sent);
 
     // The binding: content type, attributes as `cloudEvents_` headers,
     // routing key from the template, body byte for byte.
-    let g = got.iter().find(|g| g.message_id.as_deref() == Some("bulk-doc-7-3")).unwrap();
+    let g = got
+        .iter()
+        .find(|g| g.message_id.as_deref() == Some("bulk-doc-7-3"))
+        .unwrap();
     assert_eq!(g.routing_key, "documents.update.person");
     assert_eq!(g.content_type.as_deref(), Some("application/json"));
     assert_eq!(g.headers["cloudEvents_specversion"], "1.0");
@@ -247,8 +317,14 @@ async fn a_thousand_events_over_fifty_streams_all_arrive_in_stream_order_with_ev
     assert_eq!(g.headers["cloudEvents_source"], "https://example.com/tests");
     assert_eq!(g.headers["cloudEvents_operation"], "update");
     assert!(g.headers.contains_key("cloudEvents_time"));
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&g.body).unwrap(), json!({"k": 3, "stream": "bulk-doc-7"}));
-    let first = got.iter().find(|g| g.message_id.as_deref() == Some("bulk-doc-7-0")).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&g.body).unwrap(),
+        json!({"k": 3, "stream": "bulk-doc-7"})
+    );
+    let first = got
+        .iter()
+        .find(|g| g.message_id.as_deref() == Some("bulk-doc-7-0"))
+        .unwrap();
     assert_eq!(first.routing_key, "documents.new.person");
 
     let delivered = d.deliveries("bulk-doc-49-19").await;
@@ -265,30 +341,68 @@ async fn an_unroutable_event_gets_the_configured_outcome_with_the_reason() {
     let consumer = Consumer::start("documents.#").await;
     let plugins = PluginsDir::new();
     let config = |policy: &str| {
-        format!("exchange = {:?}\nrouting-key = \"nowhere.{{type}}\"\nunroutable = {policy:?}\n", consumer.exchange)
+        format!(
+            "exchange = {:?}\nrouting-key = \"nowhere.{{type}}\"\nunroutable = {policy:?}\n",
+            consumer.exchange
+        )
     };
-    add_amqp_sink(&plugins, "rejecting", &[&consumer.exchange], &config("reject"));
-    add_amqp_sink(&plugins, "retrying", &[&consumer.exchange], &config("retry"));
+    add_amqp_sink(
+        &plugins,
+        "rejecting",
+        &[&consumer.exchange],
+        &config("reject"),
+    );
+    add_amqp_sink(
+        &plugins,
+        "retrying",
+        &[&consumer.exchange],
+        &config("retry"),
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
-    let (status, body) =
-        d.post("application/cloudevents+json", serde_json::to_vec(&event("lost-1", "s", "person", json!({}))).unwrap()).await;
+    let (status, body) = d
+        .post(
+            "application/cloudevents+json",
+            serde_json::to_vec(&event("lost-1", "s", "person", json!({}))).unwrap(),
+        )
+        .await;
     assert_eq!(status, 201, "{body}");
 
-    let dead = d.wait_sink("lost-1", "rejecting", Duration::from_secs(20), |x| x["status"] == "dead").await;
+    let dead = d
+        .wait_sink("lost-1", "rejecting", Duration::from_secs(20), |x| {
+            x["status"] == "dead"
+        })
+        .await;
     let reason = dead["last_error"].as_str().unwrap();
-    assert!(reason.contains("unroutable") && reason.contains("NO_ROUTE"), "{reason}");
-    assert!(reason.contains("nowhere.person"), "the reason names the routing key: {reason}");
+    assert!(
+        reason.contains("unroutable") && reason.contains("NO_ROUTE"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("nowhere.person"),
+        "the reason names the routing key: {reason}"
+    );
     assert_eq!(dead["attempts"], 1);
 
     let retried = d
-        .wait_sink("lost-1", "retrying", Duration::from_secs(20), |x| x["attempts"].as_u64().unwrap_or(0) >= 2)
+        .wait_sink("lost-1", "retrying", Duration::from_secs(20), |x| {
+            x["attempts"].as_u64().unwrap_or(0) >= 2
+        })
         .await;
-    assert!(retried["status"] != "delivered" && retried["status"] != "dead", "still to be retried: {retried}");
+    assert!(
+        retried["status"] != "delivered" && retried["status"] != "dead",
+        "still to be retried: {retried}"
+    );
     let reason = retried["last_error"].as_str().unwrap();
-    assert!(reason.contains("unroutable") && reason.contains("NO_ROUTE"), "{reason}");
+    assert!(
+        reason.contains("unroutable") && reason.contains("NO_ROUTE"),
+        "{reason}"
+    );
 
-    assert!(consumer.seen().is_empty(), "nothing reached the bound queue");
+    assert!(
+        consumer.seen().is_empty(),
+        "nothing reached the bound queue"
+    );
     d.stop().await;
     consumer.delete().await;
 }
@@ -304,15 +418,30 @@ async fn an_exchange_the_manifest_does_not_grant_is_rejected_and_nothing_is_publ
         &plugins,
         "rabbit",
         &["granted-only.*"],
-        &format!("exchange = {:?}\nrouting-key = \"documents.{{type}}\"\n", consumer.exchange),
+        &format!(
+            "exchange = {:?}\nrouting-key = \"documents.{{type}}\"\n",
+            consumer.exchange
+        ),
     );
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("deny-1", "s", "person", json!({}))).unwrap()).await;
-    let dead = d.wait_delivery("deny-1", Duration::from_secs(20), |x| x["status"] == "dead").await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("deny-1", "s", "person", json!({}))).unwrap(),
+    )
+    .await;
+    let dead = d
+        .wait_delivery("deny-1", Duration::from_secs(20), |x| x["status"] == "dead")
+        .await;
     let reason = dead["last_error"].as_str().unwrap();
-    assert!(reason.contains("not allowed") && reason.contains("not granted"), "{reason}");
-    assert!(reason.contains(&consumer.exchange), "the reason names the exchange: {reason}");
+    assert!(
+        reason.contains("not allowed") && reason.contains("not granted"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(&consumer.exchange),
+        "the reason names the exchange: {reason}"
+    );
     assert_eq!(dead["attempts"], 1);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(consumer.seen().is_empty(), "nothing may be published");
@@ -326,17 +455,38 @@ async fn a_granted_exchange_that_does_not_exist_is_retried_with_the_brokers_reas
     init_logs();
     let missing = unique("missing");
     let plugins = PluginsDir::new();
-    add_amqp_sink(&plugins, "rabbit", &["outboxd-test-*"], &format!("exchange = {missing:?}\nrouting-key = \"k\"\n"));
+    add_amqp_sink(
+        &plugins,
+        "rabbit",
+        &["outboxd-test-*"],
+        &format!("exchange = {missing:?}\nrouting-key = \"k\"\n"),
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("nx-1", "s", "t", json!({}))).unwrap()).await;
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("nx-2", "s", "t", json!({}))).unwrap()).await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("nx-1", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("nx-2", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
     let state = d
-        .wait_delivery("nx-1", Duration::from_secs(20), |x| x["attempts"].as_u64().unwrap_or(0) >= 2)
+        .wait_delivery("nx-1", Duration::from_secs(20), |x| {
+            x["attempts"].as_u64().unwrap_or(0) >= 2
+        })
         .await;
-    assert!(state["status"] != "delivered" && state["status"] != "dead", "{state}");
+    assert!(
+        state["status"] != "delivered" && state["status"] != "dead",
+        "{state}"
+    );
     let reason = state["last_error"].as_str().unwrap();
-    assert!(reason.contains("NOT_FOUND") && reason.contains(&missing), "the broker's reason: {reason}");
+    assert!(
+        reason.contains("NOT_FOUND") && reason.contains(&missing),
+        "the broker's reason: {reason}"
+    );
     // Its successor waits behind it.
     let next = d.deliveries("nx-2").await;
     assert_ne!(next[0]["status"], "delivered", "{next:?}");
@@ -353,7 +503,10 @@ async fn a_broker_restart_mid_run_loses_nothing_and_delivery_resumes_by_itself()
         &plugins,
         "rabbit",
         &[&consumer.exchange],
-        &format!("exchange = {:?}\nrouting-key = \"documents.{{type}}\"\n", consumer.exchange),
+        &format!(
+            "exchange = {:?}\nrouting-key = \"documents.{{type}}\"\n",
+            consumer.exchange
+        ),
     );
     let d = TestDaemon::start(plugins.path()).await;
 
@@ -372,24 +525,40 @@ async fn a_broker_restart_mid_run_loses_nothing_and_delivery_resumes_by_itself()
 
     let seen = consumer.seen.clone();
     let all = eventually(Duration::from_secs(90), || {
-        let ids: BTreeSet<Option<String>> = seen.lock().unwrap().iter().map(|g| g.message_id.clone()).collect();
+        let ids: BTreeSet<Option<String>> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|g| g.message_id.clone())
+            .collect();
         ids.len() >= sent.len()
     })
     .await;
     let got = consumer.seen();
-    assert!(all, "after a {outage:?} outage only {} distinct of {} arrived", distinct(&got), sent.len());
+    assert!(
+        all,
+        "after a {outage:?} outage only {} distinct of {} arrived",
+        distinct(&got),
+        sent.len()
+    );
     assert_all_arrived_in_stream_order(&got, &sent);
     d.stop().await;
     consumer.delete().await;
 }
 
 fn distinct(got: &[Got]) -> usize {
-    got.iter().map(|g| g.message_id.clone()).collect::<BTreeSet<_>>().len()
+    got.iter()
+        .map(|g| g.message_id.clone())
+        .collect::<BTreeSet<_>>()
+        .len()
 }
 
 /// Run `rabbitmqctl <command>` and insist it succeeds.
 fn rabbitmqctl(command: &str) {
-    let out = std::process::Command::new("rabbitmqctl").arg(command).output().expect("run rabbitmqctl");
+    let out = std::process::Command::new("rabbitmqctl")
+        .arg(command)
+        .output()
+        .expect("run rabbitmqctl");
     assert!(
         out.status.success(),
         "rabbitmqctl {command} failed: {}{}",

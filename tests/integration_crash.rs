@@ -19,7 +19,6 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -66,14 +65,13 @@ const CE_BATCH: &str = "application/cloudevents-batch+json";
 
 /// Each test loads the two cores with several daemons and PostgreSQL:
 /// run them one after the other.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn seed() -> u64 {
-    std::env::var("OUTBOXD_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random)
+    std::env::var("OUTBOXD_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random)
 }
 
 /// One event of the plan: the `k`-th (0-based) of its stream, so the
@@ -95,8 +93,18 @@ fn plan(prefix: &str) -> Vec<Vec<Planned>> {
         for s in 0..STREAMS {
             let id = format!("{prefix}-s{s:03}-e{k:03}");
             let stream = format!("{prefix}/stream-{s:03}");
-            let body = event(&id, &stream, "com.example.crash", json!({"stream": s, "k": k, "pad": "x".repeat(64)}));
-            producers[s % PRODUCERS].push(Planned { id, stream, sequence: k as u64 + 1, body });
+            let body = event(
+                &id,
+                &stream,
+                "com.example.crash",
+                json!({"stream": s, "k": k, "pad": "x".repeat(64)}),
+            );
+            producers[s % PRODUCERS].push(Planned {
+                id,
+                stream,
+                sequence: k as u64 + 1,
+                body,
+            });
         }
     }
     producers
@@ -117,9 +125,17 @@ struct Produced {
 /// Post `events` in batches of random size, rotating over `targets`, paced
 /// to end after about `span`. Every batch is sent again until it gets a
 /// 2xx; each answer must give every event its planned sequence.
-async fn produce(targets: Vec<String>, events: Vec<Planned>, span: Duration, seed: u64) -> Produced {
+async fn produce(
+    targets: Vec<String>,
+    events: Vec<Planned>,
+    span: Duration,
+    seed: u64,
+) -> Produced {
     let mut rng = StdRng::seed_from_u64(seed);
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(15)).build().unwrap();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap();
     let start = Instant::now();
     let mut out = Produced::default();
     let mut next = 0;
@@ -148,7 +164,11 @@ async fn produce(targets: Vec<String>, events: Vec<Planned>, span: Duration, see
                 Ok(r) if r.status().is_server_error() => out.failed_posts += 1,
                 Ok(r) => {
                     let status = r.status();
-                    panic!("POST {} → {status}: {}", batch[0].id, r.text().await.unwrap_or_default())
+                    panic!(
+                        "POST {} → {status}: {}",
+                        batch[0].id,
+                        r.text().await.unwrap_or_default()
+                    )
                 }
                 Err(_) => out.failed_posts += 1,
             }
@@ -159,12 +179,16 @@ async fn produce(targets: Vec<String>, events: Vec<Planned>, span: Duration, see
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        let items = answer["events"].as_array().unwrap_or_else(|| panic!("batch answer without events: {answer}"));
+        let items = answer["events"]
+            .as_array()
+            .unwrap_or_else(|| panic!("batch answer without events: {answer}"));
         assert_eq!(items.len(), batch.len(), "{answer}");
         // A batch is stored whole or not at all: sent again after a crash,
         // it is all duplicates or all new.
         assert!(
-            items.iter().all(|i| i["duplicate"] == items[0]["duplicate"]),
+            items
+                .iter()
+                .all(|i| i["duplicate"] == items[0]["duplicate"]),
             "a batch was stored in part: {answer}"
         );
         for (item, planned) in items.iter().zip(batch) {
@@ -198,7 +222,14 @@ fn start_producers(
     plan(prefix)
         .into_iter()
         .enumerate()
-        .map(|(p, events)| tokio::spawn(produce(targets.to_vec(), events, span, seed.wrapping_add(p as u64 + 1))))
+        .map(|(p, events)| {
+            tokio::spawn(produce(
+                targets.to_vec(),
+                events,
+                span,
+                seed.wrapping_add(p as u64 + 1),
+            ))
+        })
         .collect()
 }
 
@@ -226,17 +257,41 @@ struct Receipt {
 /// Every request the receiver saw, in arrival order. Each must carry a
 /// valid signature and be a planned event with its planned stream and
 /// sequence.
-fn receipts(receiver: &Receiver, secret: &str, planned: &HashMap<String, (String, u64)>) -> Vec<Receipt> {
+fn receipts(
+    receiver: &Receiver,
+    secret: &str,
+    planned: &HashMap<String, (String, u64)>,
+) -> Vec<Receipt> {
     receiver.with_seen(|seen| {
         seen.iter()
             .map(|r| {
-                assert!(verify_signature(secret, r), "signature must verify: {:?}", r.headers);
+                assert!(
+                    verify_signature(secret, r),
+                    "signature must verify: {:?}",
+                    r.headers
+                );
                 let id = r.header("ce-id").expect("ce-id");
                 let stream = r.header("ce-partitionkey").expect("ce-partitionkey");
-                let sequence: u64 = r.header("ce-sequence").expect("ce-sequence").parse().unwrap();
-                let want = planned.get(&id).unwrap_or_else(|| panic!("the receiver got an event never posted: {id}"));
-                assert_eq!((&want.0, want.1), (&stream, sequence), "{id} arrived with the wrong stream or sequence");
-                Receipt { id, stream, sequence, at: r.at, path: r.path.clone() }
+                let sequence: u64 = r
+                    .header("ce-sequence")
+                    .expect("ce-sequence")
+                    .parse()
+                    .unwrap();
+                let want = planned
+                    .get(&id)
+                    .unwrap_or_else(|| panic!("the receiver got an event never posted: {id}"));
+                assert_eq!(
+                    (&want.0, want.1),
+                    (&stream, sequence),
+                    "{id} arrived with the wrong stream or sequence"
+                );
+                Receipt {
+                    id,
+                    stream,
+                    sequence,
+                    at: r.at,
+                    path: r.path.clone(),
+                }
             })
             .collect()
     })
@@ -256,7 +311,10 @@ async fn wait_received(receiver: &Receiver, count: usize, timeout: Duration) -> 
             return true;
         }
         if start.elapsed() > timeout {
-            eprintln!("the receiver saw {} of {count} events after {timeout:?}", ids.len());
+            eprintln!(
+                "the receiver saw {} of {count} events after {timeout:?}",
+                ids.len()
+            );
             return false;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -280,9 +338,18 @@ struct Order {
 impl Order {
     /// The violations, the first 40 in full.
     fn explain(&self) -> String {
-        let streams: HashSet<&str> = self.violations.iter().filter_map(|v| v.split(':').next()).collect();
+        let streams: HashSet<&str> = self
+            .violations
+            .iter()
+            .filter_map(|v| v.split(':').next())
+            .collect();
         let shown = &self.violations[..self.violations.len().min(40)];
-        format!("{} violations on {} streams; the first:\n{}", self.violations.len(), streams.len(), shown.join("\n"))
+        format!(
+            "{} violations on {} streams; the first:\n{}",
+            self.violations.len(),
+            streams.len(),
+            shown.join("\n")
+        )
     }
 }
 
@@ -298,7 +365,10 @@ const KILL_GRACE: Duration = Duration::from_millis(300);
 /// else (an event skipped, an older event after a newer one without a
 /// crash in between) is a violation.
 fn check_order(receipts: &[Receipt], kills: &[Instant]) -> Order {
-    let mut order = Order { receipts: receipts.len(), ..Order::default() };
+    let mut order = Order {
+        receipts: receipts.len(),
+        ..Order::default()
+    };
     // Per stream: (previous receipt's sequence and time, highest sequence seen).
     let mut streams: HashMap<&str, ((u64, Instant), u64)> = HashMap::new();
     let mut rewound: HashSet<&str> = HashSet::new();
@@ -353,8 +423,15 @@ fn check_order(receipts: &[Receipt], kills: &[Instant]) -> Order {
 
 /// Read every event's deliveries back until each is `delivered`. A dead
 /// delivery fails the test at once, with its reason.
-async fn wait_all_delivered(base: &str, ids: Vec<String>, timeout: Duration) -> BTreeMap<u64, usize> {
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(15)).build().unwrap();
+async fn wait_all_delivered(
+    base: &str,
+    ids: Vec<String>,
+    timeout: Duration,
+) -> BTreeMap<u64, usize> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap();
     let start = Instant::now();
     let mut pending = ids;
     let mut attempts: BTreeMap<u64, usize> = BTreeMap::new();
@@ -363,7 +440,11 @@ async fn wait_all_delivered(base: &str, ids: Vec<String>, timeout: Duration) -> 
             .map(|id| {
                 let http = http.clone();
                 async move {
-                    let r = http.get(format!("{base}/v1/events/{id}")).send().await.expect("GET /v1/events/{id}");
+                    let r = http
+                        .get(format!("{base}/v1/events/{id}"))
+                        .send()
+                        .await
+                        .expect("GET /v1/events/{id}");
                     assert_eq!(r.status(), 200, "GET /v1/events/{id}");
                     (id, r.json::<serde_json::Value>().await.unwrap())
                 }
@@ -373,13 +454,21 @@ async fn wait_all_delivered(base: &str, ids: Vec<String>, timeout: Duration) -> 
             .await;
         pending.clear();
         for (id, got) in states {
-            let deliveries = got["deliveries"].as_array().unwrap_or_else(|| panic!("{id}: {got}"));
-            assert_eq!(deliveries.len(), 1, "{id}: one delivery, to the webhook sink: {got}");
+            let deliveries = got["deliveries"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{id}: {got}"));
+            assert_eq!(
+                deliveries.len(),
+                1,
+                "{id}: one delivery, to the webhook sink: {got}"
+            );
             let d = &deliveries[0];
             assert_eq!(d["sink"], "webhook", "{id}: {got}");
             assert_ne!(d["status"], "dead", "{id} was dead-lettered: {d}");
             if d["status"] == "delivered" {
-                *attempts.entry(d["attempts"].as_u64().unwrap_or(0)).or_default() += 1;
+                *attempts
+                    .entry(d["attempts"].as_u64().unwrap_or(0))
+                    .or_default() += 1;
             } else {
                 pending.push(id);
             }
@@ -389,7 +478,11 @@ async fn wait_all_delivered(base: &str, ids: Vec<String>, timeout: Duration) -> 
         }
         if start.elapsed() > timeout {
             let first = &pending[0];
-            let r = http.get(format!("{base}/v1/events/{first}")).send().await.unwrap();
+            let r = http
+                .get(format!("{base}/v1/events/{first}"))
+                .send()
+                .await
+                .unwrap();
             panic!(
                 "{} deliveries not delivered after {timeout:?}; e.g. {first}: {}",
                 pending.len(),
@@ -401,12 +494,16 @@ async fn wait_all_delivered(base: &str, ids: Vec<String>, timeout: Duration) -> 
 }
 
 fn planned_index(prefix: &str) -> HashMap<String, (String, u64)> {
-    plan(prefix).into_iter().flatten().map(|p| (p.id, (p.stream, p.sequence))).collect()
+    plan(prefix)
+        .into_iter()
+        .flatten()
+        .map(|p| (p.id, (p.stream, p.sequence)))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_sigkill_at_random_moments_loses_nothing_and_no_stream_goes_backwards() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let seed = seed();
     println!("crash test: seed {seed} (OUTBOXD_CRASH_SEED={seed} replays it)");
@@ -439,7 +536,7 @@ async fn crash_sigkill_at_random_moments_loses_nothing_and_no_stream_goes_backwa
     };
     let base = format!("http://{}", config.listen);
 
-    let producers = start_producers("crash", &[base.clone()], CRASH_POST_SPAN, seed);
+    let producers = start_producers("crash", std::slice::from_ref(&base), CRASH_POST_SPAN, seed);
 
     // Kill at random moments, restart at once on the same port and database.
     let mut kills: Vec<Instant> = Vec::new();
@@ -450,7 +547,11 @@ async fn crash_sigkill_at_random_moments_loses_nothing_and_no_stream_goes_backwa
         let life = Duration::from_millis(rng.random_range(LIFE_MS));
         let mut healthy = false;
         while spawned.elapsed() < life {
-            assert!(daemon.is_running(), "outboxd exited by itself:\n{}", daemon.log_tail(40));
+            assert!(
+                daemon.is_running(),
+                "outboxd exited by itself:\n{}",
+                daemon.log_tail(40)
+            );
             healthy = healthy || daemon.is_healthy().await;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -476,7 +577,11 @@ async fn crash_sigkill_at_random_moments_loses_nothing_and_no_stream_goes_backwa
     let all_received = wait_received(&receiver, EVENTS, Duration::from_secs(120)).await;
     let planned = planned_index("crash");
     let ids: Vec<String> = planned.keys().cloned().collect();
-    assert!(all_received, "not every event reached the receiver:\n{}", daemon.log_tail(40));
+    assert!(
+        all_received,
+        "not every event reached the receiver:\n{}",
+        daemon.log_tail(40)
+    );
     let attempts = wait_all_delivered(&base, ids, Duration::from_secs(60)).await;
     let drained = last_kill.elapsed();
 
@@ -499,7 +604,11 @@ async fn crash_sigkill_at_random_moments_loses_nothing_and_no_stream_goes_backwa
         received_at_last_kill.len(),
         started.elapsed()
     );
-    assert!(order.violations.is_empty(), "streams went backwards at the receiver: {}", order.explain());
+    assert!(
+        order.violations.is_empty(),
+        "streams went backwards at the receiver: {}",
+        order.explain()
+    );
     assert_eq!(order.distinct, EVENTS);
 
     daemon.kill();
@@ -508,7 +617,7 @@ async fn crash_sigkill_at_random_moments_loses_nothing_and_no_stream_goes_backwa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_on_one_database_deliver_each_event_once_in_stream_order() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let seed = seed();
     println!("replicas: seed {seed}");
@@ -548,14 +657,32 @@ async fn three_replicas_on_one_database_deliver_each_event_once_in_stream_order(
     }
     let bases: Vec<String> = replicas.iter().map(|r| r.base.clone()).collect();
 
-    let produced = join_producers(start_producers("replicas", &bases, Duration::from_secs(10), seed)).await;
+    let produced = join_producers(start_producers(
+        "replicas",
+        &bases,
+        Duration::from_secs(10),
+        seed,
+    ))
+    .await;
     let posted = started.elapsed();
-    assert_eq!(produced.failed_posts, 0, "no replica was down: every post must succeed at once");
+    assert_eq!(
+        produced.failed_posts, 0,
+        "no replica was down: every post must succeed at once"
+    );
     assert_eq!(produced.duplicates, 0);
     let all_received = wait_received(&receiver, EVENTS, Duration::from_secs(120)).await;
-    assert!(all_received, "not every event reached the receiver:\n{}", replicas[0].log_tail(40));
+    assert!(
+        all_received,
+        "not every event reached the receiver:\n{}",
+        replicas[0].log_tail(40)
+    );
     let planned = planned_index("replicas");
-    let attempts = wait_all_delivered(&bases[0], planned.keys().cloned().collect(), Duration::from_secs(60)).await;
+    let attempts = wait_all_delivered(
+        &bases[0],
+        planned.keys().cloned().collect(),
+        Duration::from_secs(60),
+    )
+    .await;
     let delivered = started.elapsed();
     // Anything delivered twice would arrive about now.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -575,17 +702,29 @@ async fn three_replicas_on_one_database_deliver_each_event_once_in_stream_order(
         order.distinct,
         started.elapsed()
     );
-    assert!(order.violations.is_empty(), "stream order broken at the receiver: {}", order.explain());
+    assert!(
+        order.violations.is_empty(),
+        "stream order broken at the receiver: {}",
+        order.explain()
+    );
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for r in &receipts {
         *seen.entry(r.id.as_str()).or_default() += 1;
     }
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     let example = &twice[..twice.len().min(5)];
-    assert!(twice.is_empty(), "{} events delivered more than once, e.g. {example:?}", twice.len());
+    assert!(
+        twice.is_empty(),
+        "{} events delivered more than once, e.g. {example:?}",
+        twice.len()
+    );
     assert_eq!(order.distinct, EVENTS);
     assert_eq!(order.receipts, EVENTS);
-    assert_eq!(attempts.keys().copied().collect::<Vec<_>>(), vec![1], "every delivery took one attempt");
+    assert_eq!(
+        attempts.keys().copied().collect::<Vec<_>>(),
+        vec![1],
+        "every delivery took one attempt"
+    );
     for i in 0..3 {
         let path = format!("/webhook/replica-{i}");
         let n = by_replica.get(path.as_str()).copied().unwrap_or(0);

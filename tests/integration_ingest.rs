@@ -28,7 +28,13 @@ async fn stored(d: &TestDaemon, id: &str) -> bool {
 
 fn urlencode(s: &str) -> String {
     s.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect()
 }
 
@@ -45,7 +51,8 @@ async fn bad_input_is_refused_naming_the_field(backend: Backend) {
     assert!(!stored(&d, "big").await);
 
     // Invalid UTF-8 inside a text attribute → 400.
-    let mut bytes = br#"{"specversion":"1.0","id":"utf","source":"s","type":"t","subject":"a"#.to_vec();
+    let mut bytes =
+        br#"{"specversion":"1.0","id":"utf","source":"s","type":"t","subject":"a"#.to_vec();
     bytes.extend_from_slice(&[0xff, 0xfe]);
     bytes.extend_from_slice(br#""}"#);
     let (status, body) = d.post(ce, bytes).await;
@@ -53,8 +60,17 @@ async fn bad_input_is_refused_naming_the_field(backend: Backend) {
     assert!(!stored(&d, "utf").await);
 
     // NUL in a text attribute → 400 naming it; in JSON data → kept losslessly.
-    let (status, body) = d.post(ce, r#"{"specversion":"1.0","id":"nul","source":"s","type":"t","subject":"a\u0000b"}"#).await;
-    assert_eq!((status, body["field"].as_str()), (400, Some("subject")), "{body}");
+    let (status, body) = d
+        .post(
+            ce,
+            r#"{"specversion":"1.0","id":"nul","source":"s","type":"t","subject":"a\u0000b"}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (400, Some("subject")),
+        "{body}"
+    );
     let (status, body) = d
         .post(ce, r#"{"specversion":"1.0","id":"nul-data","source":"s","type":"t","data":{"x":"a\u0000b"}}"#)
         .await;
@@ -64,16 +80,44 @@ async fn bad_input_is_refused_naming_the_field(backend: Backend) {
 
     // Over-long id and stream key → 400.
     let long = "i".repeat(300);
-    let (status, body) = d.post(ce, serde_json::to_vec(&event(&long, "s", "t", json!({}))).unwrap()).await;
-    assert_eq!((status, body["field"].as_str()), (400, Some("id")), "{body}");
-    let (status, body) = d.post(ce, serde_json::to_vec(&event("ls", &"p".repeat(300), "t", json!({}))).unwrap()).await;
-    assert_eq!((status, body["field"].as_str()), (400, Some("partitionkey")), "{body}");
+    let (status, body) = d
+        .post(
+            ce,
+            serde_json::to_vec(&event(&long, "s", "t", json!({}))).unwrap(),
+        )
+        .await;
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (400, Some("id")),
+        "{body}"
+    );
+    let (status, body) = d
+        .post(
+            ce,
+            serde_json::to_vec(&event("ls", &"p".repeat(300), "t", json!({}))).unwrap(),
+        )
+        .await;
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (400, Some("partitionkey")),
+        "{body}"
+    );
 
     // A batch over the item limit → 413 naming it; nothing stored.
-    let batch: Vec<_> = (0..11).map(|i| event(&format!("b{i}"), "s", "t", json!({}))).collect();
-    let (status, body) = d.post("application/cloudevents-batch+json", serde_json::to_vec(&batch).unwrap()).await;
+    let batch: Vec<_> = (0..11)
+        .map(|i| event(&format!("b{i}"), "s", "t", json!({})))
+        .collect();
+    let (status, body) = d
+        .post(
+            "application/cloudevents-batch+json",
+            serde_json::to_vec(&batch).unwrap(),
+        )
+        .await;
     assert_eq!(status, 413, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("max-batch-items"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("max-batch-items"),
+        "{body}"
+    );
     assert!(!stored(&d, "b0").await);
 
     // Duplicate → 200 with duplicate: true and the original sequence;
@@ -85,7 +129,12 @@ async fn bad_input_is_refused_naming_the_field(backend: Backend) {
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["duplicate"], true);
     assert_eq!(again["sequence"], first["sequence"]);
-    let (status, conflict) = d.post(ce, serde_json::to_vec(&event("dup", "s", "t", json!({"a": 9}))).unwrap()).await;
+    let (status, conflict) = d
+        .post(
+            ce,
+            serde_json::to_vec(&event("dup", "s", "t", json!({"a": 9}))).unwrap(),
+        )
+        .await;
     assert_eq!(status, 409, "{conflict}");
     assert_eq!(conflict["attributes"], json!(["data"]));
     d.stop().await;
@@ -95,13 +144,37 @@ async fn bad_input_is_refused_naming_the_field(backend: Backend) {
 async fn events_are_delivered_and_readable(backend: Backend) {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let (db, d) = daemon(backend, plugins.path()).await;
-    let batch: Vec<_> = (0..9).map(|i| event(&format!("e{i}"), &format!("s{}", i % 3), "t", json!({"i": i}))).collect();
-    let (status, body) = d.post("application/cloudevents-batch+json", serde_json::to_vec(&batch).unwrap()).await;
+    let batch: Vec<_> = (0..9)
+        .map(|i| {
+            event(
+                &format!("e{i}"),
+                &format!("s{}", i % 3),
+                "t",
+                json!({"i": i}),
+            )
+        })
+        .collect();
+    let (status, body) = d
+        .post(
+            "application/cloudevents-batch+json",
+            serde_json::to_vec(&batch).unwrap(),
+        )
+        .await;
     assert_eq!(status, 201, "{body}");
     assert!(eventually(Duration::from_secs(20), || receiver.seen().len() >= 9).await);
-    let done = d.wait_delivery("e8", Duration::from_secs(10), |x| x["status"] == "delivered").await;
+    let done = d
+        .wait_delivery("e8", Duration::from_secs(10), |x| {
+            x["status"] == "delivered"
+        })
+        .await;
     assert_eq!(done["sink"], "webhook");
     assert_eq!(done["attempts"], 1);
     let (_, got) = d.get("/v1/events/e8").await;
@@ -129,21 +202,45 @@ macro_rules! both_stores {
     };
 }
 
-both_stores!(bad_input_is_refused_naming_the_field, events_are_delivered_and_readable);
+both_stores!(
+    bad_input_is_refused_naming_the_field,
+    events_are_delivered_and_readable
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn routes_pick_sinks_and_an_unmatched_event_is_stored_without_deliveries() {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start_with(plugins.path(), |c| {
-        c.routes = Some(vec![Route { types: vec!["com.github.*".into()], streams: vec!["*".into()], sinks: vec!["webhook".into()] }]);
+        c.routes = Some(vec![Route {
+            types: vec!["com.github.*".into()],
+            streams: vec!["*".into()],
+            sinks: vec!["webhook".into()],
+        }]);
     })
     .await;
     let ce = "application/cloudevents+json";
-    d.post(ce, serde_json::to_vec(&event("gh", "s", "com.github.push", json!({}))).unwrap()).await;
-    d.post(ce, serde_json::to_vec(&event("other", "s", "com.example.x", json!({}))).unwrap()).await;
-    d.wait_delivery("gh", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    d.post(
+        ce,
+        serde_json::to_vec(&event("gh", "s", "com.github.push", json!({}))).unwrap(),
+    )
+    .await;
+    d.post(
+        ce,
+        serde_json::to_vec(&event("other", "s", "com.example.x", json!({}))).unwrap(),
+    )
+    .await;
+    d.wait_delivery("gh", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
     let (status, got) = d.get("/v1/events/other").await;
     assert_eq!(status, 200, "an unmatched event is stored and visible");
     assert_eq!(got["deliveries"], json!([]));
@@ -158,12 +255,22 @@ async fn a_route_naming_an_unknown_sink_stops_the_start_naming_the_route() {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: data.path().to_path_buf(),
         plugins_dir: plugins.path().to_path_buf(),
-        routes: Some(vec![Route { types: vec!["*".into()], streams: vec!["*".into()], sinks: vec!["nosuch".into()] }]),
+        routes: Some(vec![Route {
+            types: vec!["*".into()],
+            streams: vec!["*".into()],
+            sinks: vec!["nosuch".into()],
+        }]),
         ..Default::default()
     };
-    let err = outboxd::daemon::Daemon::start(config, outboxd::daemon::Migrations::Apply).await.err().expect("refused");
+    let err = outboxd::daemon::Daemon::start(config, outboxd::daemon::Migrations::Apply)
+        .await
+        .err()
+        .expect("refused");
     let text = err.to_string();
-    assert!(text.contains("routes[0]") && text.contains("nosuch"), "{text}");
+    assert!(
+        text.contains("routes[0]") && text.contains("nosuch"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -173,7 +280,10 @@ async fn a_database_with_pending_migrations_is_refused_naming_them() {
     db.store().await; // migrated
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
     // Pretend the database predates migration 1.
-    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 1").execute(&mut conn).await.unwrap();
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 1")
+        .execute(&mut conn)
+        .await
+        .unwrap();
     let plugins = PluginsDir::new();
     let config = outboxd::config::Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -186,6 +296,9 @@ async fn a_database_with_pending_migrations_is_refused_naming_them() {
         .err()
         .expect("refused");
     let text = err.to_string();
-    assert!(text.contains("pending migrations") && text.contains("1_initial"), "{text}");
+    assert!(
+        text.contains("pending migrations") && text.contains("1_initial"),
+        "{text}"
+    );
     db.cleanup().await;
 }

@@ -48,7 +48,13 @@ impl Scene {
         init_logs();
         let receiver = Receiver::start().await;
         let plugins = PluginsDir::new();
-        plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+        plugins.add_webhook(
+            "webhook",
+            &receiver.url(),
+            &[receiver.origin()],
+            &new_secret(),
+            "",
+        );
         for (sink, component, manifest) in sinks {
             plugins.add_component(sink, &test_component(component), manifest);
         }
@@ -58,20 +64,34 @@ impl Scene {
         assert_eq!(status, 200, "every plugin must load: {ready}");
         let mut expected: Vec<&str> = sinks.iter().map(|s| s.0).chain(["webhook"]).collect();
         expected.sort();
-        assert_eq!(ready["checks"]["plugins"]["loaded"], json!(expected), "{ready}");
-        Scene { d, receiver, _plugins: plugins, started }
+        assert_eq!(
+            ready["checks"]["plugins"]["loaded"],
+            json!(expected),
+            "{ready}"
+        );
+        Scene {
+            d,
+            receiver,
+            _plugins: plugins,
+            started,
+        }
     }
 
     /// Post one event; it must be accepted.
     async fn post(&self, id: &str, stream: &str) {
-        let body = serde_json::to_vec(&event(id, stream, "com.example.changed", json!({"id": id}))).unwrap();
+        let body = serde_json::to_vec(&event(id, stream, "com.example.changed", json!({"id": id})))
+            .unwrap();
         let (status, answer) = self.d.post("application/cloudevents+json", body).await;
         assert_eq!(status, 201, "posting {id}: {answer}");
     }
 
     /// The `ce-id`s the receiver has seen, in order.
     fn received(&self) -> Vec<String> {
-        self.receiver.seen().iter().filter_map(|r| r.header("ce-id")).collect()
+        self.receiver
+            .seen()
+            .iter()
+            .filter_map(|r| r.header("ce-id"))
+            .collect()
     }
 
     /// Wait until the receiver has seen every one of `ids`.
@@ -81,7 +101,11 @@ impl Scene {
             ids.iter().all(|id| seen.contains(id))
         })
         .await;
-        assert!(ok, "the healthy sink did not deliver {ids:?} within {timeout:?}; received {:?}", self.received());
+        assert!(
+            ok,
+            "the healthy sink did not deliver {ids:?} within {timeout:?}; received {:?}",
+            self.received()
+        );
     }
 
     /// Stop the daemon; it must stop promptly even with a batch of the bad
@@ -91,7 +115,11 @@ impl Scene {
         tokio::time::timeout(Duration::from_secs(10), self.d.stop())
             .await
             .expect("the daemon stops within 10 s");
-        eprintln!("daemon ran {:?}, stopped in {:?}", self.started.elapsed(), stopping.elapsed());
+        eprintln!(
+            "daemon ran {:?}, stopped in {:?}",
+            self.started.elapsed(),
+            stopping.elapsed()
+        );
     }
 }
 
@@ -105,7 +133,10 @@ fn last_error(x: &Value) -> &str {
 
 /// Still to be delivered: waiting for a retry, or claimed right now.
 fn is_kept(x: &Value) -> bool {
-    matches!(x["status"].as_str(), Some("pending" | "retrying" | "leased"))
+    matches!(
+        x["status"].as_str(),
+        Some("pending" | "retrying" | "leased")
+    )
 }
 
 /// The whole check for one bad component: the daemon stays up, the healthy
@@ -118,7 +149,10 @@ async fn contained(component: &str, manifest: &str, expected: &str) -> Scene {
 
     // The bad sink takes the first event and misbehaves with it.
     scene.post("first", "orders/1").await;
-    d.wait_sink("first", "bad", Duration::from_secs(10), |x| attempts(x) >= 1).await;
+    d.wait_sink("first", "bad", Duration::from_secs(10), |x| {
+        attempts(x) >= 1
+    })
+    .await;
 
     // Meanwhile the healthy sink delivers everything posted.
     let mut ids = vec!["first".to_string()];
@@ -136,7 +170,10 @@ async fn contained(component: &str, manifest: &str, expected: &str) -> Scene {
             attempts(x) >= 2 && last_error(x).contains(expected)
         })
         .await;
-    assert!(is_kept(&state), "the bad sink's delivery must stay pending: {state}");
+    assert!(
+        is_kept(&state),
+        "the bad sink's delivery must stay pending: {state}"
+    );
     assert!(last_error(&state).contains(expected), "{state}");
 
     // The daemon is up and answering.
@@ -147,9 +184,19 @@ async fn contained(component: &str, manifest: &str, expected: &str) -> Scene {
     scene.wait_received(&ids, Duration::from_secs(10)).await;
 
     for id in &ids {
-        let bad = d.delivery(id, "bad").await.unwrap_or_else(|| panic!("{id} has no delivery to the bad sink"));
-        assert!(is_kept(&bad), "{id} to the bad sink must be neither delivered nor dead: {bad}");
-        let good = d.wait_sink(id, "webhook", Duration::from_secs(5), |x| x["status"] == "delivered").await;
+        let bad = d
+            .delivery(id, "bad")
+            .await
+            .unwrap_or_else(|| panic!("{id} has no delivery to the bad sink"));
+        assert!(
+            is_kept(&bad),
+            "{id} to the bad sink must be neither delivered nor dead: {bad}"
+        );
+        let good = d
+            .wait_sink(id, "webhook", Duration::from_secs(5), |x| {
+                x["status"] == "delivered"
+            })
+            .await;
         assert_eq!(good["attempts"], 1, "{id}: {good}");
     }
     // Exactly once each at the receiver.
@@ -157,7 +204,10 @@ async fn contained(component: &str, manifest: &str, expected: &str) -> Scene {
     received.sort();
     let mut want = ids.clone();
     want.sort();
-    assert_eq!(received, want, "each event reaches the receiver exactly once");
+    assert_eq!(
+        received, want,
+        "each event reaches the receiver exactly once"
+    );
     scene
 }
 
@@ -169,7 +219,12 @@ async fn the_healthy_test_component_delivers_every_event_once() {
         scene.post(id, &format!("s/{}", i % 2)).await;
     }
     for id in &ids {
-        let bad = scene.d.wait_sink(id, "bad", Duration::from_secs(10), |x| x["status"] == "delivered").await;
+        let bad = scene
+            .d
+            .wait_sink(id, "bad", Duration::from_secs(10), |x| {
+                x["status"] == "delivered"
+            })
+            .await;
         assert_eq!(bad["attempts"], 1, "{bad}");
         assert!(bad["last_error"].is_null(), "{bad}");
     }
@@ -180,7 +235,10 @@ async fn the_healthy_test_component_delivers_every_event_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_that_loops_forever_is_stopped_at_its_deadline() {
     let manifest = format!("[limits]\ndeadline = \"1s\"\n{FAST_RETRY}");
-    contained("spin", &manifest, "plugin trap: deadline").await.stop().await;
+    contained("spin", &manifest, "plugin trap: deadline")
+        .await
+        .stop()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -193,7 +251,10 @@ async fn a_plugin_that_loops_forever_does_not_starve_a_single_worker_thread() {
     let scene = Scene::start("spin", &manifest).await;
     let d = &scene.d;
     scene.post("first", "orders/1").await;
-    d.wait_sink("first", "bad", Duration::from_secs(10), |x| attempts(x) >= 1).await;
+    d.wait_sink("first", "bad", Duration::from_secs(10), |x| {
+        attempts(x) >= 1
+    })
+    .await;
     let claimed = Instant::now();
 
     let mut ids = vec!["first".to_string()];
@@ -211,7 +272,9 @@ async fn a_plugin_that_loops_forever_does_not_starve_a_single_worker_thread() {
     );
     eprintln!("4 events delivered {took:?} into a 3 s spin");
     let state = d
-        .wait_sink("first", "bad", Duration::from_secs(10), |x| last_error(x).contains("plugin trap: deadline"))
+        .wait_sink("first", "bad", Duration::from_secs(10), |x| {
+            last_error(x).contains("plugin trap: deadline")
+        })
         .await;
     assert!(is_kept(&state), "{state}");
     scene.stop().await;
@@ -220,31 +283,50 @@ async fn a_plugin_that_loops_forever_does_not_starve_a_single_worker_thread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_that_allocates_without_bound_is_stopped_at_its_memory_cap() {
     let manifest = format!("[limits]\nmemory-mib = 16\n{FAST_RETRY}");
-    contained("membomb", &manifest, "plugin trap: out of memory").await.stop().await;
+    contained("membomb", &manifest, "plugin trap: out of memory")
+        .await
+        .stop()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_that_panics_fails_its_batch_as_retryable() {
-    contained("panic", FAST_RETRY, "plugin trap: panic").await.stop().await;
+    contained("panic", FAST_RETRY, "plugin trap: panic")
+        .await
+        .stop()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_that_overflows_its_shadow_stack_reports_a_stack_overflow() {
     // Big frames: the guest's stack in linear memory runs out first.
     let manifest = format!("{FAST_RETRY}[config]\nframe = \"big\"\n");
-    contained("stackoverflow", &manifest, "plugin trap: stack overflow").await.stop().await;
+    contained("stackoverflow", &manifest, "plugin trap: stack overflow")
+        .await
+        .stop()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_that_overflows_the_wasm_stack_reports_a_stack_overflow() {
     // Small frames: the engine's stack limit is hit first.
     let manifest = format!("{FAST_RETRY}[config]\nframe = \"small\"\n");
-    contained("stackoverflow", &manifest, "plugin trap: stack overflow").await.stop().await;
+    contained("stackoverflow", &manifest, "plugin trap: stack overflow")
+        .await
+        .stop()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_that_answers_the_wrong_number_of_outcomes_fails_its_batch() {
-    contained("wrongcount", FAST_RETRY, "plugin trap: wrong number of outcomes").await.stop().await;
+    contained(
+        "wrongcount",
+        FAST_RETRY,
+        "plugin trap: wrong number of outcomes",
+    )
+    .await
+    .stop()
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -253,14 +335,33 @@ async fn a_plugin_that_traps_on_every_attempt_is_dead_lettered_when_its_retry_wi
     let scene = Scene::start("panic", manifest).await;
     let started = Instant::now();
     scene.post("doomed", "orders/1").await;
-    let dead = scene.d.wait_sink("doomed", "bad", Duration::from_secs(15), |x| x["status"] == "dead").await;
+    let dead = scene
+        .d
+        .wait_sink("doomed", "bad", Duration::from_secs(15), |x| {
+            x["status"] == "dead"
+        })
+        .await;
     let reason = last_error(&dead);
-    assert!(reason.contains("plugin trap: panic"), "the reason names the trap: {dead}");
-    assert!(reason.contains("retry window"), "the reason says the window ran out: {dead}");
-    assert!(attempts(&dead) >= 2, "it was retried before it was given up: {dead}");
-    assert!(started.elapsed() >= Duration::from_millis(1500), "not given up before its window: {dead}");
+    assert!(
+        reason.contains("plugin trap: panic"),
+        "the reason names the trap: {dead}"
+    );
+    assert!(
+        reason.contains("retry window"),
+        "the reason says the window ran out: {dead}"
+    );
+    assert!(
+        attempts(&dead) >= 2,
+        "it was retried before it was given up: {dead}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "not given up before its window: {dead}"
+    );
     // The healthy sink delivered it regardless.
-    scene.wait_received(&["doomed".to_string()], Duration::from_secs(5)).await;
+    scene
+        .wait_received(&["doomed".to_string()], Duration::from_secs(5))
+        .await;
     scene.stop().await;
 }
 
@@ -274,9 +375,24 @@ async fn every_kind_of_misbehaviour_at_once_harms_neither_the_healthy_sink_nor_e
         ("spin", "spin", &spin, "plugin trap: deadline"),
         ("membomb", "membomb", &membomb, "plugin trap: out of memory"),
         ("panic", "panic", FAST_RETRY, "plugin trap: panic"),
-        ("stack-big", "stackoverflow", &big, "plugin trap: stack overflow"),
-        ("stack-small", "stackoverflow", &small, "plugin trap: stack overflow"),
-        ("wrongcount", "wrongcount", FAST_RETRY, "plugin trap: wrong number of outcomes"),
+        (
+            "stack-big",
+            "stackoverflow",
+            &big,
+            "plugin trap: stack overflow",
+        ),
+        (
+            "stack-small",
+            "stackoverflow",
+            &small,
+            "plugin trap: stack overflow",
+        ),
+        (
+            "wrongcount",
+            "wrongcount",
+            FAST_RETRY,
+            "plugin trap: wrong number of outcomes",
+        ),
         ("ok", "ok", FAST_RETRY, ""),
     ];
     let specs: Vec<(&str, &str, &str)> = sinks.iter().map(|(s, c, m, _)| (*s, *c, *m)).collect();
@@ -289,7 +405,11 @@ async fn every_kind_of_misbehaviour_at_once_harms_neither_the_healthy_sink_nor_e
     }
     scene.wait_received(&ids, Duration::from_secs(10)).await;
     for id in &ids {
-        let ok = d.wait_sink(id, "ok", Duration::from_secs(10), |x| x["status"] == "delivered").await;
+        let ok = d
+            .wait_sink(id, "ok", Duration::from_secs(10), |x| {
+                x["status"] == "delivered"
+            })
+            .await;
         assert_eq!(ok["attempts"], 1, "{ok}");
     }
     // The head of each stream, for each bad sink: kept, retried, and failed
@@ -306,6 +426,9 @@ async fn every_kind_of_misbehaviour_at_once_harms_neither_the_healthy_sink_nor_e
     }
     let mut received = scene.received();
     received.sort();
-    assert_eq!(received, ids, "each event reaches the receiver exactly once");
+    assert_eq!(
+        received, ids,
+        "each event reaches the receiver exactly once"
+    );
     scene.stop().await;
 }

@@ -14,31 +14,57 @@ use serde_json::json;
 
 fn item(id: &str, stream: &str, data: serde_json::Value, sinks: &[&str]) -> IngestItem {
     let ev = json!({"specversion": "1.0", "id": id, "source": "s", "type": "t", "partitionkey": stream, "data": data});
-    IngestItem { event: parse_one(ev.to_string().as_bytes()).unwrap(), sinks: sinks.iter().map(|s| s.to_string()).collect() }
+    IngestItem {
+        event: parse_one(ev.to_string().as_bytes()).unwrap(),
+        sinks: sinks.iter().map(|s| s.to_string()).collect(),
+    }
 }
 
 fn raw_item(text: &str, sinks: &[&str]) -> IngestItem {
-    IngestItem { event: parse_one(text.as_bytes()).unwrap(), sinks: sinks.iter().map(|s| s.to_string()).collect() }
+    IngestItem {
+        event: parse_one(text.as_bytes()).unwrap(),
+        sinks: sinks.iter().map(|s| s.to_string()).collect(),
+    }
 }
 
 async fn deliveries(store: &Arc<dyn Store>, id: &str) -> usize {
-    store.event(id).await.unwrap().map(|(_, d)| d.len()).unwrap_or(0)
+    store
+        .event(id)
+        .await
+        .unwrap()
+        .map(|(_, d)| d.len())
+        .unwrap_or(0)
 }
 
 async fn event_and_deliveries_commit_together(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    store.ingest(&[item("a", "s1", json!({"v": 1}), &["x", "y"])]).await.unwrap();
+    store
+        .ingest(&[item("a", "s1", json!({"v": 1}), &["x", "y"])])
+        .await
+        .unwrap();
     assert_eq!(deliveries(&store, "a").await, 2);
     // The second item conflicts with "a": nothing of the request is stored.
     let err = store
-        .ingest(&[item("b", "s1", json!({}), &["x"]), item("a", "s1", json!({"v": 2}), &["x"])])
+        .ingest(&[
+            item("b", "s1", json!({}), &["x"]),
+            item("a", "s1", json!({"v": 2}), &["x"]),
+        ])
         .await
         .unwrap_err();
-    assert!(matches!(err, IngestError::Conflict { index: 1, .. }), "{err}");
-    assert!(store.event("b").await.unwrap().is_none(), "b must not be half-stored");
+    assert!(
+        matches!(err, IngestError::Conflict { index: 1, .. }),
+        "{err}"
+    );
+    assert!(
+        store.event("b").await.unwrap().is_none(),
+        "b must not be half-stored"
+    );
     // ...and the stream's sequence did not move.
-    let r = store.ingest(&[item("c", "s1", json!({}), &["x"])]).await.unwrap();
+    let r = store
+        .ingest(&[item("c", "s1", json!({}), &["x"])])
+        .await
+        .unwrap();
     assert_eq!(r[0].sequence, 2);
     db.cleanup().await;
 }
@@ -53,11 +79,17 @@ async fn same_id_same_content_is_a_duplicate_different_content_a_conflict(backen
     assert!(!r1[0].duplicate);
     assert!(r2[0].duplicate);
     assert_eq!(r1[0].sequence, r2[0].sequence);
-    assert_eq!(deliveries(&store, "e1").await, 1, "a duplicate queues nothing");
+    assert_eq!(
+        deliveries(&store, "e1").await,
+        1,
+        "a duplicate queues nothing"
+    );
 
     let other = r#"{"specversion":"1.0","id":"e1","source":"s","type":"t2","partitionkey":"p","data":{"a":2,"b":[1,2]}}"#;
     match store.ingest(&[raw_item(other, &["x"])]).await {
-        Err(IngestError::Conflict { attributes, .. }) => assert_eq!(attributes, vec!["type", "data"]),
+        Err(IngestError::Conflict { attributes, .. }) => {
+            assert_eq!(attributes, vec!["type", "data"])
+        }
         other => panic!("expected a conflict, got {other:?}"),
     }
     // Never overwritten.
@@ -71,7 +103,10 @@ async fn a_b_a_is_three_events(backend: Backend) {
     let store = db.store().await;
     let mut seqs = Vec::new();
     for (id, state) in [("1", "A"), ("2", "B"), ("3", "A")] {
-        let r = store.ingest(&[item(id, "doc", json!({"state": state}), &["x", "y"])]).await.unwrap();
+        let r = store
+            .ingest(&[item(id, "doc", json!({"state": state}), &["x", "y"])])
+            .await
+            .unwrap();
         assert!(!r[0].duplicate);
         seqs.push(r[0].sequence);
         assert_eq!(deliveries(&store, id).await, 2);
@@ -90,7 +125,15 @@ async fn sixteen_concurrent_writers_get_gapless_sequences(backend: Backend) {
         tasks.push(tokio::spawn(async move {
             let mut seqs = Vec::new();
             for i in 0..per_writer {
-                let r = store.ingest(&[item(&format!("w{w}-{i}"), "hot", json!({"w": w, "i": i}), &["x"])]).await.unwrap();
+                let r = store
+                    .ingest(&[item(
+                        &format!("w{w}-{i}"),
+                        "hot",
+                        json!({"w": w, "i": i}),
+                        &["x"],
+                    )])
+                    .await
+                    .unwrap();
                 seqs.push(r[0].sequence);
             }
             seqs
@@ -99,7 +142,10 @@ async fn sixteen_concurrent_writers_get_gapless_sequences(backend: Backend) {
     let mut all = Vec::new();
     for t in tasks {
         let seqs = t.await.unwrap();
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "one writer's sequences increase: {seqs:?}");
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "one writer's sequences increase: {seqs:?}"
+        );
         all.extend(seqs);
     }
     all.sort();
@@ -112,18 +158,32 @@ async fn producer_sequence_is_kept_and_must_not_go_backwards(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     let ev = |id: &str, seq: u64| {
-        raw_item(&format!(r#"{{"specversion":"1.0","id":"{id}","source":"s","type":"t","partitionkey":"p","sequence":"{seq}"}}"#), &["x"])
+        raw_item(
+            &format!(
+                r#"{{"specversion":"1.0","id":"{id}","source":"s","type":"t","partitionkey":"p","sequence":"{seq}"}}"#
+            ),
+            &["x"],
+        )
     };
     assert_eq!(store.ingest(&[ev("a", 10)]).await.unwrap()[0].sequence, 10);
     assert_eq!(store.ingest(&[ev("b", 12)]).await.unwrap()[0].sequence, 12);
     for (id, seq) in [("c", 11), ("d", 12)] {
         match store.ingest(&[ev(id, seq)]).await {
-            Err(IngestError::SequenceNotIncreasing { given, last, .. }) => assert_eq!((given, last), (seq, 12)),
+            Err(IngestError::SequenceNotIncreasing { given, last, .. }) => {
+                assert_eq!((given, last), (seq, 12))
+            }
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
     // outboxd-assigned sequences continue after the producer's.
-    assert_eq!(store.ingest(&[item("e", "p", json!({}), &["x"])]).await.unwrap()[0].sequence, 13);
+    assert_eq!(
+        store
+            .ingest(&[item("e", "p", json!({}), &["x"])])
+            .await
+            .unwrap()[0]
+            .sequence,
+        13
+    );
     db.cleanup().await;
 }
 
@@ -131,44 +191,91 @@ async fn claims_take_heads_and_runs_never_a_successor_first(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     for (id, stream) in [("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B")] {
-        store.ingest(&[item(id, stream, json!({}), &["x"])]).await.unwrap();
+        store
+            .ingest(&[item(id, stream, json!({}), &["x"])])
+            .await
+            .unwrap();
     }
     let lease = Duration::from_secs(30);
     let first = store.claim("x", 2, lease).await.unwrap();
     let ids: BTreeSet<String> = first.iter().map(|c| c.event.event.id.clone()).collect();
-    assert_eq!(ids, BTreeSet::from(["a1".to_string(), "b1".to_string()]), "heads first");
-    assert!(store.claim("x", 10, lease).await.unwrap().is_empty(), "a2 waits while a1 is leased");
+    assert_eq!(
+        ids,
+        BTreeSet::from(["a1".to_string(), "b1".to_string()]),
+        "heads first"
+    );
+    assert!(
+        store.claim("x", 10, lease).await.unwrap().is_empty(),
+        "a2 waits while a1 is leased"
+    );
     for c in &first {
         assert_eq!(c.attempts, 1, "the attempt is counted at claim");
-        assert!(store.finish(c.delivery_id, &c.lease_token, &Finish::Delivered).await.unwrap());
+        assert!(store
+            .finish(c.delivery_id, &c.lease_token, &Finish::Delivered)
+            .await
+            .unwrap());
     }
     let run = store.claim("x", 10, lease).await.unwrap();
     let ids: Vec<String> = run.iter().map(|c| c.event.event.id.clone()).collect();
-    assert_eq!(ids, vec!["a2", "a3"], "a contiguous run of one stream, in order");
+    assert_eq!(
+        ids,
+        vec!["a2", "a3"],
+        "a contiguous run of one stream, in order"
+    );
     // A released delivery is not charged an attempt.
     for c in &run {
-        assert!(store.finish(c.delivery_id, &c.lease_token, &Finish::Release).await.unwrap());
+        assert!(store
+            .finish(c.delivery_id, &c.lease_token, &Finish::Release)
+            .await
+            .unwrap());
     }
     let again = store.claim("x", 10, lease).await.unwrap();
-    assert_eq!(again.iter().map(|c| c.attempts).collect::<Vec<_>>(), vec![1, 1]);
+    assert_eq!(
+        again.iter().map(|c| c.attempts).collect::<Vec<_>>(),
+        vec![1, 1]
+    );
     db.cleanup().await;
 }
 
 async fn an_expired_lease_is_reclaimed_and_the_stale_holder_is_fenced_off(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    store.ingest(&[item("e", "s", json!({}), &["x"])]).await.unwrap();
-    let old = store.claim("x", 10, Duration::from_millis(200)).await.unwrap();
+    store
+        .ingest(&[item("e", "s", json!({}), &["x"])])
+        .await
+        .unwrap();
+    let old = store
+        .claim("x", 10, Duration::from_millis(200))
+        .await
+        .unwrap();
     assert_eq!(old.len(), 1);
-    assert!(store.claim("x", 10, Duration::from_secs(30)).await.unwrap().is_empty(), "a live lease is left alone");
+    assert!(
+        store
+            .claim("x", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "a live lease is left alone"
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
     let new = store.claim("x", 10, Duration::from_secs(30)).await.unwrap();
     assert_eq!(new.len(), 1, "an expired lease is reclaimed");
     assert_eq!(new[0].attempts, 2);
     assert_ne!(new[0].lease_token, old[0].lease_token);
-    let stale = Finish::Dead { reason: "stale".into() };
-    assert!(!store.finish(old[0].delivery_id, &old[0].lease_token, &stale).await.unwrap(), "stale token changes nothing");
-    assert!(store.finish(new[0].delivery_id, &new[0].lease_token, &Finish::Delivered).await.unwrap());
+    let stale = Finish::Dead {
+        reason: "stale".into(),
+    };
+    assert!(
+        !store
+            .finish(old[0].delivery_id, &old[0].lease_token, &stale)
+            .await
+            .unwrap(),
+        "stale token changes nothing"
+    );
+    assert!(store
+        .finish(new[0].delivery_id, &new[0].lease_token, &Finish::Delivered)
+        .await
+        .unwrap());
     let (_, d) = store.event("e").await.unwrap().unwrap();
     assert_eq!(d[0].status, "delivered");
     db.cleanup().await;
@@ -177,13 +284,32 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_holder_is_fenced_off(backen
 async fn a_retry_waits_its_delay(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    store.ingest(&[item("e", "s", json!({}), &["x"])]).await.unwrap();
+    store
+        .ingest(&[item("e", "s", json!({}), &["x"])])
+        .await
+        .unwrap();
     let c = store.claim("x", 10, Duration::from_secs(30)).await.unwrap();
-    let retry = Finish::Retry { delay: Duration::from_millis(600), reason: "HTTP 503".into() };
-    assert!(store.finish(c[0].delivery_id, &c[0].lease_token, &retry).await.unwrap());
-    assert!(store.claim("x", 10, Duration::from_secs(30)).await.unwrap().is_empty(), "not before its time");
+    let retry = Finish::Retry {
+        delay: Duration::from_millis(600),
+        reason: "HTTP 503".into(),
+    };
+    assert!(store
+        .finish(c[0].delivery_id, &c[0].lease_token, &retry)
+        .await
+        .unwrap());
+    assert!(
+        store
+            .claim("x", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "not before its time"
+    );
     let wait = store.next_due_in("x").await.unwrap().unwrap();
-    assert!(wait > Duration::from_millis(300) && wait <= Duration::from_millis(600), "{wait:?}");
+    assert!(
+        wait > Duration::from_millis(300) && wait <= Duration::from_millis(600),
+        "{wait:?}"
+    );
     tokio::time::sleep(Duration::from_millis(700)).await;
     let again = store.claim("x", 10, Duration::from_secs(30)).await.unwrap();
     assert_eq!(again.len(), 1);
@@ -195,9 +321,13 @@ async fn a_retry_waits_its_delay(backend: Backend) {
 async fn four_workers_never_claim_the_same_delivery(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    let items: Vec<IngestItem> = (0..60).map(|i| item(&format!("e{i}"), &format!("s{i}"), json!({}), &["x"])).collect();
+    let items: Vec<IngestItem> = (0..60)
+        .map(|i| item(&format!("e{i}"), &format!("s{i}"), json!({}), &["x"]))
+        .collect();
     store.ingest(&items).await.unwrap();
-    let hot: Vec<IngestItem> = (0..20).map(|i| item(&format!("h{i}"), "hot", json!({}), &["y"])).collect();
+    let hot: Vec<IngestItem> = (0..20)
+        .map(|i| item(&format!("h{i}"), "hot", json!({}), &["y"]))
+        .collect();
     store.ingest(&hot).await.unwrap();
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -205,7 +335,10 @@ async fn four_workers_never_claim_the_same_delivery(backend: Backend) {
         tasks.push(tokio::spawn(async move {
             let x = store.claim("x", 20, Duration::from_secs(30)).await.unwrap();
             let y = store.claim("y", 1, Duration::from_secs(30)).await.unwrap();
-            (x.into_iter().map(|c| c.event.event.id).collect::<Vec<_>>(), y.into_iter().map(|c| c.event.event.id).collect::<Vec<_>>())
+            (
+                x.into_iter().map(|c| c.event.event.id).collect::<Vec<_>>(),
+                y.into_iter().map(|c| c.event.event.id).collect::<Vec<_>>(),
+            )
         }));
     }
     let mut xs = Vec::new();
@@ -218,7 +351,11 @@ async fn four_workers_never_claim_the_same_delivery(backend: Backend) {
     let unique: BTreeSet<&String> = xs.iter().collect();
     assert_eq!(unique.len(), xs.len(), "no delivery claimed twice: {xs:?}");
     assert_eq!(xs.len(), 60);
-    assert_eq!(ys, vec!["h0".to_string()], "one stream of 20: exactly one claim, of the head");
+    assert_eq!(
+        ys,
+        vec!["h0".to_string()],
+        "one stream of 20: exactly one claim, of the head"
+    );
     db.cleanup().await;
 }
 
@@ -260,40 +397,63 @@ async fn postgres_in_transaction_enqueue_commits_and_rolls_back_with_the_applica
     let db = TestDb::new(Backend::Postgres).await;
     let store = db.store().await;
     let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query("CREATE TABLE orders (id int PRIMARY KEY, state text)").execute(&mut app).await.unwrap();
-
-    let mut tx = app.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders VALUES (1, 'paid')").execute(&mut *tx).await.unwrap();
-    let seq: i64 = sqlx::query_scalar("SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)")
-        .fetch_one(&mut *tx)
+    sqlx::query("CREATE TABLE orders (id int PRIMARY KEY, state text)")
+        .execute(&mut app)
         .await
         .unwrap();
-    assert_eq!(seq, 1);
-    tx.rollback().await.unwrap();
-    assert!(store.event("o1").await.unwrap().is_none(), "rolled back with the application");
 
     let mut tx = app.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders VALUES (1, 'paid')").execute(&mut *tx).await.unwrap();
-    sqlx::query("SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)")
+    sqlx::query("INSERT INTO orders VALUES (1, 'paid')")
         .execute(&mut *tx)
         .await
         .unwrap();
-    tx.commit().await.unwrap();
-    // Same id, same content: idempotent. Different content: refused.
-    let again: i64 = sqlx::query_scalar("SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)")
-        .fetch_one(&mut app)
+    let seq: i64 = sqlx::query_scalar(
+        "SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(seq, 1);
+    tx.rollback().await.unwrap();
+    assert!(
+        store.event("o1").await.unwrap().is_none(),
+        "rolled back with the application"
+    );
+
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders VALUES (1, 'paid')")
+        .execute(&mut *tx)
         .await
         .unwrap();
+    sqlx::query(
+        "SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    // Same id, same content: idempotent. Different content: refused.
+    let again: i64 = sqlx::query_scalar(
+        "SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 1}'::jsonb)",
+    )
+    .fetch_one(&mut app)
+    .await
+    .unwrap();
     assert_eq!(again, 1);
-    let conflict = sqlx::query("SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 2}'::jsonb)")
-        .execute(&mut app)
-        .await;
+    let conflict = sqlx::query(
+        "SELECT outboxd.enqueue('o1', 'shop', 'order.paid', 'orders/1', '{\"id\": 2}'::jsonb)",
+    )
+    .execute(&mut app)
+    .await;
     assert!(conflict.is_err());
 
     let (stored, d) = store.event("o1").await.unwrap().unwrap();
     assert_eq!(stored.sequence, 1);
     assert!(d.is_empty(), "not routed yet");
-    let routed = store.route_pending(&|_: &outboxd::event::NewEvent| vec!["x".to_string()], 100).await.unwrap();
+    let routed = store
+        .route_pending(&|_: &outboxd::event::NewEvent| vec!["x".to_string()], 100)
+        .await
+        .unwrap();
     assert_eq!(routed, 1);
     let (_, d) = store.event("o1").await.unwrap().unwrap();
     assert_eq!(d.len(), 1);
@@ -328,11 +488,23 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
         sqlx::query(sql).execute(&mut c).await.unwrap();
     }
     let plans = [
-        ("claim heads", format!("EXPLAIN {}", outboxd::store::postgres::CLAIM_HEADS_SQL)),
-        ("claim runs", format!("EXPLAIN {}", outboxd::store::postgres::CLAIM_RUNS_SQL)),
-        ("advance head", format!("EXPLAIN {}", outboxd::store::postgres::ADVANCE_HEAD_SQL)),
+        (
+            "claim heads",
+            format!("EXPLAIN {}", outboxd::store::postgres::CLAIM_HEADS_SQL),
+        ),
+        (
+            "claim runs",
+            format!("EXPLAIN {}", outboxd::store::postgres::CLAIM_RUNS_SQL),
+        ),
+        (
+            "advance head",
+            format!("EXPLAIN {}", outboxd::store::postgres::ADVANCE_HEAD_SQL),
+        ),
     ];
-    let head_ids: Vec<i64> = sqlx::query_scalar("SELECT delivery_id FROM outboxd.heads LIMIT 100").fetch_all(&mut c).await.unwrap();
+    let head_ids: Vec<i64> = sqlx::query_scalar("SELECT delivery_id FROM outboxd.heads LIMIT 100")
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
     for (what, sql) in plans {
         let q = sqlx::query_scalar::<_, String>(&sql);
         let q = match what {
@@ -341,7 +513,10 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
             _ => q.bind("x").bind("hot").bind(head_ids[0]),
         };
         let plan = q.fetch_all(&mut c).await.unwrap().join("\n");
-        assert!(!plan.contains("Seq Scan"), "{what} plan has a sequential scan:\n{plan}");
+        assert!(
+            !plan.contains("Seq Scan"),
+            "{what} plan has a sequential scan:\n{plan}"
+        );
     }
     db.cleanup().await;
 }

@@ -14,7 +14,13 @@ async fn every_event_arrives_once_in_stream_order_with_cloudevents_headers_and_a
     let receiver = Receiver::start().await;
     let secret = new_secret();
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &secret, "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &secret,
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
     let mut sent = Vec::new();
@@ -24,34 +30,69 @@ async fn every_event_arrives_once_in_stream_order_with_cloudevents_headers_and_a
             .map(|stream| {
                 let id = format!("{stream}-{round}");
                 sent.push((id.clone(), stream.to_string()));
-                event(&id, stream, "com.example.changed", json!({"round": round, "stream": stream}))
+                event(
+                    &id,
+                    stream,
+                    "com.example.changed",
+                    json!({"round": round, "stream": stream}),
+                )
             })
             .collect();
-        let (status, body) = d.post("application/cloudevents-batch+json", serde_json::to_vec(&batch).unwrap()).await;
+        let (status, body) = d
+            .post(
+                "application/cloudevents-batch+json",
+                serde_json::to_vec(&batch).unwrap(),
+            )
+            .await;
         assert_eq!(status, 201, "{body}");
         assert_eq!(body["events"].as_array().unwrap().len(), 3);
     }
     // One single-event post too, with a subject and an extension.
-    let mut single = event("single-1", "users/7", "com.example.renamed", json!({"name": "Ünïcode ✓"}));
+    let mut single = event(
+        "single-1",
+        "users/7",
+        "com.example.renamed",
+        json!({"name": "Ünïcode ✓"}),
+    );
     single["subject"] = json!("users/7/name");
     single["traceparent"] = json!("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
-    let (status, body) = d.post("application/cloudevents+json", serde_json::to_vec(&single).unwrap()).await;
+    let (status, body) = d
+        .post(
+            "application/cloudevents+json",
+            serde_json::to_vec(&single).unwrap(),
+        )
+        .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["sequence"], 6);
     assert_eq!(body["duplicate"], false);
     sent.push(("single-1".into(), "users/7".into()));
 
-    assert!(eventually(Duration::from_secs(20), || receiver.seen().len() >= sent.len()).await, "not all delivered");
+    assert!(
+        eventually(Duration::from_secs(20), || receiver.seen().len()
+            >= sent.len())
+        .await,
+        "not all delivered"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let seen = receiver.seen();
     assert_eq!(seen.len(), sent.len(), "each event exactly once");
 
     let mut last_seq: BTreeMap<String, u64> = BTreeMap::new();
     for r in &seen {
-        assert!(verify_signature(&secret, r), "signature must verify: {:?}", r.headers);
+        assert!(
+            verify_signature(&secret, r),
+            "signature must verify: {:?}",
+            r.headers
+        );
         assert_eq!(r.header("ce-specversion").as_deref(), Some("1.0"));
-        assert_eq!(r.header("ce-source").as_deref(), Some("https://example.com/tests"));
-        assert_eq!(r.header("content-type").as_deref(), Some("application/json"));
+        assert_eq!(
+            r.header("ce-source").as_deref(),
+            Some("https://example.com/tests")
+        );
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("application/json")
+        );
         let id = r.header("ce-id").unwrap();
         assert_eq!(r.header("webhook-id").as_deref(), Some(id.as_str()));
         let stream = r.header("ce-partitionkey").unwrap();
@@ -86,14 +127,27 @@ async fn a_503_twice_then_200_is_delivered_on_the_third_attempt() {
     receiver.script(503, &[], "still busy");
     let secret = new_secret();
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &secret, "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &secret,
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
     let (status, _) = d
-        .post("application/cloudevents+json", serde_json::to_vec(&event("r-1", "s", "t", json!({"n": 1}))).unwrap())
+        .post(
+            "application/cloudevents+json",
+            serde_json::to_vec(&event("r-1", "s", "t", json!({"n": 1}))).unwrap(),
+        )
         .await;
     assert_eq!(status, 201);
-    let done = d.wait_delivery("r-1", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    let done = d
+        .wait_delivery("r-1", Duration::from_secs(20), |x| {
+            x["status"] == "delivered"
+        })
+        .await;
     assert_eq!(done["attempts"], 3, "{done}");
     assert_eq!(receiver.seen().len(), 3);
     d.stop().await;
@@ -104,19 +158,38 @@ async fn a_400_dead_letters_the_delivery_with_the_status_in_its_reason() {
     let receiver = Receiver::start().await;
     receiver.script(400, &[], "schema mismatch: field x");
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("x-1", "s", "t", json!({}))).unwrap()).await;
-    let dead = d.wait_delivery("x-1", Duration::from_secs(20), |x| x["status"] == "dead").await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("x-1", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
+    let dead = d
+        .wait_delivery("x-1", Duration::from_secs(20), |x| x["status"] == "dead")
+        .await;
     let reason = dead["last_error"].as_str().unwrap();
     assert!(reason.contains("400"), "{reason}");
     assert!(reason.contains("schema mismatch"), "{reason}");
     assert_eq!(dead["attempts"], 1);
 
     // The stream moves on past a dead delivery (the default policy).
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("x-2", "s", "t", json!({}))).unwrap()).await;
-    d.wait_delivery("x-2", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("x-2", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
+    d.wait_delivery("x-2", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
     d.stop().await;
 }
 
@@ -126,16 +199,31 @@ async fn a_sink_allowed_host_a_cannot_reach_host_b() {
     let other = Receiver::start().await;
     let plugins = PluginsDir::new();
     // Allowed to call `allowed`, configured to call `other`.
-    plugins.add_webhook("webhook", &other.url(), &[allowed.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &other.url(),
+        &[allowed.origin()],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("e-1", "s", "t", json!({}))).unwrap()).await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("e-1", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
     let state = d
-        .wait_delivery("e-1", Duration::from_secs(20), |x| x["attempts"].as_u64().unwrap_or(0) >= 1 && !x["last_error"].is_null())
+        .wait_delivery("e-1", Duration::from_secs(20), |x| {
+            x["attempts"].as_u64().unwrap_or(0) >= 1 && !x["last_error"].is_null()
+        })
         .await;
     assert_ne!(state["status"], "delivered");
     let reason = state["last_error"].as_str().unwrap();
-    assert!(reason.contains("denied"), "reason should say the request was denied: {reason}");
+    assert!(
+        reason.contains("denied"),
+        "reason should say the request was denied: {reason}"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(other.seen().is_empty(), "host B must never be reached");
     assert!(allowed.seen().is_empty());
@@ -154,19 +242,34 @@ async fn bad_input_is_a_4xx_naming_the_field_and_stores_nothing() {
     for missing in ["id", "source", "type", "specversion"] {
         let mut ev = event("bad-1", "s", "t", json!({}));
         ev.as_object_mut().unwrap().remove(missing);
-        let (status, body) = d.post("application/cloudevents+json", serde_json::to_vec(&ev).unwrap()).await;
+        let (status, body) = d
+            .post(
+                "application/cloudevents+json",
+                serde_json::to_vec(&ev).unwrap(),
+            )
+            .await;
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["field"], missing, "{body}");
         assert!(body["error"].as_str().unwrap().contains(missing));
     }
 
-    let (status, body) = d.post("text/plain", serde_json::to_vec(&event("bad-1", "s", "t", json!({}))).unwrap()).await;
+    let (status, body) = d
+        .post(
+            "text/plain",
+            serde_json::to_vec(&event("bad-1", "s", "t", json!({}))).unwrap(),
+        )
+        .await;
     assert_eq!(status, 415, "{body}");
     assert_eq!(body["field"], "content-type");
 
     // A batch with one bad item stores none of its items.
     let batch = json!([event("good-1", "s", "t", json!({})), {"specversion": "1.0", "id": "bad-2", "source": "s"}]);
-    let (status, body) = d.post("application/cloudevents-batch+json", serde_json::to_vec(&batch).unwrap()).await;
+    let (status, body) = d
+        .post(
+            "application/cloudevents-batch+json",
+            serde_json::to_vec(&batch).unwrap(),
+        )
+        .await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["field"], "[1].type");
 
@@ -181,27 +284,57 @@ async fn bad_input_is_a_4xx_naming_the_field_and_stores_nothing() {
 async fn broken_plugins_are_refused_with_their_file_named_and_the_good_one_keeps_delivering() {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     // Not a component at all.
     plugins.write("garbage.wasm", b"this is not webassembly");
-    plugins.write("garbage.toml", b"name = \"garbage\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n");
+    plugins.write(
+        "garbage.toml",
+        b"name = \"garbage\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n",
+    );
     // A component that exports nothing: no `deliver`.
     plugins.write("empty.wasm", &wat::parse_str("(component)").unwrap());
-    plugins.write("empty.toml", b"name = \"empty\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n");
+    plugins.write(
+        "empty.toml",
+        b"name = \"empty\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n",
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
     let (status, ready) = d.get("/ready").await;
-    assert_eq!(status, 503, "refused plugins make the daemon not ready: {ready}");
+    assert_eq!(
+        status, 503,
+        "refused plugins make the daemon not ready: {ready}"
+    );
     let refused = ready["checks"]["plugins"]["refused"].to_string();
-    assert!(refused.contains("garbage.wasm") && refused.contains("not a WebAssembly file"), "{refused}");
-    assert!(refused.contains("empty.wasm") && refused.contains("deliver"), "{refused}");
+    assert!(
+        refused.contains("garbage.wasm") && refused.contains("not a WebAssembly file"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("empty.wasm") && refused.contains("deliver"),
+        "{refused}"
+    );
     assert_eq!(ready["checks"]["plugins"]["loaded"], json!(["webhook"]));
 
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("g-1", "s", "t", json!({}))).unwrap()).await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("g-1", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
     let deliveries = d.deliveries("g-1").await;
-    let webhook = deliveries.iter().find(|x| x["sink"] == "webhook").unwrap().clone();
+    let webhook = deliveries
+        .iter()
+        .find(|x| x["sink"] == "webhook")
+        .unwrap()
+        .clone();
     assert!(eventually(Duration::from_secs(20), || !receiver.seen().is_empty()).await);
-    d.wait_delivery("g-1", Duration::from_secs(5), |_| true).await;
+    d.wait_delivery("g-1", Duration::from_secs(5), |_| true)
+        .await;
     // Deliveries to the refused sinks wait (they are routed, not lost).
     let deliveries = d.deliveries("g-1").await;
     assert_eq!(deliveries.len(), 3, "{deliveries:?}");
@@ -220,27 +353,54 @@ async fn retry_after_is_honoured_the_window_dead_letters_and_a_replay_delivers()
     let receiver = Receiver::start().await;
     receiver.script(503, &[("retry-after", "2")], "busy");
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let manifest = plugins.path().join("webhook.toml");
-    let text = std::fs::read_to_string(&manifest).unwrap().replace("cap = \"1s\"\n", "cap = \"1s\"\nwindow = \"4s\"\n");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("cap = \"1s\"\n", "cap = \"1s\"\nwindow = \"4s\"\n");
     std::fs::write(&manifest, text).unwrap();
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("ra", "s1", "t", json!({}))).unwrap()).await;
-    d.wait_delivery("ra", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("ra", "s1", "t", json!({}))).unwrap(),
+    )
+    .await;
+    d.wait_delivery("ra", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
     let seen = receiver.seen();
     assert_eq!(seen.len(), 2);
     let gap = seen[1].at - seen[0].at;
-    assert!(gap >= Duration::from_secs(2), "Retry-After: 2 honoured, next attempt after {gap:?}");
+    assert!(
+        gap >= Duration::from_secs(2),
+        "Retry-After: 2 honoured, next attempt after {gap:?}"
+    );
 
     // Always 503 on another stream: the 4 s window runs out → dead.
     for _ in 0..100 {
         receiver.script(503, &[], "down");
     }
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("win", "s2", "t", json!({}))).unwrap()).await;
-    let dead = d.wait_delivery("win", Duration::from_secs(30), |x| x["status"] == "dead").await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("win", "s2", "t", json!({}))).unwrap(),
+    )
+    .await;
+    let dead = d
+        .wait_delivery("win", Duration::from_secs(30), |x| x["status"] == "dead")
+        .await;
     let reason = dead["last_error"].as_str().unwrap();
-    assert!(reason.contains("retry window") && reason.contains("HTTP 503"), "{reason}");
+    assert!(
+        reason.contains("retry window") && reason.contains("HTTP 503"),
+        "{reason}"
+    );
     assert!(dead["attempts"].as_u64().unwrap() >= 2, "{dead}");
 
     receiver.clear_script();
@@ -255,6 +415,45 @@ async fn retry_after_is_honoured_the_window_dead_letters_and_a_replay_delivers()
         .await
         .unwrap();
     assert_eq!(r["replayed"], 1);
-    d.wait_delivery("win", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    d.wait_delivery("win", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_does() {
+    init_logs();
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    // `http://*:*` allows any host by name, but 127.0.0.1 is a loopback
+    // address: only an entry naming it exactly reaches it.
+    plugins.add_webhook("wildcard", &receiver.url(), &["http://*:*".to_string()], &new_secret(), "");
+    let named = Receiver::start().await;
+    plugins.add_webhook("named", &named.url(), &[format!("http://127.0.0.1:{}", named.addr.port())], &new_secret(), "");
+    let d = TestDaemon::start(plugins.path()).await;
+    // The compiled component is kept under <data-dir>/cache/ (one file: both
+    // sinks run the same component), so a restart does not compile again.
+    let cached: Vec<_> = std::fs::read_dir(d.data.path().join("cache"))
+        .expect("the daemon creates <data-dir>/cache/")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+
+    d.post("application/cloudevents+json", serde_json::to_vec(&event("lo-1", "s", "t", json!({}))).unwrap()).await;
+    let refused = d
+        .wait_sink("lo-1", "wildcard", Duration::from_secs(20), |x| {
+            x["attempts"].as_u64().unwrap_or(0) >= 1 && !x["last_error"].is_null()
+        })
+        .await;
+    assert_ne!(refused["status"], "delivered");
+    let reason = refused["last_error"].as_str().unwrap();
+    assert!(reason.contains("denied by host policy"), "the reason says the host refused it: {reason}");
+    d.wait_sink("lo-1", "named", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(receiver.seen().is_empty(), "the wildcard sink must never reach loopback");
+    assert_eq!(named.seen().len(), 1);
     d.stop().await;
 }

@@ -23,11 +23,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
 use outboxd::plugin::bindings::{Event, Outcome};
 use outboxd::plugin::{self, Runtime};
 
@@ -43,10 +45,17 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a = Args { events: 5000, rounds: 5, batch: 100 };
+    let mut a = Args {
+        events: 5000,
+        rounds: 5,
+        batch: 100,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let value: usize = it.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{flag} needs a number"));
+        let value: usize = it
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{flag} needs a number"));
         match flag.as_str() {
             "--events" => a.events = value,
             "--rounds" => a.rounds = value,
@@ -60,22 +69,46 @@ fn args() -> Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = args();
-    let url = std::env::var("OUTBOXD_BENCH_AMQP").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let url = std::env::var("OUTBOXD_BENCH_AMQP")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let suffix = hex::encode(rand::random::<[u8; 4]>());
     let exchange = format!("outboxd-bench-{suffix}");
     let queue = format!("outboxd-bench-{suffix}");
 
     let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
     let admin = conn.create_channel().await?;
-    let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
-    admin.exchange_declare(exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default()).await?;
-    let q = QueueDeclareOptions { durable: true, ..Default::default() };
-    admin.queue_declare(queue.as_str().into(), q, FieldTable::default()).await?;
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
     admin
-        .queue_bind(queue.as_str().into(), exchange.as_str().into(), "#".into(), QueueBindOptions::default(), FieldTable::default())
+        .exchange_declare(
+            exchange.as_str().into(),
+            ExchangeKind::Topic,
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
+    let q = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    admin
+        .queue_declare(queue.as_str().into(), q, FieldTable::default())
+        .await?;
+    admin
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     let publisher = conn.create_channel().await?;
-    publisher.confirm_select(ConfirmSelectOptions::default()).await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
 
     let plugin = load_plugin(&url, &exchange)?;
 
@@ -86,14 +119,27 @@ async fn main() -> anyhow::Result<()> {
     // Warm up both sides (connection, channel, compiled code), uncounted.
     plain_lapin(&publisher, &exchange, args.batch, 0).await?;
     through_plugin(&plugin, args.batch, args.batch, 0).await?;
-    println!("{:>5} {:>14} {:>14} {:>7}", "round", "lapin ev/s", "plugin ev/s", "ratio");
+    println!(
+        "{:>5} {:>14} {:>14} {:>7}",
+        "round", "lapin ev/s", "plugin ev/s", "ratio"
+    );
     let (mut lapin_total, mut plugin_total) = (Duration::ZERO, Duration::ZERO);
     let mut ratios = Vec::new();
     for round in 1..=args.rounds {
-        admin.queue_purge(queue.as_str().into(), QueuePurgeOptions::default()).await?;
-        let native = plain_lapin(&publisher, &exchange, args.events, round).await?;
-        admin.queue_purge(queue.as_str().into(), QueuePurgeOptions::default()).await?;
-        let through = through_plugin(&plugin, args.events, args.batch, round).await?;
+        // Alternate which side goes first, so neither always follows the
+        // other's purge.
+        let mut native = Duration::ZERO;
+        let mut through = Duration::ZERO;
+        for side in [round % 2, (round + 1) % 2] {
+            admin
+                .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+                .await?;
+            if side == 1 {
+                native = plain_lapin(&publisher, &exchange, args.events, round).await?;
+            } else {
+                through = through_plugin(&plugin, args.events, args.batch, round).await?;
+            }
+        }
         let (n, p) = (rate(args.events, native), rate(args.events, through));
         ratios.push(p / n);
         println!("{round:>5} {n:>14.0} {p:>14.0} {:>7.2}", p / n);
@@ -109,8 +155,12 @@ async fn main() -> anyhow::Result<()> {
         ratios[ratios.len() / 2]
     );
 
-    admin.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
-    admin.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default()).await?;
+    admin
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    admin
+        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await?;
     let _ = conn.close(200, "bench done".into()).await;
     Ok(())
 }
@@ -123,7 +173,11 @@ fn rate(events: usize, took: Duration) -> f64 {
 fn load_plugin(url: &str, exchange: &str) -> anyhow::Result<plugin::Plugin> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let wasm = root.join("target/plugins/amqp.wasm");
-    anyhow::ensure!(wasm.is_file(), "{} is missing: run scripts/build-plugins.sh first", wasm.display());
+    anyhow::ensure!(
+        wasm.is_file(),
+        "{} is missing: run scripts/build-plugins.sh first",
+        wasm.display()
+    );
     let dir = tempfile::tempdir()?;
     std::fs::copy(&wasm, dir.path().join("amqp.wasm"))?;
     let manifest = format!(
@@ -135,7 +189,8 @@ fn load_plugin(url: &str, exchange: &str) -> anyhow::Result<plugin::Plugin> {
     let path = dir.path().join("amqp.toml");
     std::fs::write(&path, manifest)?;
     let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let plugin = plugin::load_one(&runtime, &path).map_err(|f| anyhow::anyhow!("{}: {}", f.file.display(), f.reason))?;
+    let plugin = plugin::load_one(&runtime, &path)
+        .map_err(|f| anyhow::anyhow!("{}: {}", f.file.display(), f.reason))?;
     // The component is compiled into memory; the folder may go.
     drop(dir);
     Ok(plugin)
@@ -159,11 +214,19 @@ fn event(round: usize, i: usize) -> Event {
     }
 }
 
-async fn through_plugin(plugin: &plugin::Plugin, events: usize, batch: usize, round: usize) -> anyhow::Result<Duration> {
+async fn through_plugin(
+    plugin: &plugin::Plugin,
+    events: usize,
+    batch: usize,
+    round: usize,
+) -> anyhow::Result<Duration> {
     let all: Vec<Event> = (0..events).map(|i| event(round, i)).collect();
     let started = Instant::now();
     for chunk in all.chunks(batch) {
-        let outcomes = plugin.deliver(chunk).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let outcomes = plugin
+            .deliver(chunk)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         if let Some(bad) = outcomes.iter().find(|o| !matches!(o, Outcome::Delivered)) {
             anyhow::bail!("plugin did not deliver: {bad:?}");
         }
@@ -173,7 +236,12 @@ async fn through_plugin(plugin: &plugin::Plugin, events: usize, batch: usize, ro
 
 /// The same messages (body, properties, CloudEvents headers) from lapin,
 /// `IN_FLIGHT` confirms outstanding at a time.
-async fn plain_lapin(channel: &Channel, exchange: &str, events: usize, round: usize) -> anyhow::Result<Duration> {
+async fn plain_lapin(
+    channel: &Channel,
+    exchange: &str,
+    events: usize,
+    round: usize,
+) -> anyhow::Result<Duration> {
     let all: Vec<Event> = (0..events).map(|i| event(round, i)).collect();
     let started = Instant::now();
     for chunk in all.chunks(IN_FLIGHT) {
@@ -190,16 +258,28 @@ async fn plain_lapin(channel: &Channel, exchange: &str, events: usize, round: us
                 ("sequence", e.sequence.to_string()),
                 ("operation", "update".to_string()),
             ] {
-                headers.insert(format!("cloudEvents_{name}").into(), AMQPValue::LongString(LongString::from(value)));
+                headers.insert(
+                    format!("cloudEvents_{name}").into(),
+                    AMQPValue::LongString(LongString::from(value)),
+                );
             }
             let properties = BasicProperties::default()
                 .with_delivery_mode(2)
                 .with_content_type("application/json".into())
                 .with_message_id(e.id.as_str().into())
                 .with_headers(headers);
-            let options = BasicPublishOptions { mandatory: true, immediate: false };
+            let options = BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            };
             let confirm = channel
-                .basic_publish(exchange.into(), "documents.update.person".into(), options, &e.data, properties)
+                .basic_publish(
+                    exchange.into(),
+                    "documents.update.person".into(),
+                    options,
+                    &e.data,
+                    properties,
+                )
                 .await?;
             confirms.push(confirm);
         }

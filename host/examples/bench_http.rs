@@ -37,7 +37,10 @@ use axum::routing::{get, post};
 use serde_json::{json, Value};
 
 fn now_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
 }
 
 // ---------------------------------------------------------------- receiver
@@ -51,6 +54,8 @@ struct Seen {
     last_seq: HashMap<Box<str>, u64>,
     duplicates: u64,
     violations: u64,
+    /// The first few violations, as `stream: sequence after highest`.
+    samples: Vec<String>,
     unlabelled: u64,
     first_ns: i64,
     last_ns: i64,
@@ -84,7 +89,13 @@ async fn record(State(seen): State<Shared>, headers: HeaderMap) -> StatusCode {
     s.first.insert(id.into(), at);
     if let (Some(stream), Some(seq)) = (stream, seq) {
         match s.last_seq.get_mut(stream) {
-            Some(last) if seq < *last => s.violations += 1,
+            Some(last) if seq < *last => {
+                let sample = format!("{stream}: {seq} after {last}");
+                s.violations += 1;
+                if s.samples.len() < 10 {
+                    s.samples.push(sample);
+                }
+            }
             Some(last) => *last = seq,
             None => {
                 s.last_seq.insert(stream.into(), seq);
@@ -101,6 +112,7 @@ async fn stats(State(seen): State<Shared>) -> axum::Json<Value> {
         "unique": s.first.len(),
         "duplicates": s.duplicates,
         "order_violations": s.violations,
+        "violation_samples": s.samples,
         "unlabelled": s.unlabelled,
         "first_ns": s.first_ns,
         "last_ns": s.last_ns,
@@ -114,7 +126,11 @@ async fn reset(State(seen): State<Shared>) -> StatusCode {
 
 async fn arrivals(State(seen): State<Shared>) -> axum::Json<Value> {
     let s = seen.lock().unwrap();
-    let map: serde_json::Map<String, Value> = s.first.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    let map: serde_json::Map<String, Value> = s
+        .first
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
     axum::Json(Value::Object(map))
 }
 
@@ -126,7 +142,9 @@ async fn receive(listen: &str) {
         .route("/_arrivals", get(arrivals))
         .fallback(record)
         .with_state(seen);
-    let listener = tokio::net::TcpListener::bind(listen).await.expect("bind the receiver");
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .expect("bind the receiver");
     eprintln!("receiver listening on {}", listener.local_addr().unwrap());
     axum::serve(listener, app).await.unwrap();
 }
@@ -144,6 +162,9 @@ struct LoadArgs {
     latency: bool,
     timeout: Duration,
     run_id: String,
+    /// Count completions in this database (`outboxd.deliveries`) instead of
+    /// arrivals at the receiver: for sinks that send nothing.
+    done_db: Option<String>,
 }
 
 /// 256 bytes of JSON data for event `k`.
@@ -163,11 +184,21 @@ fn percentiles(mut v: Vec<f64>) -> Value {
 }
 
 async fn get_json(client: &reqwest::Client, url: &str) -> Value {
-    client.get(url).send().await.expect("receiver answers").json().await.expect("receiver JSON")
+    client
+        .get(url)
+        .send()
+        .await
+        .expect("receiver answers")
+        .json()
+        .await
+        .expect("receiver JSON")
 }
 
 async fn load(a: LoadArgs) -> Value {
-    let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
     // Bodies first, so building them is not timed.
     let batches: Vec<(Vec<usize>, bytes::Bytes)> = (0..a.n)
         .collect::<Vec<_>>()
@@ -187,11 +218,18 @@ async fn load(a: LoadArgs) -> Value {
                     })
                 })
                 .collect();
-            (ks.to_vec(), bytes::Bytes::from(serde_json::to_vec(&events).unwrap()))
+            (
+                ks.to_vec(),
+                bytes::Bytes::from(serde_json::to_vec(&events).unwrap()),
+            )
         })
         .collect();
     let batches = Arc::new(batches);
-    client.post(format!("{}/_reset", a.receiver)).send().await.expect("receiver reset");
+    client
+        .post(format!("{}/_reset", a.receiver))
+        .send()
+        .await
+        .expect("receiver reset");
 
     let next = Arc::new(AtomicUsize::new(0));
     let acks = Arc::new(Mutex::new(vec![(0i64, 0i64); batches.len()]));
@@ -200,8 +238,14 @@ async fn load(a: LoadArgs) -> Value {
     let t0 = now_ns();
     let mut tasks = Vec::new();
     for _ in 0..a.concurrency {
-        let (client, batches, next, acks, errors, targets) =
-            (client.clone(), batches.clone(), next.clone(), acks.clone(), errors.clone(), a.targets.clone());
+        let (client, batches, next, acks, errors, targets) = (
+            client.clone(),
+            batches.clone(),
+            next.clone(),
+            acks.clone(),
+            errors.clone(),
+            a.targets.clone(),
+        );
         let (rate, batch) = (a.rate, a.batch);
         tasks.push(tokio::spawn(async move {
             loop {
@@ -248,17 +292,50 @@ async fn load(a: LoadArgs) -> Value {
     }
     let ingest_done = now_ns();
 
-    // Wait for the receiver to have seen every id (or for the timeout, or
-    // for progress to stop for a long while).
+    // Wait for the receiver to have seen every id (or, with --done-db, for
+    // the database to hold every delivery as delivered), the timeout, or
+    // progress to stop for a long while.
     let stats_url = format!("{}/_stats", a.receiver);
+    let db = match &a.done_db {
+        Some(url) => Some(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(url)
+                .await
+                .expect("done-db"),
+        ),
+        None => None,
+    };
     let deadline = Instant::now() + a.timeout;
     let mut last_unique = 0u64;
     let mut last_progress = Instant::now();
-    let stats = loop {
-        let s = get_json(&client, &stats_url).await;
-        let unique = s["unique"].as_u64().unwrap_or(0);
+    let (stats, unique, last_ns) = loop {
+        let (s, unique, last_ns) = match &db {
+            None => {
+                let s = get_json(&client, &stats_url).await;
+                let (u, l) = (
+                    s["unique"].as_u64().unwrap_or(0),
+                    s["last_ns"].as_i64().unwrap_or(0),
+                );
+                (s, u, l)
+            }
+            Some(db) => {
+                let (u, l): (i64, Option<i64>) = sqlx::query_as(
+                    "SELECT count(*) FILTER (WHERE status = 'delivered'), \
+                       (extract(epoch FROM max(finished_at)) * 1e9)::bigint FROM outboxd.deliveries",
+                )
+                .fetch_one(db)
+                .await
+                .expect("count deliveries");
+                (
+                    get_json(&client, &stats_url).await,
+                    u as u64,
+                    l.unwrap_or(0),
+                )
+            }
+        };
         if unique >= a.n as u64 {
-            break s;
+            break (s, unique, last_ns);
         }
         if unique != last_unique {
             last_unique = unique;
@@ -266,13 +343,16 @@ async fn load(a: LoadArgs) -> Value {
         }
         if Instant::now() > deadline || last_progress.elapsed() > Duration::from_secs(60) {
             eprintln!("gave up waiting: {unique} of {} delivered", a.n);
-            break s;
+            break (s, unique, last_ns);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(if db.is_some() { 100 } else { 20 })).await;
     };
-    let last_ns = stats["last_ns"].as_i64().unwrap_or(0);
-    let unique = stats["unique"].as_u64().unwrap_or(0);
     let secs = |ns: i64| ns as f64 / 1e9;
+    let e2e_s = if last_ns > t0 {
+        secs(last_ns - t0)
+    } else {
+        f64::NAN
+    };
     let mut out = json!({
         "n": a.n,
         "streams": a.streams,
@@ -282,13 +362,15 @@ async fn load(a: LoadArgs) -> Value {
         "rate_target": a.rate,
         "delivered_unique": unique,
         "complete": unique >= a.n as u64,
+        "completion_from": if a.done_db.is_some() { "database" } else { "receiver" },
         "duplicates": stats["duplicates"],
         "order_violations": stats["order_violations"],
+        "violation_samples": stats["violation_samples"],
         "ingest_errors": errors.load(Ordering::Relaxed),
         "ingest_s": secs(ingest_done - t0),
-        "e2e_s": secs(last_ns - t0),
+        "e2e_s": e2e_s,
         "ingest_eps": a.n as f64 / secs(ingest_done - t0),
-        "e2e_eps": unique as f64 / secs(last_ns - t0),
+        "e2e_eps": if unique > 0 { unique as f64 / e2e_s } else { 0.0 },
     });
     if a.latency {
         let arrivals = get_json(&client, &format!("{}/_arrivals", a.receiver)).await;
@@ -298,7 +380,10 @@ async fn load(a: LoadArgs) -> Value {
         for (i, (ks, _)) in batches.iter().enumerate() {
             let (sent, acked) = acks[i];
             for k in ks {
-                if let Some(at) = arrivals.get(&format!("{}-{k}", a.run_id)).and_then(Value::as_i64) {
+                if let Some(at) = arrivals
+                    .get(&format!("{}-{k}", a.run_id))
+                    .and_then(Value::as_i64)
+                {
                     from_ack.push(((at - acked) as f64 / 1e6).max(0.0));
                     from_send.push((at - sent) as f64 / 1e6);
                 }
@@ -317,7 +402,9 @@ async fn load(a: LoadArgs) -> Value {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| -> Option<String> {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
     };
     let has = |name: &str| args.iter().any(|a| a == name);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -326,10 +413,16 @@ fn main() {
         .build()
         .unwrap();
     match args.first().map(String::as_str) {
-        Some("receive") => rt.block_on(receive(&flag("--listen").unwrap_or_else(|| "127.0.0.1:9390".into()))),
+        Some("receive") => rt.block_on(receive(
+            &flag("--listen").unwrap_or_else(|| "127.0.0.1:9390".into()),
+        )),
         Some("load") => {
             let a = LoadArgs {
-                targets: flag("--targets").expect("--targets").split(',').map(str::to_string).collect(),
+                targets: flag("--targets")
+                    .expect("--targets")
+                    .split(',')
+                    .map(str::to_string)
+                    .collect(),
                 receiver: flag("--receiver").unwrap_or_else(|| "http://127.0.0.1:9390".into()),
                 n: flag("--n").map_or(10_000, |v| v.parse().unwrap()),
                 streams: flag("--streams").map_or(100, |v| v.parse().unwrap()),
@@ -339,12 +432,15 @@ fn main() {
                 latency: has("--latency"),
                 timeout: Duration::from_secs(flag("--timeout").map_or(600, |v| v.parse().unwrap())),
                 run_id: flag("--run-id").unwrap_or_else(|| format!("r{}", now_ns() / 1_000_000)),
+                done_db: flag("--done-db"),
             };
             let out = rt.block_on(load(a));
             println!("{out}");
         }
         _ => {
-            eprintln!("usage: bench_http receive [--listen ADDR] | load --targets URL[,URL..] [options]");
+            eprintln!(
+                "usage: bench_http receive [--listen ADDR] | load --targets URL[,URL..] [options]"
+            );
             std::process::exit(2);
         }
     }

@@ -10,14 +10,18 @@
 //! cargo run --example claim_bench -- 10000 50000  # other sizes
 //! ```
 //! `OUTBOXD_TEST_PG` names the admin URL (default
-//! `postgres://postgres@127.0.0.1:5432/postgres`).
+//! `postgres://postgres@127.0.0.1:5432/postgres`); `CLAIM_BENCH_SAMPLES`
+//! the claims timed per backlog (default 200; each is followed by 100
+//! single-row releases, so fewer make a quick run).
 
 use std::time::{Duration, Instant};
 
 use outboxd::store::{Finish, Store};
 use sqlx::Connection;
 
-const SAMPLES: usize = 200;
+fn samples() -> usize {
+    std::env::var("CLAIM_BENCH_SAMPLES").ok().and_then(|s| s.parse().ok()).filter(|&n| n > 0).unwrap_or(200)
+}
 
 async fn fill(url: &str, n: i64, hot: bool) {
     let mut c = sqlx::PgConnection::connect(url).await.unwrap();
@@ -50,47 +54,78 @@ async fn fill(url: &str, n: i64, hot: bool) {
     .execute(&mut c)
     .await
     .unwrap();
-    sqlx::query("VACUUM ANALYZE outboxd.deliveries").execute(&mut c).await.unwrap();
-    sqlx::query("VACUUM ANALYZE outboxd.heads").execute(&mut c).await.unwrap();
+    sqlx::query("VACUUM ANALYZE outboxd.deliveries")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    sqlx::query("VACUUM ANALYZE outboxd.heads")
+        .execute(&mut c)
+        .await
+        .unwrap();
 }
 
 async fn measure(store: &dyn Store) -> (Duration, Duration) {
-    let mut times = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
+    let samples = samples();
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
         let start = Instant::now();
-        let claimed = store.claim("bench", 100, Duration::from_secs(60)).await.unwrap();
+        let claimed = store
+            .claim("bench", 100, Duration::from_secs(60))
+            .await
+            .unwrap();
         times.push(start.elapsed());
         for c in &claimed {
-            store.finish(c.delivery_id, &c.lease_token, &Finish::Release).await.unwrap();
+            store
+                .finish(c.delivery_id, &c.lease_token, &Finish::Release)
+                .await
+                .unwrap();
         }
     }
     times.sort();
-    (times[SAMPLES / 2], times[SAMPLES * 95 / 100])
+    (times[samples / 2], times[samples * 95 / 100])
 }
 
 #[tokio::main]
 async fn main() {
-    let admin = std::env::var("OUTBOXD_TEST_PG").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let admin = std::env::var("OUTBOXD_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let sizes: Vec<i64> = {
-        let args: Vec<i64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-        if args.is_empty() { vec![10_000, 100_000, 1_000_000] } else { args }
+        let args: Vec<i64> = std::env::args()
+            .skip(1)
+            .filter_map(|a| a.parse().ok())
+            .collect();
+        if args.is_empty() {
+            vec![10_000, 100_000, 1_000_000]
+        } else {
+            args
+        }
     };
     let base = admin.rsplit_once('/').unwrap().0.to_string();
-    println!("{:>10} {:>8} {:>12} {:>12}", "pending", "shape", "claim p50", "claim p95");
+    println!(
+        "{:>10} {:>8} {:>12} {:>12}",
+        "pending", "shape", "claim p50", "claim p95"
+    );
     let mut first: Vec<(bool, Duration)> = Vec::new();
     let mut last: Vec<(bool, Duration)> = Vec::new();
     for &n in &sizes {
         for hot in [false, true] {
             let name = format!("outboxd_bench_{}", hex::encode(rand::random::<[u8; 4]>()));
             let mut a = sqlx::PgConnection::connect(&admin).await.unwrap();
-            sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut a).await.unwrap();
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&mut a)
+                .await
+                .unwrap();
             let url = format!("{base}/{name}");
             let store = outboxd::store::open(&url).await.unwrap();
             store.migrate().await.unwrap();
             fill(&url, n, hot).await;
             let (p50, p95) = measure(&*store).await;
             let shape = if hot { "90% hot" } else { "uniform" };
-            println!("{n:>10} {shape:>8} {:>10.2}ms {:>10.2}ms", p50.as_secs_f64() * 1e3, p95.as_secs_f64() * 1e3);
+            println!(
+                "{n:>10} {shape:>8} {:>10.2}ms {:>10.2}ms",
+                p50.as_secs_f64() * 1e3,
+                p95.as_secs_f64() * 1e3
+            );
             if n == sizes[0] {
                 first.push((hot, p50));
             }
@@ -98,7 +133,10 @@ async fn main() {
                 last.push((hot, p50));
             }
             drop(store);
-            sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&mut a).await.unwrap();
+            sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                .execute(&mut a)
+                .await
+                .unwrap();
         }
     }
     for ((hot, f), (_, l)) in first.iter().zip(&last) {

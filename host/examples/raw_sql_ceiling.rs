@@ -78,7 +78,8 @@ async fn insert_batch(pool: &PgPool, ks: &[usize], streams: usize) -> Result<(),
     .fetch_all(&mut *tx)
     .await?;
     let mut last: std::collections::HashMap<String, i64> = rows.into_iter().collect();
-    let (mut ids, mut ev_streams, mut seqs, mut datas) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ids, mut ev_streams, mut seqs, mut datas) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for &k in ks {
         let stream = format!("s{}", k % streams);
         let seq = last.get(&stream).copied().unwrap_or(0) + 1;
@@ -129,8 +130,11 @@ async fn insert_batch(pool: &PgPool, ks: &[usize], streams: usize) -> Result<(),
 /// One claim + complete; returns how many deliveries it delivered.
 async fn claim_and_complete(pool: &PgPool) -> Result<usize, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let heads: Vec<(String, i64)> =
-        sqlx::query_as(CLAIM_HEADS_SQL).bind(SINK).bind(BATCH as i64).fetch_all(&mut *tx).await?;
+    let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
+        .bind(SINK)
+        .bind(BATCH as i64)
+        .fetch_all(&mut *tx)
+        .await?;
     if heads.is_empty() {
         tx.commit().await?;
         return Ok(0);
@@ -183,7 +187,10 @@ async fn claim_and_complete(pool: &PgPool) -> Result<usize, sqlx::Error> {
     .await?;
     // The payloads a sink would get.
     let events: Vec<(String, Vec<u8>)> =
-        sqlx::query_as("SELECT id, data FROM outboxd.events WHERE id = ANY($1)").bind(&event_ids).fetch_all(&mut *tx).await?;
+        sqlx::query_as("SELECT id, data FROM outboxd.events WHERE id = ANY($1)")
+            .bind(&event_ids)
+            .fetch_all(&mut *tx)
+            .await?;
     tx.commit().await?;
     std::hint::black_box(&events);
 
@@ -199,26 +206,50 @@ async fn claim_and_complete(pool: &PgPool) -> Result<usize, sqlx::Error> {
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    sqlx::query(ADVANCE_HEADS_SQL).bind(SINK).bind(&streams).execute(&mut *tx).await?;
-    sqlx::query(DELETE_EMPTY_HEADS_SQL).bind(SINK).bind(&streams).execute(&mut *tx).await?;
+    sqlx::query(ADVANCE_HEADS_SQL)
+        .bind(SINK)
+        .bind(&streams)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(DELETE_EMPTY_HEADS_SQL)
+        .bind(SINK)
+        .bind(&streams)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(done as usize)
 }
 
 async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_json::Value {
     let base = admin.rsplit_once('/').unwrap().0.to_string();
-    let name = format!("outboxd_bench_raw_{}", hex::encode(rand::random::<[u8; 4]>()));
+    let name = format!(
+        "outboxd_bench_raw_{}",
+        hex::encode(rand::random::<[u8; 4]>())
+    );
     let mut a = sqlx::PgConnection::connect(admin).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut a).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut a)
+        .await
+        .unwrap();
     let url = format!("{base}/{name}");
     {
         let store = outboxd::store::open(&url).await.unwrap();
         store.migrate().await.unwrap();
     }
-    let pool = PgPoolOptions::new().max_connections(workers as u32 + 1).connect(&url).await.unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(workers as u32 + 1)
+        .connect(&url)
+        .await
+        .unwrap();
 
     // 1. insert
-    let ks: Arc<Vec<Vec<usize>>> = Arc::new((0..n).collect::<Vec<_>>().chunks(BATCH).map(<[usize]>::to_vec).collect());
+    let ks: Arc<Vec<Vec<usize>>> = Arc::new(
+        (0..n)
+            .collect::<Vec<_>>()
+            .chunks(BATCH)
+            .map(<[usize]>::to_vec)
+            .collect(),
+    );
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -266,7 +297,10 @@ async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_jso
     }
     let deliver_s = start.elapsed().as_secs_f64();
     pool.close().await;
-    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&mut a).await.unwrap();
+    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .execute(&mut a)
+        .await
+        .unwrap();
     json!({
         "workers": workers,
         "n": n,
@@ -283,14 +317,21 @@ async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_jso
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned());
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
     let admin = flag("--admin")
         .or_else(|| std::env::var("OUTBOXD_TEST_PG").ok())
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let n: usize = flag("--n").map_or(10_000, |v| v.parse().unwrap());
     let streams: usize = flag("--streams").map_or(100, |v| v.parse().unwrap());
-    let workers: Vec<usize> =
-        flag("--workers").unwrap_or_else(|| "1,2,4".into()).split(',').map(|w| w.parse().unwrap()).collect();
+    let workers: Vec<usize> = flag("--workers")
+        .unwrap_or_else(|| "1,2,4".into())
+        .split(',')
+        .map(|w| w.parse().unwrap())
+        .collect();
     for w in workers {
         println!("{}", run(&admin, n, streams, w).await);
     }

@@ -20,7 +20,10 @@ use outboxd::daemon::{Daemon, Migrations};
 
 /// Repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// Build every shipped plugin (once per test process) and return the folder
@@ -54,16 +57,29 @@ pub fn test_component(name: &str) -> PathBuf {
         add_wasm_target();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = std::process::Command::new(cargo)
-            .args(["build", "--release", "--target", WASM_TARGET, "--manifest-path"])
+            .args([
+                "build",
+                "--release",
+                "--target",
+                WASM_TARGET,
+                "--manifest-path",
+            ])
             .arg(root.join("tests/components/Cargo.toml"))
             .env("CARGO_TARGET_DIR", &target_dir)
             .status()
             .expect("run cargo build for tests/components");
-        assert!(status.success(), "building the test components (tests/components/) failed");
+        assert!(
+            status.success(),
+            "building the test components (tests/components/) failed"
+        );
         target_dir.join(WASM_TARGET).join("release")
     });
     let path = dir.join(format!("{}.wasm", name.replace('-', "_")));
-    assert!(path.is_file(), "no test component {name:?}: {} is missing", path.display());
+    assert!(
+        path.is_file(),
+        "no test component {name:?}: {} is missing",
+        path.display()
+    );
     path
 }
 
@@ -73,12 +89,23 @@ const WASM_TARGET: &str = "wasm32-wasip2";
 /// Install the wasm target with rustup when it is missing (as
 /// scripts/build-plugins.sh does); without rustup, the build says why.
 fn add_wasm_target() {
-    let Ok(out) = std::process::Command::new("rustup").args(["target", "list", "--installed"]).output() else {
+    let Ok(out) = std::process::Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+    else {
         return;
     };
-    if !String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == WASM_TARGET) {
-        let status = std::process::Command::new("rustup").args(["target", "add", WASM_TARGET]).status();
-        assert!(status.is_ok_and(|s| s.success()), "rustup target add {WASM_TARGET} failed");
+    if !String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == WASM_TARGET)
+    {
+        let status = std::process::Command::new("rustup")
+            .args(["target", "add", WASM_TARGET])
+            .status();
+        assert!(
+            status.is_ok_and(|s| s.success()),
+            "rustup target add {WASM_TARGET} failed"
+        );
     }
 }
 
@@ -89,13 +116,19 @@ pub fn init_logs() {
     INIT.get_or_init(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outboxd=info"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
     });
 }
 
 /// A fresh Standard Webhooks secret.
 pub fn new_secret() -> String {
-    format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 24]>()))
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 24]>())
+    )
 }
 
 /// One request seen by the receiver.
@@ -110,7 +143,10 @@ pub struct Received {
 
 impl Received {
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
     }
 }
 
@@ -134,7 +170,9 @@ pub struct Receiver {
 impl Receiver {
     pub async fn start() -> Receiver {
         let inner = Arc::new(Mutex::new(ReceiverInner::default()));
-        let app = axum::Router::new().fallback(handle).with_state(inner.clone());
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -145,7 +183,10 @@ impl Receiver {
     pub fn script(&self, status: u16, headers: &[(&str, &str)], body: &str) {
         self.inner.lock().unwrap().script.push_back((
             status,
-            headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             body.to_string(),
         ));
     }
@@ -192,11 +233,22 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> impl IntoResponse {
-    let path = uri.path_and_query().map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string());
+    let path = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string());
     let (status, extra, text, delay) = {
         let mut inner = inner.lock().unwrap();
-        inner.seen.push(Received { headers, body, at: Instant::now(), path });
-        let (status, extra, text) = inner.script.pop_front().unwrap_or((200, Vec::new(), String::new()));
+        inner.seen.push(Received {
+            headers,
+            body,
+            at: Instant::now(),
+            path,
+        });
+        let (status, extra, text) =
+            inner
+                .script
+                .pop_front()
+                .unwrap_or((200, Vec::new(), String::new()));
         (status, extra, text, inner.delay)
     };
     if !delay.is_zero() {
@@ -204,7 +256,10 @@ async fn handle(
     }
     let mut out = HeaderMap::new();
     for (k, v) in extra {
-        out.insert(axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        out.insert(
+            axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
     }
     (StatusCode::from_u16(status).unwrap(), out, text)
 }
@@ -215,16 +270,19 @@ pub fn verify_signature(secret: &str, r: &Received) -> bool {
     let key = base64::engine::general_purpose::STANDARD
         .decode(secret.trim_start_matches("whsec_"))
         .unwrap();
-    let (Some(id), Some(ts), Some(sigs)) =
-        (r.header("webhook-id"), r.header("webhook-timestamp"), r.header("webhook-signature"))
-    else {
+    let (Some(id), Some(ts), Some(sigs)) = (
+        r.header("webhook-id"),
+        r.header("webhook-timestamp"),
+        r.header("webhook-signature"),
+    ) else {
         return false;
     };
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&key).unwrap();
     mac.update(format!("{id}.{ts}.").as_bytes());
     mac.update(&r.body);
     let expected = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
-    sigs.split(' ').any(|s| s.strip_prefix("v1,") == Some(expected.as_str()))
+    sigs.split(' ')
+        .any(|s| s.strip_prefix("v1,") == Some(expected.as_str()))
 }
 
 /// A plugins folder of a test's own, with the webhook component and a
@@ -235,7 +293,9 @@ pub struct PluginsDir {
 
 impl PluginsDir {
     pub fn new() -> PluginsDir {
-        PluginsDir { dir: tempfile::tempdir().unwrap() }
+        PluginsDir {
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -245,7 +305,14 @@ impl PluginsDir {
     /// Add a webhook sink named `name` posting to `url`, allowed to reach
     /// `allow` (origins), with retry base `retry_base`.
     pub fn add_webhook(&self, name: &str, url: &str, allow: &[String], secret: &str, extra: &str) {
-        self.add_webhook_with_limits(name, url, allow, secret, "deadline = \"10s\"\nmax-batch = 50\n", extra);
+        self.add_webhook_with_limits(
+            name,
+            url,
+            allow,
+            secret,
+            "deadline = \"10s\"\nmax-batch = 50\n",
+            extra,
+        );
     }
 
     /// [`PluginsDir::add_webhook`] with the body of the manifest's
@@ -314,12 +381,23 @@ impl TestDaemon {
         };
         config.delivery.max_poll_interval = Duration::from_millis(200);
         adjust(&mut config);
-        let daemon = Daemon::start(config, Migrations::Apply).await.expect("daemon starts");
+        let daemon = Daemon::start(config, Migrations::Apply)
+            .await
+            .expect("daemon starts");
         let base = format!("http://{}", daemon.addr);
-        TestDaemon { daemon: Some(daemon), base, data, http: reqwest::Client::new() }
+        TestDaemon {
+            daemon: Some(daemon),
+            base,
+            data,
+            http: reqwest::Client::new(),
+        }
     }
 
-    pub async fn post(&self, content_type: &str, body: impl Into<reqwest::Body>) -> (u16, serde_json::Value) {
+    pub async fn post(
+        &self,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, serde_json::Value) {
         let r = self
             .http
             .post(format!("{}/v1/events", self.base))
@@ -333,7 +411,12 @@ impl TestDaemon {
     }
 
     pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
-        let r = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(serde_json::Value::Null))
     }
@@ -347,7 +430,12 @@ impl TestDaemon {
 
     /// Wait until `check` holds for the event's first delivery, or panic
     /// with the last state seen.
-    pub async fn wait_delivery(&self, id: &str, timeout: Duration, check: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub async fn wait_delivery(
+        &self,
+        id: &str,
+        timeout: Duration,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let start = Instant::now();
         loop {
             let d = self.deliveries(id).await;
@@ -357,7 +445,9 @@ impl TestDaemon {
                 }
             }
             if start.elapsed() > timeout {
-                panic!("delivery of {id} did not reach the expected state within {timeout:?}: {d:?}");
+                panic!(
+                    "delivery of {id} did not reach the expected state within {timeout:?}: {d:?}"
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -365,7 +455,10 @@ impl TestDaemon {
 
     /// The delivery of event `id` to `sink`, as the read API reports it.
     pub async fn delivery(&self, id: &str, sink: &str) -> Option<serde_json::Value> {
-        self.deliveries(id).await.into_iter().find(|x| x["sink"] == sink)
+        self.deliveries(id)
+            .await
+            .into_iter()
+            .find(|x| x["sink"] == sink)
     }
 
     /// Wait until `check` holds for the delivery of `id` to `sink`, or panic
@@ -427,7 +520,8 @@ pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
 /// Admin URL of the test PostgreSQL server (`OUTBOXD_TEST_PG`, default
 /// the local server with trust authentication).
 pub fn pg_admin_url() -> String {
-    std::env::var("OUTBOXD_TEST_PG").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    std::env::var("OUTBOXD_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
 /// A database of the test's own: a fresh PostgreSQL database, or a fresh
@@ -450,7 +544,11 @@ impl TestDb {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let url = format!("sqlite://{}", dir.path().join("outboxd.db").display());
-                TestDb { url, pg_name: None, _dir: Some(dir) }
+                TestDb {
+                    url,
+                    pg_name: None,
+                    _dir: Some(dir),
+                }
             }
             Backend::Postgres => {
                 use sqlx::Connection;
@@ -458,10 +556,17 @@ impl TestDb {
                 let mut admin = sqlx::PgConnection::connect(&pg_admin_url())
                     .await
                     .expect("PostgreSQL must run on 127.0.0.1:5432 (scripts/setup.sh starts it)");
-                sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&mut admin)
+                    .await
+                    .unwrap();
                 let admin_url = pg_admin_url();
                 let base = admin_url.rsplit_once('/').unwrap().0;
-                TestDb { url: format!("{base}/{name}"), pg_name: Some(name), _dir: None }
+                TestDb {
+                    url: format!("{base}/{name}"),
+                    pg_name: Some(name),
+                    _dir: None,
+                }
             }
         }
     }
@@ -477,7 +582,9 @@ impl TestDb {
         use sqlx::Connection;
         if let Some(name) = &self.pg_name {
             if let Ok(mut admin) = sqlx::PgConnection::connect(&pg_admin_url()).await {
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut admin).await;
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await;
             }
         }
     }
@@ -494,7 +601,11 @@ impl TestDb {
 pub fn free_loopback_addr() -> SocketAddr {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<u16>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u16>().ok())
+        })
         .unwrap_or(32768);
     if ephemeral_low > 12000 {
         for _ in 0..200 {
@@ -575,7 +686,12 @@ impl ChildDaemon {
             .stderr(log);
         let child = command.spawn().expect("spawn the outboxd binary");
         let base = format!("http://{}", config.listen);
-        ChildDaemon { pid: child.id(), child: Some(child), base, log: config.log.clone() }
+        ChildDaemon {
+            pid: child.id(),
+            child: Some(child),
+            base,
+            log: config.log.clone(),
+        }
     }
 
     /// Wait until `GET /health` answers 200; returns how long that took.
@@ -583,10 +699,17 @@ impl ChildDaemon {
     /// first or `timeout` passes.
     pub async fn wait_healthy(&mut self, timeout: Duration) -> Duration {
         let start = Instant::now();
-        let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
         loop {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!("outboxd (pid {}) exited with {status} before it was healthy:\n{}", self.pid, self.log_tail(40));
+                panic!(
+                    "outboxd (pid {}) exited with {status} before it was healthy:\n{}",
+                    self.pid,
+                    self.log_tail(40)
+                );
             }
             if let Ok(r) = http.get(format!("{}/health", self.base)).send().await {
                 if r.status().is_success() {
@@ -594,7 +717,11 @@ impl ChildDaemon {
                 }
             }
             if start.elapsed() > timeout {
-                panic!("outboxd (pid {}) not healthy within {timeout:?}:\n{}", self.pid, self.log_tail(40));
+                panic!(
+                    "outboxd (pid {}) not healthy within {timeout:?}:\n{}",
+                    self.pid,
+                    self.log_tail(40)
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -602,13 +729,18 @@ impl ChildDaemon {
 
     /// One `GET /health`: true when it answers 200.
     pub async fn is_healthy(&self) -> bool {
-        let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
         matches!(http.get(format!("{}/health", self.base)).send().await, Ok(r) if r.status().is_success())
     }
 
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| c.try_wait().unwrap().is_none())
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
     }
 
     /// SIGKILL, then reap the process.
@@ -623,7 +755,9 @@ impl ChildDaemon {
     /// Returns the exit status when the process exited by itself.
     pub async fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let mut child = self.child.take()?;
-        let _ = std::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status();
         let start = Instant::now();
         while start.elapsed() < timeout {
             if let Some(status) = child.try_wait().unwrap() {
@@ -654,5 +788,10 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     let from = all.len().saturating_sub(lines);
-    format!("--- {} (last {} lines) ---\n{}", path.display(), all.len() - from, all[from..].join("\n"))
+    format!(
+        "--- {} (last {} lines) ---\n{}",
+        path.display(),
+        all.len() - from,
+        all[from..].join("\n")
+    )
 }

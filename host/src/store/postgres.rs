@@ -12,6 +12,10 @@
 //! - claims use `FOR UPDATE SKIP LOCKED` on the heads of streams, so
 //!   concurrent workers and replicas never take the same delivery; lease
 //!   expiry is `now()` of the database;
+//! - a finish that moves or drops a stream's head takes the stream's row
+//!   lock first, like ingest, so a head change and an ingest of the same
+//!   stream never interleave (otherwise the new delivery could be left
+//!   without a head, and delivered out of order or never);
 //! - every connection carries a `statement_timeout`, so no call can hang.
 //!
 //! Must never: compute a time from the process clock, or hold a
@@ -497,6 +501,25 @@ impl Store for PgStore {
         finish: &Finish,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
+        if matches!(finish, Finish::Delivered | Finish::Dead { .. }) {
+            // Moving or dropping the head must not interleave with an ingest
+            // adding the stream's next delivery (that ingest's head insert
+            // would see the old head and do nothing, then we would drop the
+            // head: the new delivery stranded). Ingest holds the stream's
+            // row lock; take it too, before touching deliveries or heads,
+            // in the same order as ingest.
+            let stream: Option<String> =
+                sqlx::query_scalar("SELECT stream FROM outboxd.deliveries WHERE id = $1")
+                    .bind(delivery_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if let Some(stream) = stream {
+                sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE")
+                    .bind(&stream)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
         let fence =
             "WHERE id = $1 AND lease_token = $2 AND status = 'pending' RETURNING sink, stream";
         let clear = "lease_token = NULL, lease_expires_at = NULL";
@@ -602,6 +625,11 @@ impl Store for PgStore {
         for row in &rows {
             let stored = event_from_row(row)?;
             let sinks = route(&stored.event);
+            // Same lock order as ingest and finish (see `finish`).
+            sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE")
+                .bind(&stored.event.stream)
+                .execute(&mut *tx)
+                .await?;
             insert_deliveries(
                 &mut tx,
                 &stored.event.id,

@@ -84,11 +84,10 @@ impl Config {
         if exchange.len() > 255 {
             return Err("config key `exchange` is longer than AMQP's 255 bytes".into());
         }
-        let routing_key = routing_key.ok_or(
-            "config key `routing-key` is required: a template such as `documents.{type}`",
-        )?;
-        let routing_key = Template::parse(routing_key)
-            .map_err(|e| format!("config key `routing-key`: {e}"))?;
+        let routing_key = routing_key
+            .ok_or("config key `routing-key` is required: a template such as `documents.{type}`")?;
+        let routing_key =
+            Template::parse(routing_key).map_err(|e| format!("config key `routing-key`: {e}"))?;
         let unroutable = match unroutable.map(str::trim) {
             None | Some("reject") => Unroutable::Reject,
             Some("retry") => Unroutable::Retry,
@@ -140,7 +139,11 @@ mod tests {
 
     #[test]
     fn defaults_apply() {
-        let c = parse(&[("exchange", "documents"), ("routing-key", "documents.{type}")]).unwrap();
+        let c = parse(&[
+            ("exchange", "documents"),
+            ("routing-key", "documents.{type}"),
+        ])
+        .unwrap();
         assert_eq!(c.exchange, "documents");
         assert_eq!(c.unroutable, Unroutable::Reject);
         assert_eq!(c.ordering, Ordering::Strict);
@@ -155,16 +158,28 @@ mod tests {
         assert!(err.contains("`routing-key`"), "{err}");
         let err = parse(&[("exchange", "x"), ("routing-key", "a.{b")]).unwrap_err();
         assert!(err.contains("`routing-key`"), "{err}");
-        let err = parse(&[("exchange", "x"), ("routing-key", "k"), ("unroutable", "drop")])
-            .unwrap_err();
+        let err = parse(&[
+            ("exchange", "x"),
+            ("routing-key", "k"),
+            ("unroutable", "drop"),
+        ])
+        .unwrap_err();
         assert!(err.contains("`unroutable`"), "{err}");
         let err = parse(&[("exchange", "x"), ("routing-key", "k"), ("colour", "red")]).unwrap_err();
         assert!(err.contains("`colour`"), "{err}");
-        let err = parse(&[("exchange", "x"), ("routing-key", "k"), ("header-prefix", "ce-")])
-            .unwrap_err();
+        let err = parse(&[
+            ("exchange", "x"),
+            ("routing-key", "k"),
+            ("header-prefix", "ce-"),
+        ])
+        .unwrap_err();
         assert!(err.contains("`header-prefix`"), "{err}");
-        let err = parse(&[("exchange", "x"), ("routing-key", "k"), ("ordering", "loose")])
-            .unwrap_err();
+        let err = parse(&[
+            ("exchange", "x"),
+            ("routing-key", "k"),
+            ("ordering", "loose"),
+        ])
+        .unwrap_err();
         assert!(err.contains("`ordering`"), "{err}");
     }
 

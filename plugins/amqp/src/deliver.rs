@@ -86,7 +86,10 @@ pub fn deliver(
                 )),
             };
             if !matches!(outcome, Outcome::Delivered) {
-                blocked.insert(batch[i].stream.as_str(), predecessor_failed(&batch[i], &outcome));
+                blocked.insert(
+                    batch[i].stream.as_str(),
+                    predecessor_failed(&batch[i], &outcome),
+                );
             }
             outcomes[i] = Some(outcome);
         }
@@ -166,11 +169,16 @@ mod tests {
     }
 
     /// A broker where routing key `k.bad` is unroutable; records each call's ids.
-    fn broker(calls: &RefCell<Vec<Vec<String>>>) -> impl Fn(&[Message]) -> Vec<Result<(), PublishError>> + '_ {
+    fn broker(
+        calls: &RefCell<Vec<Vec<String>>>,
+    ) -> impl Fn(&[Message]) -> Vec<Result<(), PublishError>> + '_ {
         move |messages| {
-            calls
-                .borrow_mut()
-                .push(messages.iter().map(|m| m.message_id.clone().unwrap()).collect());
+            calls.borrow_mut().push(
+                messages
+                    .iter()
+                    .map(|m| m.message_id.clone().unwrap())
+                    .collect(),
+            );
             messages
                 .iter()
                 .map(|m| {
@@ -203,14 +211,20 @@ mod tests {
         assert!(matches!(outcomes[0], Outcome::Delivered));
         assert!(matches!(&outcomes[1], Outcome::Reject(r) if r.contains("unroutable")));
         assert!(matches!(outcomes[2], Outcome::Delivered));
-        assert!(matches!(&outcomes[3], Outcome::Retry(i) if i.reason == "predecessor b1 not delivered"));
+        assert!(
+            matches!(&outcomes[3], Outcome::Retry(i) if i.reason == "predecessor b1 not delivered")
+        );
         assert!(matches!(outcomes[4], Outcome::Delivered));
     }
 
     #[test]
     fn pipelined_is_one_call_and_unroutable_can_retry() {
         let calls = RefCell::new(Vec::new());
-        let batch = vec![event("a1", "a", "ok"), event("a2", "a", "bad"), event("a3", "a", "ok")];
+        let batch = vec![
+            event("a1", "a", "ok"),
+            event("a2", "a", "bad"),
+            event("a3", "a", "ok"),
+        ];
         let outcomes = deliver(
             &config(&[("ordering", "pipelined"), ("unroutable", "retry")]),
             &batch,
@@ -243,10 +257,25 @@ mod tests {
     #[test]
     fn answers_map_to_outcomes() {
         let c = config(&[]);
-        assert!(matches!(outcome_for(&c, &PublishError::NotAllowed("x".into())), Outcome::Reject(_)));
-        assert!(matches!(outcome_for(&c, &PublishError::Invalid("x".into())), Outcome::Reject(_)));
-        assert!(matches!(outcome_for(&c, &PublishError::Nacked("x".into())), Outcome::Retry(_)));
-        assert!(matches!(outcome_for(&c, &PublishError::Refused("x".into())), Outcome::Retry(_)));
-        assert!(matches!(outcome_for(&c, &PublishError::Unavailable("x".into())), Outcome::Retry(_)));
+        assert!(matches!(
+            outcome_for(&c, &PublishError::NotAllowed("x".into())),
+            Outcome::Reject(_)
+        ));
+        assert!(matches!(
+            outcome_for(&c, &PublishError::Invalid("x".into())),
+            Outcome::Reject(_)
+        ));
+        assert!(matches!(
+            outcome_for(&c, &PublishError::Nacked("x".into())),
+            Outcome::Retry(_)
+        ));
+        assert!(matches!(
+            outcome_for(&c, &PublishError::Refused("x".into())),
+            Outcome::Retry(_)
+        ));
+        assert!(matches!(
+            outcome_for(&c, &PublishError::Unavailable("x".into())),
+            Outcome::Retry(_)
+        ));
     }
 }

@@ -60,11 +60,8 @@ impl bindings::Guest for Amqp {
                 })
                 .collect();
         };
-        let outcomes = deliver::deliver(
-            config,
-            &batch,
-            bindings::outboxd::sink::amqp::publish_batch,
-        );
+        let outcomes =
+            deliver::deliver(config, &batch, bindings::outboxd::sink::amqp::publish_batch);
         log(Level::Debug, &summary(&outcomes));
         outcomes
     }

@@ -113,13 +113,19 @@ mod tests {
     fn config() -> Config {
         Config::parse(&[
             ("exchange".to_string(), "documents".to_string()),
-            ("routing-key".to_string(), "documents.{operation}.{type}".to_string()),
+            (
+                "routing-key".to_string(),
+                "documents.{operation}.{type}".to_string(),
+            ),
         ])
         .unwrap()
     }
 
     fn get<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-        headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 
     #[test]
@@ -141,7 +147,12 @@ mod tests {
         assert_eq!(get(h, "cloudEvents_sequence"), Some("42"));
         assert_eq!(get(h, "cloudEvents_operation"), Some("new"));
         assert_eq!(get(h, "cloudEvents_datacontenttype"), None);
-        assert_eq!(h.iter().filter(|(n, _)| n == "cloudEvents_sequence").count(), 1);
+        assert_eq!(
+            h.iter()
+                .filter(|(n, _)| n == "cloudEvents_sequence")
+                .count(),
+            1
+        );
     }
 
     #[test]
