@@ -519,6 +519,10 @@ async fn a_broker_restart_mid_run_loses_nothing_and_delivery_resumes_by_itself()
     let stopped = Instant::now();
     post_all(&d, &sent[500..]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // Readiness shows the outage while it lasts.
+    let (status, ready) = d.get("/ready").await;
+    assert_eq!(status, 503, "not ready while the broker is away: {ready}");
+    assert_eq!(ready["checks"]["amqp"]["ok"], false, "{ready}");
     rabbitmqctl("start_app");
     wait_for_port(Duration::from_secs(60)).await;
     let outage = stopped.elapsed();
@@ -542,6 +546,11 @@ async fn a_broker_restart_mid_run_loses_nothing_and_delivery_resumes_by_itself()
         sent.len()
     );
     assert_all_arrived_in_stream_order(&got, &sent);
+    let start = Instant::now();
+    while d.get("/ready").await.0 != 200 {
+        assert!(start.elapsed() < Duration::from_secs(20), "ready again after the broker returned");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     d.stop().await;
     consumer.delete().await;
 }

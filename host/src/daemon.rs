@@ -166,6 +166,7 @@ impl Daemon {
             heartbeats,
             metrics,
             admin_token: config.admin.token.clone(),
+            amqp: runtime.amqp().clone(),
             routes,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)

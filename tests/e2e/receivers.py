@@ -143,6 +143,9 @@ class WebhookReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Buffered: each response leaves in one write (flushed after each
+            # request), not headers and body in two small TCP segments.
+            wbufsize = -1
 
             def log_message(self, fmt, *args):
                 pass

@@ -45,6 +45,8 @@ pub struct OpsState {
     pub heartbeats: Arc<Heartbeats>,
     pub metrics: Arc<Metrics>,
     pub admin_token: Option<String>,
+    /// The AMQP brokers plugins publish to (readiness shows an outage).
+    pub amqp: crate::plugin::amqp::AmqpPool,
     /// The routing table (backfill routes past events with it).
     pub routes: Arc<crate::ingest::routes::Router>,
 }
@@ -124,12 +126,18 @@ async fn ready(State(state): State<OpsState>) -> Response {
         );
     }
     let plugins_ok = state.plugin_failures.is_empty();
+    let brokers = state.amqp.probe(PROBE_TIMEOUT).await;
+    let brokers_ok = brokers.iter().all(|b| b.connected);
+    let brokers: Vec<_> = brokers
+        .iter()
+        .map(|b| json!({ "broker": b.broker, "connected": b.connected, "last_error": b.last_error }))
+        .collect();
     let queue = if database.is_ok() {
         queue(&*state.store).await
     } else {
         Err("database unavailable".into())
     };
-    let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok;
+    let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok && brokers_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
         Err(e) => json!({ "ok": false, "error": e }),
@@ -141,6 +149,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
             "migrations": show(&migrations),
             "workers": { "ok": workers_ok, "sinks": workers },
             "plugins": { "ok": plugins_ok, "loaded": state.sinks, "refused": state.plugin_failures },
+            "amqp": { "ok": brokers_ok, "brokers": brokers },
         },
         "queue": match queue {
             Ok(q) => json!(q),
