@@ -8,3 +8,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 bash scripts/build-plugins.sh
 cargo test --workspace --no-fail-fast
+
+# End to end on real input with real clients, through SIGKILLs.
+bash tests/e2e/real_input.sh

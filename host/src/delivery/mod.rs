@@ -156,6 +156,7 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
         .heartbeats
         .register(&sink, stale_after(config, deadline));
     let mut traps_in_a_row: u32 = 0;
+    let mut batch_limit = batch_size;
     let mut quarantines_in_a_row: u32 = 0;
     tracing::info!(sink = %sink, lease = ?lease, batch_size, "delivery loop started");
     loop {
@@ -178,7 +179,7 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
         } else {
             let result = match tokio::time::timeout(
                 turn_deadline,
-                turn(&shared, &plugin, &sink, batch_size, lease),
+                turn(&shared, &plugin, &sink, batch_limit, lease),
             )
             .await
             {
@@ -190,6 +191,16 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
             match result {
                 Ok(report) => {
                     shared.heartbeats.turn(&sink, true);
+                    // A batch that runs out of time loses every outcome in
+                    // it, so the same batch from the same head would run
+                    // out of time again: halve the batch after a deadline,
+                    // grow it back after batches that finish.
+                    if report.deadline {
+                        batch_limit = (batch_limit / 2).max(1);
+                        tracing::warn!(sink = %sink, batch_limit, "batch ran out of time; batch size halved");
+                    } else if report.claimed > 0 && !report.trapped {
+                        batch_limit = (batch_limit * 2).min(batch_size);
+                    }
                     traps_in_a_row = if report.trapped {
                         traps_in_a_row + 1
                     } else {
@@ -264,6 +275,8 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
 struct TurnReport {
     claimed: usize,
     trapped: bool,
+    /// The trap was the batch deadline.
+    deadline: bool,
 }
 
 /// One turn: claim, deliver, finish.
@@ -285,6 +298,7 @@ async fn turn(
         return Ok(TurnReport {
             claimed: 0,
             trapped: false,
+            deadline: false,
         });
     }
     let batch: Vec<Event> = claimed.iter().map(to_wit_event).collect();
@@ -298,6 +312,7 @@ async fn turn(
         .observe(started.elapsed().as_secs_f64());
     let policy = &plugin.manifest().retry;
     let mut trapped = false;
+    let mut deadline = false;
     let mut finishes: Vec<Finish> = match outcomes {
         Ok(outcomes) => claimed
             .iter()
@@ -319,6 +334,7 @@ async fn turn(
             log_failure(sink, &failure, claimed.len());
             if let SinkFailure::Trap { kind, .. } = &failure {
                 trapped = true;
+                deadline = kind == "deadline";
                 metrics
                     .plugin_traps
                     .get_or_create(&TrapLabel {
@@ -405,6 +421,7 @@ async fn turn(
     Ok(TurnReport {
         claimed: claimed.len(),
         trapped,
+        deadline,
     })
 }
 
