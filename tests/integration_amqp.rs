@@ -548,7 +548,10 @@ async fn a_broker_restart_mid_run_loses_nothing_and_delivery_resumes_by_itself()
     assert_all_arrived_in_stream_order(&got, &sent);
     let start = Instant::now();
     while d.get("/ready").await.0 != 200 {
-        assert!(start.elapsed() < Duration::from_secs(20), "ready again after the broker returned");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "ready again after the broker returned"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     d.stop().await;

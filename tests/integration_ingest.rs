@@ -302,3 +302,74 @@ async fn a_database_with_pending_migrations_is_refused_naming_them() {
     );
     db.cleanup().await;
 }
+
+async fn a_chained_sink_takes_an_event_only_after_its_predecessor_delivered_it(backend: Backend) {
+    let first = Receiver::start().await;
+    let second = Receiver::start().await;
+    first.script(503, &[], "busy");
+    first.script(503, &[], "busy");
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("first", &first.url(), &[first.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "second",
+        &second.url(),
+        &[second.origin()],
+        &new_secret(),
+        "",
+    );
+    let manifest = plugins.path().join("second.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, format!("after = \"first\"\n{text}")).unwrap();
+    let (db, d) = daemon(backend, plugins.path()).await;
+    let batch: Vec<_> = (0..4)
+        .map(|i| event(&format!("c{i}"), "chain", "t", json!({"i": i})))
+        .collect();
+    d.post(
+        "application/cloudevents-batch+json",
+        serde_json::to_vec(&batch).unwrap(),
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(30), || second.seen().len() >= 4).await,
+        "second got {}",
+        second.seen().len()
+    );
+    // Every event reached `second` only after `first` acknowledged it.
+    let first_ok: std::collections::BTreeMap<String, std::time::Instant> = first
+        .seen()
+        .into_iter()
+        .skip(2) // the two 503s
+        .map(|r| (r.header("ce-id").unwrap(), r.at))
+        .collect();
+    let mut last = 0;
+    for r in second.seen() {
+        let id = r.header("ce-id").unwrap();
+        let acked = first_ok
+            .get(&id)
+            .unwrap_or_else(|| panic!("{id} reached second before first delivered it"));
+        assert!(
+            r.at >= *acked,
+            "{id} reached second before first acknowledged it"
+        );
+        let seq: u64 = r.header("ce-sequence").unwrap().parse().unwrap();
+        assert!(seq > last, "order kept at the chained sink");
+        last = seq;
+    }
+    d.stop().await;
+    db.cleanup().await;
+}
+
+mod chained {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sqlite() {
+        a_chained_sink_takes_an_event_only_after_its_predecessor_delivered_it(Backend::Sqlite).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        a_chained_sink_takes_an_event_only_after_its_predecessor_delivered_it(Backend::Postgres)
+            .await
+    }
+}

@@ -429,9 +429,21 @@ async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_do
     let plugins = PluginsDir::new();
     // `http://*:*` allows any host by name, but 127.0.0.1 is a loopback
     // address: only an entry naming it exactly reaches it.
-    plugins.add_webhook("wildcard", &receiver.url(), &["http://*:*".to_string()], &new_secret(), "");
+    plugins.add_webhook(
+        "wildcard",
+        &receiver.url(),
+        &["http://*:*".to_string()],
+        &new_secret(),
+        "",
+    );
     let named = Receiver::start().await;
-    plugins.add_webhook("named", &named.url(), &[format!("http://127.0.0.1:{}", named.addr.port())], &new_secret(), "");
+    plugins.add_webhook(
+        "named",
+        &named.url(),
+        &[format!("http://127.0.0.1:{}", named.addr.port())],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
     // The compiled component is kept under <data-dir>/cache/ (one file: both
     // sinks run the same component), so a restart does not compile again.
@@ -442,7 +454,11 @@ async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_do
         .collect();
     assert_eq!(cached.len(), 1, "{cached:?}");
 
-    d.post("application/cloudevents+json", serde_json::to_vec(&event("lo-1", "s", "t", json!({}))).unwrap()).await;
+    d.post(
+        "application/cloudevents+json",
+        serde_json::to_vec(&event("lo-1", "s", "t", json!({}))).unwrap(),
+    )
+    .await;
     let refused = d
         .wait_sink("lo-1", "wildcard", Duration::from_secs(20), |x| {
             x["attempts"].as_u64().unwrap_or(0) >= 1 && !x["last_error"].is_null()
@@ -450,10 +466,19 @@ async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_do
         .await;
     assert_ne!(refused["status"], "delivered");
     let reason = refused["last_error"].as_str().unwrap();
-    assert!(reason.contains("denied by host policy"), "the reason says the host refused it: {reason}");
-    d.wait_sink("lo-1", "named", Duration::from_secs(20), |x| x["status"] == "delivered").await;
+    assert!(
+        reason.contains("denied by host policy"),
+        "the reason says the host refused it: {reason}"
+    );
+    d.wait_sink("lo-1", "named", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(receiver.seen().is_empty(), "the wildcard sink must never reach loopback");
+    assert!(
+        receiver.seen().is_empty(),
+        "the wildcard sink must never reach loopback"
+    );
     assert_eq!(named.seen().len(), 1);
     d.stop().await;
 }

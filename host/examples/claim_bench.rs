@@ -20,7 +20,11 @@ use outboxd::store::{Finish, Store};
 use sqlx::Connection;
 
 fn samples() -> usize {
-    std::env::var("CLAIM_BENCH_SAMPLES").ok().and_then(|s| s.parse().ok()).filter(|&n| n > 0).unwrap_or(200)
+    std::env::var("CLAIM_BENCH_SAMPLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(200)
 }
 
 async fn fill(url: &str, n: i64, hot: bool) {

@@ -37,7 +37,7 @@ pub enum StartError {
     #[error("WebAssembly runtime: {0}")]
     Runtime(String),
     #[error("{0}")]
-    Lease(String),
+    Config(String),
 }
 
 /// How to treat pending migrations at start.
@@ -103,7 +103,7 @@ impl Daemon {
             let deadline = plugin.manifest().limits.deadline;
             let needed = crate::delivery::minimum_lease(deadline);
             if config.delivery.lease < needed {
-                return Err(StartError::Lease(format!(
+                return Err(StartError::Config(format!(
                     "delivery.lease {} is not comfortably longer than sink {:?}'s deadline {}: \
                      set it to at least {} (2 × deadline + 5 s)",
                     humantime::format_duration(config.delivery.lease),
@@ -111,6 +111,17 @@ impl Daemon {
                     humantime::format_duration(deadline),
                     humantime::format_duration(needed),
                 )));
+            }
+        }
+        for plugin in plugins.loaded.values() {
+            if let Some(after) = &plugin.manifest().after {
+                if !plugins.known_sinks().contains(after) || after == plugin.name() {
+                    return Err(StartError::Config(format!(
+                        "sink {:?}: `after = {after:?}` names no other sink (known: {})",
+                        plugin.name(),
+                        plugins.known_sinks().join(", ")
+                    )));
+                }
             }
         }
         let routes = Arc::new(Routes::new(config.routes.clone(), plugins.known_sinks())?);

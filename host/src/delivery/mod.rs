@@ -290,10 +290,13 @@ async fn turn(
     let store = &*shared.store;
     let db_timeout = shared.config.db_timeout;
     let metrics = &shared.metrics;
-    let claimed = tokio::time::timeout(db_timeout, store.claim(sink, batch_size, lease))
-        .await
-        .map_err(|_| format!("claim timed out after {db_timeout:?}"))?
-        .map_err(|e| format!("claim: {e}"))?;
+    let claimed = tokio::time::timeout(
+        db_timeout,
+        store.claim_after(sink, batch_size, lease, plugin.manifest().after.as_deref()),
+    )
+    .await
+    .map_err(|_| format!("claim timed out after {db_timeout:?}"))?
+    .map_err(|e| format!("claim: {e}"))?;
     if claimed.is_empty() {
         return Ok(TurnReport {
             claimed: 0,

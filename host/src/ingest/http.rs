@@ -88,17 +88,19 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
     let batch = match content_type.as_deref() {
         Some("application/cloudevents+json") => false,
         Some("application/cloudevents-batch+json") => true,
-        other => return error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Some("content-type"),
-            format!(
+        other => {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Some("content-type"),
+                format!(
                 "content-type {} is not accepted: use application/cloudevents+json (one event) or \
                      application/cloudevents-batch+json (a JSON array of events)",
                 other
                     .map(|o| format!("{o:?}"))
                     .unwrap_or_else(|| "(missing)".into())
             ),
-        ),
+            )
+        }
     };
     let limit = state.limits.max_body_bytes;
     let bytes = match axum::body::to_bytes(body, limit).await {

@@ -130,7 +130,9 @@ async fn ready(State(state): State<OpsState>) -> Response {
     let brokers_ok = brokers.iter().all(|b| b.connected);
     let brokers: Vec<_> = brokers
         .iter()
-        .map(|b| json!({ "broker": b.broker, "connected": b.connected, "last_error": b.last_error }))
+        .map(
+            |b| json!({ "broker": b.broker, "connected": b.connected, "last_error": b.last_error }),
+        )
         .collect();
     let queue = if database.is_ok() {
         queue(&*state.store).await

@@ -639,7 +639,8 @@ mod tests {
             request = request.header(http::header::HOST, h);
         }
         let request = request.body(body).unwrap();
-        let fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> = Box::new(async { Ok(()) });
+        let fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
+            Box::new(async { Ok(()) });
         let sent = Box::into_pin(hooks.send_request(request, None, fut)).await;
         sent.map(|(response, _)| response.status().as_u16())
     }

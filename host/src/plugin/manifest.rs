@@ -42,6 +42,12 @@ pub struct Manifest {
     pub config: BTreeMap<String, String>,
     #[serde(default)]
     pub retry: RetryPolicy,
+    /// Chained sink: this sink takes an event only after the same event was
+    /// delivered to the sink named here (e.g. mark a document published
+    /// only after the broker confirmed it). Events with no delivery to that
+    /// sink are not held back.
+    #[serde(default)]
+    pub after: Option<String>,
 }
 
 /// Resource limits of one batch.

@@ -213,16 +213,33 @@ pub trait Store: Send + Sync + 'static {
     async fn event(&self, id: &str)
         -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError>;
 
+    /// Claim for a chained sink: as [`Store::claim`], and when `after`
+    /// names another sink, a delivery is taken only once the same event's
+    /// delivery to `after` is delivered (an event with no delivery to
+    /// `after` is not held back). A held-back head is looked at again a
+    /// second later.
+    ///
     /// Claim up to `limit` deliveries of `sink` that are due (pending and
     /// their next attempt time reached, or holding an expired lease) and at
     /// the head of their stream for this sink. Sets a fresh lease token and
     /// expiry `now + lease` (database clock) and counts the attempt.
+    async fn claim_after(
+        &self,
+        sink: &str,
+        limit: u32,
+        lease: Duration,
+        after: Option<&str>,
+    ) -> Result<Vec<Claimed>, StoreError>;
+
+    /// [`Store::claim_after`] with no chain.
     async fn claim(
         &self,
         sink: &str,
         limit: u32,
         lease: Duration,
-    ) -> Result<Vec<Claimed>, StoreError>;
+    ) -> Result<Vec<Claimed>, StoreError> {
+        self.claim_after(sink, limit, lease, None).await
+    }
 
     /// Record the outcome of a claimed delivery, fenced on its lease token.
     /// Returns false when the lease was lost (nothing changed).
@@ -363,6 +380,36 @@ pub(crate) fn same_event(
         return Err(vec!["content".to_string()]);
     }
     Err(diff)
+}
+
+/// Cut claim runs for a chained sink. `order` lists (stream, delivery id)
+/// as claimed: heads first, then each stream's run in sequence order.
+/// Each stream keeps its ids up to the first `blocked` one. Returns the
+/// kept ids, the streams that kept their head, and the streams whose head
+/// is held back.
+pub(crate) fn cut_runs(
+    order: &[(String, i64)],
+    heads: &[(String, i64)],
+    blocked: &std::collections::HashSet<i64>,
+) -> (Vec<i64>, Vec<String>, Vec<String>) {
+    let mut stopped = std::collections::HashSet::new();
+    let mut kept = Vec::new();
+    for (stream, id) in order {
+        if stopped.contains(stream) {
+            continue;
+        }
+        if blocked.contains(id) {
+            stopped.insert(stream.clone());
+            continue;
+        }
+        kept.push(*id);
+    }
+    let (held, claimed): (Vec<_>, Vec<_>) = heads.iter().partition(|(_, id)| blocked.contains(id));
+    (
+        kept,
+        claimed.into_iter().map(|(s, _)| s.clone()).collect(),
+        held.into_iter().map(|(s, _)| s.clone()).collect(),
+    )
 }
 
 /// Random lease token: 128 bits as 32 hex digits.

@@ -387,11 +387,12 @@ impl Store for PgStore {
         Ok(Some((event, deliveries)))
     }
 
-    async fn claim(
+    async fn claim_after(
         &self,
         sink: &str,
         limit: u32,
         lease: Duration,
+        after: Option<&str>,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
@@ -403,8 +404,9 @@ impl Store for PgStore {
             tx.commit().await?;
             return Ok(Vec::new());
         }
-        let streams: Vec<&str> = heads.iter().map(|h| h.0.as_str()).collect();
+        let mut streams: Vec<String> = heads.iter().map(|h| h.0.clone()).collect();
         let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
+        let mut order: Vec<(String, i64)> = heads.clone();
         // Contiguous runs behind the heads we now hold locked: the next live
         // rows of each stream while each is due and not leased.
         let room = (limit as usize).saturating_sub(ids.len());
@@ -430,7 +432,38 @@ impl Store for PgStore {
                     continue;
                 }
                 ids.push(id);
+                order.push((stream, id));
                 room -= 1;
+            }
+        }
+        if let Some(after) = after {
+            let blocked: std::collections::HashSet<i64> = sqlx::query_scalar(
+                "SELECT d.id FROM outboxd.deliveries d JOIN outboxd.deliveries t \
+                   ON t.event_id = d.event_id AND t.sink = $2 \
+                 WHERE d.id = ANY($1) AND t.status <> 'delivered'",
+            )
+            .bind(&ids)
+            .bind(after)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+            if !blocked.is_empty() {
+                let (kept, claimed_streams, held) = super::cut_runs(&order, &heads, &blocked);
+                sqlx::query(
+                    "UPDATE outboxd.heads SET due_at = now() + interval '1 second' \
+                     WHERE sink = $1 AND stream = ANY($2)",
+                )
+                .bind(sink)
+                .bind(&held)
+                .execute(&mut *tx)
+                .await?;
+                ids = kept;
+                streams = claimed_streams;
+                if ids.is_empty() {
+                    tx.commit().await?;
+                    return Ok(Vec::new());
+                }
             }
         }
         let token = new_lease_token();

@@ -291,11 +291,12 @@ impl Store for SqliteStore {
         Ok(Some((event, deliveries)))
     }
 
-    async fn claim(
+    async fn claim_after(
         &self,
         sink: &str,
         limit: u32,
         lease: Duration,
+        after: Option<&str>,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut tx = self.writer.begin().await?;
         let now = now_ms(&mut tx).await?;
@@ -315,6 +316,7 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
+        let mut order: Vec<(String, i64)> = heads.clone();
         // Fill the rest of the batch with contiguous runs behind the heads:
         // the next live rows of the same stream, while each is due and not
         // leased. (Rows behind a head we hold are nobody else's to claim.)
@@ -340,7 +342,44 @@ impl Store for SqliteStore {
                     break;
                 }
                 ids.push(id);
+                order.push((stream.clone(), id));
                 room -= 1;
+            }
+        }
+        let mut claimed_streams: Vec<String> = heads.iter().map(|h| h.0.clone()).collect();
+        if let Some(after) = after {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "SELECT d.id FROM deliveries d JOIN deliveries t ON t.event_id = d.event_id AND t.sink = ",
+            );
+            q.push_bind(after)
+                .push(" WHERE t.status <> 'delivered' AND d.id IN (");
+            let mut sep = q.separated(", ");
+            for id in &ids {
+                sep.push_bind(*id);
+            }
+            q.push(")");
+            let blocked: std::collections::HashSet<i64> = q
+                .build_query_scalar::<i64>()
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .collect();
+            if !blocked.is_empty() {
+                let (kept, kept_streams, held) = super::cut_runs(&order, &heads, &blocked);
+                for stream in &held {
+                    sqlx::query("UPDATE heads SET due_at = ? WHERE sink = ? AND stream = ?")
+                        .bind(now + 1000)
+                        .bind(sink)
+                        .bind(stream)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                ids = kept;
+                claimed_streams = kept_streams;
+                if ids.is_empty() {
+                    tx.commit().await?;
+                    return Ok(Vec::new());
+                }
             }
         }
         let token = new_lease_token();
@@ -366,8 +405,8 @@ impl Store for SqliteStore {
             .push_bind(sink)
             .push(" AND stream IN (");
         let mut sep = leased.separated(", ");
-        for (stream, _) in &heads {
-            sep.push_bind(stream);
+        for stream in &claimed_streams {
+            sep.push_bind(stream.clone());
         }
         leased.push(")");
         leased.build().execute(&mut *tx).await?;
