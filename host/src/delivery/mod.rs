@@ -368,15 +368,19 @@ async fn turn(
             blocked.insert(stream);
         }
     }
-    for (c, finish) in claimed.iter().zip(&finishes) {
-        let ev = &c.event.event;
-        let kept = tokio::time::timeout(
-            db_timeout,
-            store.finish(c.delivery_id, &c.lease_token, finish),
-        )
+    // Every outcome of the batch in one transaction: one commit, not one
+    // per delivery (each commit is an fsync, DESIGN §8).
+    let items: Vec<(i64, &str, &Finish)> = claimed
+        .iter()
+        .zip(&finishes)
+        .map(|(c, f)| (c.delivery_id, c.lease_token.as_str(), f))
+        .collect();
+    let kept_all = tokio::time::timeout(db_timeout, store.finish_many(&items))
         .await
         .map_err(|_| format!("finish timed out after {db_timeout:?}"))?
         .map_err(|e| format!("finish: {e}"))?;
+    for ((c, finish), kept) in claimed.iter().zip(&finishes).zip(kept_all) {
+        let ev = &c.event.event;
         if !kept {
             metrics.delivery(sink, "lease_lost");
             tracing::warn!(

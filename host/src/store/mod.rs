@@ -250,6 +250,11 @@ pub trait Store: Send + Sync + 'static {
         finish: &Finish,
     ) -> Result<bool, StoreError>;
 
+    /// [`Store::finish`] for a whole batch, in one transaction: one commit
+    /// instead of one per delivery. Returns, per item, whether the lease was
+    /// still held.
+    async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError>;
+
     /// Time until the earliest pending delivery of `sink` becomes due (zero
     /// if one is due now); `None` when it has none pending.
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError>;

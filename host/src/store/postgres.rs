@@ -534,105 +534,20 @@ impl Store for PgStore {
         finish: &Finish,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        if matches!(finish, Finish::Delivered | Finish::Dead { .. }) {
-            // Moving or dropping the head must not interleave with an ingest
-            // adding the stream's next delivery (that ingest's head insert
-            // would see the old head and do nothing, then we would drop the
-            // head: the new delivery stranded). Ingest holds the stream's
-            // row lock; take it too, before touching deliveries or heads,
-            // in the same order as ingest.
-            let stream: Option<String> =
-                sqlx::query_scalar("SELECT stream FROM outboxd.deliveries WHERE id = $1")
-                    .bind(delivery_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            if let Some(stream) = stream {
-                sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE")
-                    .bind(&stream)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        let fence =
-            "WHERE id = $1 AND lease_token = $2 AND status = 'pending' RETURNING sink, stream";
-        let clear = "lease_token = NULL, lease_expires_at = NULL";
-        let (sql, delay, reason) = match finish {
-            Finish::Delivered => (
-                format!("UPDATE outboxd.deliveries SET status = 'delivered', finished_at = now(), {clear} {fence}"),
-                None,
-                None,
-            ),
-            Finish::Retry { delay, reason } => (
-                format!(
-                    "UPDATE outboxd.deliveries SET next_attempt_at = now() + $3 * interval '1 millisecond', \
-                     last_error = $4, {clear} {fence}"
-                ),
-                Some(delay.as_millis() as i64),
-                Some(reason),
-            ),
-            Finish::Dead { reason } => (
-                format!(
-                    "UPDATE outboxd.deliveries SET status = 'dead', finished_at = now(), last_error = $3, {clear} {fence}"
-                ),
-                None,
-                Some(reason),
-            ),
-            Finish::Release => (
-                format!(
-                    "UPDATE outboxd.deliveries SET attempts = attempts - 1, \
-                     first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, {clear} {fence}"
-                ),
-                None,
-                None,
-            ),
-        };
-        let mut q = sqlx::query_as::<_, (String, String)>(&sql)
-            .bind(delivery_id)
-            .bind(lease_token);
-        if let Some(delay) = delay {
-            q = q.bind(delay);
-        }
-        if let Some(reason) = reason {
-            q = q.bind(reason);
-        }
-        let Some((sink, stream)) = q.fetch_optional(&mut *tx).await? else {
-            tx.commit().await?;
-            return Ok(false);
-        };
-        match finish {
-            Finish::Delivered | Finish::Dead { .. } => {
-                // If this was the head, the next live delivery of the stream
-                // (possibly leased in the same batch) becomes the head; with
-                // none left, the head row goes.
-                sqlx::query(ADVANCE_HEAD_SQL)
-                    .bind(&sink)
-                    .bind(&stream)
-                    .bind(delivery_id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
-                    "DELETE FROM outboxd.heads h WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3",
-                )
-                .bind(&sink)
-                .bind(&stream)
-                .bind(delivery_id)
-                .execute(&mut *tx)
-                .await?;
-            }
-            Finish::Retry { .. } | Finish::Release => {
-                sqlx::query(
-                    "UPDATE outboxd.heads h SET due_at = d.next_attempt_at FROM outboxd.deliveries d \
-                     WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3 AND d.id = $3",
-                )
-                .bind(&sink)
-                .bind(&stream)
-                .bind(delivery_id)
-                .execute(&mut *tx)
-                .await?;
-            }
+        let kept = finish_in(&mut tx, delivery_id, lease_token, finish).await?;
+        tx.commit().await?;
+        Ok(kept)
+    }
+
+    async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
+        // One transaction (one commit, one fsync) for a whole batch.
+        let mut tx = self.pool.begin().await?;
+        let mut kept = Vec::with_capacity(items.len());
+        for (delivery_id, lease_token, finish) in items {
+            kept.push(finish_in(&mut tx, *delivery_id, lease_token, finish).await?);
         }
         tx.commit().await?;
-        Ok(true)
+        Ok(kept)
     }
 
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
@@ -1004,4 +919,109 @@ fn push_dead_filter(q: &mut QueryBuilder<'_, Postgres>, f: &DeadFilter) {
             .push_bind(until as f64 / 1000.0)
             .push(")");
     }
+}
+
+/// One fenced finish inside `tx` (see [`Store::finish`]).
+async fn finish_in(
+    tx: &mut Transaction<'_, Postgres>,
+    delivery_id: i64,
+    lease_token: &str,
+    finish: &Finish,
+) -> Result<bool, StoreError> {
+    if matches!(finish, Finish::Delivered | Finish::Dead { .. }) {
+        // Moving or dropping the head must not interleave with an ingest
+        // adding the stream's next delivery (that ingest's head insert
+        // would see the old head and do nothing, then we would drop the
+        // head: the new delivery stranded). Ingest holds the stream's
+        // row lock; take it too, before touching deliveries or heads,
+        // in the same order as ingest.
+        let stream: Option<String> =
+            sqlx::query_scalar("SELECT stream FROM outboxd.deliveries WHERE id = $1")
+                .bind(delivery_id)
+                .fetch_optional(&mut **tx)
+                .await?;
+        if let Some(stream) = stream {
+            sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE")
+                .bind(&stream)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    let fence = "WHERE id = $1 AND lease_token = $2 AND status = 'pending' RETURNING sink, stream";
+    let clear = "lease_token = NULL, lease_expires_at = NULL";
+    let (sql, delay, reason) = match finish {
+        Finish::Delivered => (
+            format!("UPDATE outboxd.deliveries SET status = 'delivered', finished_at = now(), {clear} {fence}"),
+            None,
+            None,
+        ),
+        Finish::Retry { delay, reason } => (
+            format!(
+                "UPDATE outboxd.deliveries SET next_attempt_at = now() + $3 * interval '1 millisecond', \
+                 last_error = $4, {clear} {fence}"
+            ),
+            Some(delay.as_millis() as i64),
+            Some(reason),
+        ),
+        Finish::Dead { reason } => (
+            format!(
+                "UPDATE outboxd.deliveries SET status = 'dead', finished_at = now(), last_error = $3, {clear} {fence}"
+            ),
+            None,
+            Some(reason),
+        ),
+        Finish::Release => (
+            format!(
+                "UPDATE outboxd.deliveries SET attempts = attempts - 1, \
+                 first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, {clear} {fence}"
+            ),
+            None,
+            None,
+        ),
+    };
+    let mut q = sqlx::query_as::<_, (String, String)>(&sql)
+        .bind(delivery_id)
+        .bind(lease_token);
+    if let Some(delay) = delay {
+        q = q.bind(delay);
+    }
+    if let Some(reason) = reason {
+        q = q.bind(reason);
+    }
+    let Some((sink, stream)) = q.fetch_optional(&mut **tx).await? else {
+        return Ok(false);
+    };
+    match finish {
+        Finish::Delivered | Finish::Dead { .. } => {
+            // If this was the head, the next live delivery of the stream
+            // (possibly leased in the same batch) becomes the head; with
+            // none left, the head row goes.
+            sqlx::query(ADVANCE_HEAD_SQL)
+                .bind(&sink)
+                .bind(&stream)
+                .bind(delivery_id)
+                .execute(&mut **tx)
+                .await?;
+            sqlx::query(
+                "DELETE FROM outboxd.heads h WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .bind(delivery_id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Finish::Retry { .. } | Finish::Release => {
+            sqlx::query(
+                "UPDATE outboxd.heads h SET due_at = d.next_attempt_at FROM outboxd.deliveries d \
+                 WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3 AND d.id = $3",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .bind(delivery_id)
+            .execute(&mut **tx)
+            .await?;
+        }
+    }
+    Ok(true)
 }

@@ -456,102 +456,20 @@ impl Store for SqliteStore {
         finish: &Finish,
     ) -> Result<bool, StoreError> {
         let mut tx = self.writer.begin().await?;
-        let now = now_ms(&mut tx).await?;
-        let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending' RETURNING sink, stream, next_attempt_at";
-        let (sql, reason) = match finish {
-            Finish::Delivered => (
-                format!(
-                    "UPDATE deliveries SET status = 'delivered', finished_at = {now}, lease_token = NULL, \
-                     lease_expires_at = NULL {fence}"
-                ),
-                None,
-            ),
-            Finish::Retry { delay, reason } => (
-                format!(
-                    "UPDATE deliveries SET next_attempt_at = {}, last_error = ?, lease_token = NULL, \
-                     lease_expires_at = NULL {fence}",
-                    now + delay.as_millis() as i64
-                ),
-                Some(reason),
-            ),
-            Finish::Dead { reason } => (
-                format!(
-                    "UPDATE deliveries SET status = 'dead', finished_at = {now}, last_error = ?, \
-                     lease_token = NULL, lease_expires_at = NULL {fence}"
-                ),
-                Some(reason),
-            ),
-            Finish::Release => (
-                format!(
-                    "UPDATE deliveries SET attempts = attempts - 1, \
-                     first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, \
-                     lease_token = NULL, lease_expires_at = NULL {fence}"
-                ),
-                None,
-            ),
-        };
-        let mut q = sqlx::query_as::<_, (String, String, i64)>(&sql);
-        if let Some(reason) = reason {
-            q = q.bind(reason);
-        }
-        let Some((sink, stream, next_attempt_at)) = q
-            .bind(delivery_id)
-            .bind(lease_token)
-            .fetch_optional(&mut *tx)
-            .await?
-        else {
-            tx.commit().await?;
-            return Ok(false);
-        };
-        match finish {
-            Finish::Delivered | Finish::Dead { .. } => {
-                // If this was the head, the next live delivery of the stream
-                // (possibly leased in the same batch) becomes the head.
-                let next: Option<(i64, i64, Option<i64>)> = sqlx::query_as(
-                    "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
-                     WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
-                )
-                .bind(&sink)
-                .bind(&stream)
-                .fetch_optional(&mut *tx)
-                .await?;
-                match next {
-                    Some((id, next_at, lease)) => {
-                        sqlx::query("UPDATE heads SET delivery_id = ?, due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?")
-                            .bind(id)
-                            .bind(next_at.max(lease.unwrap_or(next_at)))
-                            .bind(&sink)
-                            .bind(&stream)
-                            .bind(delivery_id)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    None => {
-                        sqlx::query(
-                            "DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?",
-                        )
-                        .bind(&sink)
-                        .bind(&stream)
-                        .bind(delivery_id)
-                        .execute(&mut *tx)
-                        .await?;
-                    }
-                }
-            }
-            Finish::Retry { .. } | Finish::Release => {
-                sqlx::query(
-                    "UPDATE heads SET due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?",
-                )
-                .bind(next_attempt_at)
-                .bind(&sink)
-                .bind(&stream)
-                .bind(delivery_id)
-                .execute(&mut *tx)
-                .await?;
-            }
+        let kept = finish_in(&mut tx, delivery_id, lease_token, finish).await?;
+        tx.commit().await?;
+        Ok(kept)
+    }
+
+    async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
+        // One transaction (one commit, one fsync) for a whole batch.
+        let mut tx = self.writer.begin().await?;
+        let mut kept = Vec::with_capacity(items.len());
+        for (delivery_id, lease_token, finish) in items {
+            kept.push(finish_in(&mut tx, *delivery_id, lease_token, finish).await?);
         }
         tx.commit().await?;
-        Ok(true)
+        Ok(kept)
     }
 
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
@@ -886,4 +804,107 @@ pub(crate) fn fold_stats(
         sinks: by_sink.into_values().collect(),
         capped: total >= cap,
     }
+}
+
+/// One fenced finish inside `tx` (see [`Store::finish`]).
+async fn finish_in(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    delivery_id: i64,
+    lease_token: &str,
+    finish: &Finish,
+) -> Result<bool, StoreError> {
+    let now = now_ms(&mut **tx).await?;
+    let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending' RETURNING sink, stream, next_attempt_at";
+    let (sql, reason) = match finish {
+        Finish::Delivered => (
+            format!(
+                "UPDATE deliveries SET status = 'delivered', finished_at = {now}, lease_token = NULL, \
+                 lease_expires_at = NULL {fence}"
+            ),
+            None,
+        ),
+        Finish::Retry { delay, reason } => (
+            format!(
+                "UPDATE deliveries SET next_attempt_at = {}, last_error = ?, lease_token = NULL, \
+                 lease_expires_at = NULL {fence}",
+                now + delay.as_millis() as i64
+            ),
+            Some(reason),
+        ),
+        Finish::Dead { reason } => (
+            format!(
+                "UPDATE deliveries SET status = 'dead', finished_at = {now}, last_error = ?, \
+                 lease_token = NULL, lease_expires_at = NULL {fence}"
+            ),
+            Some(reason),
+        ),
+        Finish::Release => (
+            format!(
+                "UPDATE deliveries SET attempts = attempts - 1, \
+                 first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, \
+                 lease_token = NULL, lease_expires_at = NULL {fence}"
+            ),
+            None,
+        ),
+    };
+    let mut q = sqlx::query_as::<_, (String, String, i64)>(&sql);
+    if let Some(reason) = reason {
+        q = q.bind(reason);
+    }
+    let Some((sink, stream, next_attempt_at)) = q
+        .bind(delivery_id)
+        .bind(lease_token)
+        .fetch_optional(&mut **tx)
+        .await?
+    else {
+        return Ok(false);
+    };
+    match finish {
+        Finish::Delivered | Finish::Dead { .. } => {
+            // If this was the head, the next live delivery of the stream
+            // (possibly leased in the same batch) becomes the head.
+            let next: Option<(i64, i64, Option<i64>)> = sqlx::query_as(
+                "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
+                 WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .fetch_optional(&mut **tx)
+            .await?;
+            match next {
+                Some((id, next_at, lease)) => {
+                    sqlx::query("UPDATE heads SET delivery_id = ?, due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?")
+                        .bind(id)
+                        .bind(next_at.max(lease.unwrap_or(next_at)))
+                        .bind(&sink)
+                        .bind(&stream)
+                        .bind(delivery_id)
+                        .execute(&mut **tx)
+                        .await?;
+                }
+                None => {
+                    sqlx::query(
+                        "DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?",
+                    )
+                    .bind(&sink)
+                    .bind(&stream)
+                    .bind(delivery_id)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+            }
+        }
+        Finish::Retry { .. } | Finish::Release => {
+            sqlx::query(
+                "UPDATE heads SET due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?",
+            )
+            .bind(next_attempt_at)
+            .bind(&sink)
+            .bind(&stream)
+            .bind(delivery_id)
+            .execute(&mut **tx)
+            .await?;
+        }
+    }
+    Ok(true)
 }
