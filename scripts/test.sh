@@ -11,3 +11,6 @@ cargo test --workspace --no-fail-fast
 
 # End to end on real input with real clients, through SIGKILLs.
 bash tests/e2e/real_input.sh
+
+# The benchmark harness at its tiny size, to prove it runs (no thresholds).
+bash bench/run.sh --ci
