@@ -177,19 +177,21 @@ impl PgStore {
         items: &[IngestItem],
     ) -> Result<(Vec<Ingested>, bool), IngestError> {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        // Lock every stream row this request touches, in sorted order.
+        // Lock every stream row this request touches, in byte order (COLLATE "C",
+        // the order Rust sorts in and finish_many locks in), so ingest and
+        // finish never lock two streams in opposite orders.
         let streams: BTreeSet<&str> = items.iter().map(|i| i.event.stream.as_str()).collect();
         let streams: Vec<&str> = streams.into_iter().collect();
         sqlx::query(
             "INSERT INTO outboxd.streams (stream, last_sequence) SELECT s, 0 FROM unnest($1::text[]) AS s \
-             ORDER BY s ON CONFLICT (stream) DO NOTHING",
+             ORDER BY s COLLATE \"C\" ON CONFLICT (stream) DO NOTHING",
         )
         .bind(&streams)
         .execute(&mut *tx)
         .await
         .map_err(StoreError::from)?;
         let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT stream, last_sequence FROM outboxd.streams WHERE stream = ANY($1) ORDER BY stream FOR UPDATE",
+            "SELECT stream, last_sequence FROM outboxd.streams WHERE stream = ANY($1) ORDER BY stream COLLATE \"C\" FOR UPDATE",
         )
         .bind(&streams)
         .fetch_all(&mut *tx)
