@@ -25,16 +25,21 @@ if ! command -v pg_ctlcluster >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q postgresql
 fi
 pg_ready() { (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; }
+version="$(ls /etc/postgresql | sort -V | tail -n1)"
+hba="/etc/postgresql/$version/main/pg_hba.conf"
+# A fresh Debian cluster wants passwords on TCP; the tests connect as
+# `postgres` over loopback with trust (loopback only).
+hba_changed=0
+if [[ -f "$hba" ]] && ! grep -q "^host all all 127.0.0.1/32 trust" "$hba"; then
+    sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+    hba_changed=1
+fi
 if ! pg_ready; then
-    version="$(ls /etc/postgresql | sort -V | tail -n1)"
-    hba="/etc/postgresql/$version/main/pg_hba.conf"
-    # A fresh Debian cluster wants passwords on TCP; the tests use trust
-    # on loopback only.
-    if [[ -f "$hba" ]] && ! grep -q "^host all all 127.0.0.1/32 trust" "$hba"; then
-        sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
-    fi
     pg_ctlcluster --skip-systemctl-redirect "$version" main start
     for _ in $(seq 1 30); do pg_ready && break; sleep 1; done
+elif ((hba_changed)); then
+    # The package's own start (systemd) read the old file.
+    pg_ctlcluster --skip-systemctl-redirect "$version" main reload
 fi
 pg_ready || { echo "setup: PostgreSQL does not answer on 127.0.0.1:5432" >&2; exit 1; }
 

@@ -248,7 +248,10 @@ pub trait Store: Send + Sync + 'static {
         delivery_id: i64,
         lease_token: &str,
         finish: &Finish,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<bool, StoreError> {
+        let kept = self.finish_many(&[(delivery_id, lease_token, finish)]).await?;
+        Ok(kept.first().copied().unwrap_or(false))
+    }
 
     /// [`Store::finish`] for a whole batch, in one transaction: one commit
     /// instead of one per delivery. Returns, per item, whether the lease was
@@ -365,6 +368,60 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// The sequence `ev` (item `index` of its request) takes on a stream whose
+/// last sequence is `last`: the producer's own, which must advance the
+/// stream, or the next one.
+pub(crate) fn next_sequence(index: usize, ev: &NewEvent, last: u64) -> Result<u64, IngestError> {
+    match ev.sequence {
+        Some(given) if given <= last => Err(IngestError::SequenceNotIncreasing {
+            index,
+            id: ev.id.clone(),
+            stream: ev.stream.clone(),
+            given,
+            last,
+        }),
+        Some(given) => Ok(given),
+        None => Ok(last + 1),
+    }
+}
+
+/// A delivery row as a claim's update returned it.
+pub(crate) struct LeasedRow {
+    pub delivery_id: i64,
+    pub event_id: String,
+    pub attempts: u32,
+    pub first_attempt_at_ms: i64,
+    pub claimed_at_ms: i64,
+}
+
+/// Join leased rows with their events into the batch, in the order the
+/// sink contract wants: by stream, then sequence.
+pub(crate) fn assemble_claims(
+    rows: Vec<LeasedRow>,
+    events: &std::collections::BTreeMap<String, StoredEvent>,
+    token: &str,
+) -> Result<Vec<Claimed>, StoreError> {
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        let event = events.get(&row.event_id).cloned().ok_or_else(|| {
+            StoreError::Corrupt(format!("delivery refers to missing event {:?}", row.event_id))
+        })?;
+        claimed.push(Claimed {
+            delivery_id: row.delivery_id,
+            lease_token: token.to_string(),
+            attempts: row.attempts,
+            first_attempt_at_ms: row.first_attempt_at_ms,
+            claimed_at_ms: row.claimed_at_ms,
+            event,
+        });
+    }
+    claimed.sort_by(|a, b| {
+        (a.event.event.stream.as_str(), a.event.sequence)
+            .cmp(&(b.event.event.stream.as_str(), b.event.sequence))
+    });
+    Ok(claimed)
+}
+
 /// Whether `stored` and `new` (same id) are the same event: equal content
 /// hashes, or — when the stored row has no hash (enqueued by SQL) — no
 /// differing attribute. `Err` lists the attributes that differ.
@@ -420,4 +477,40 @@ pub(crate) fn cut_runs(
 /// Random lease token: 128 bits as 32 hex digits.
 pub(crate) fn new_lease_token() -> String {
     hex::encode(rand::random::<[u8; 16]>())
+}
+
+/// Fold (sink, status, count) rows and (sink, age) rows into figures.
+pub(crate) fn fold_stats(
+    rows: Vec<(String, String, i64)>,
+    ages: Vec<(String, i64)>,
+    cap: u64,
+) -> QueueStats {
+    let mut by_sink: std::collections::BTreeMap<String, SinkQueue> = std::collections::BTreeMap::new();
+    let mut total = 0u64;
+    for (sink, status, n) in rows {
+        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {
+            sink,
+            ..Default::default()
+        });
+        let n = n.max(0) as u64;
+        total += n;
+        match status.as_str() {
+            "dead" => q.dead += n,
+            "leased" => q.leased += n,
+            "expired" => q.expired_leases += n,
+            "retrying" => q.retrying += n,
+            _ => q.pending += n,
+        }
+    }
+    for (sink, age) in ages {
+        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {
+            sink,
+            ..Default::default()
+        });
+        q.oldest_due_age_ms = Some(age.max(0));
+    }
+    QueueStats {
+        sinks: by_sink.into_values().collect(),
+        capped: total >= cap,
+    }
 }

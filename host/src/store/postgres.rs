@@ -73,6 +73,15 @@ pub const ADVANCE_HEAD_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.i
            WHERE sink = $1 AND stream = $2 AND status = 'pending' ORDER BY sequence LIMIT 1) AS n \
      WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3";
 
+/// Point the head of (`$1` sink, `$2` stream) at its earliest live
+/// delivery (after a replay or a backfill added one that may sit before
+/// the current head).
+pub const RESET_HEAD_SQL: &str = "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
+     SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
+     FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
+     ORDER BY sequence LIMIT 1 \
+     ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at";
+
 /// The PostgreSQL store.
 pub struct PgStore {
     pool: PgPool,
@@ -248,19 +257,7 @@ impl PgStore {
                 }
             }
             let prev = last.get(&ev.stream).copied().unwrap_or(0);
-            let sequence = match ev.sequence {
-                Some(given) if given <= prev => {
-                    return Err(IngestError::SequenceNotIncreasing {
-                        index,
-                        id: ev.id.clone(),
-                        stream: ev.stream.clone(),
-                        given,
-                        last: prev,
-                    })
-                }
-                Some(given) => given,
-                None => prev + 1,
-            };
+            let sequence = super::next_sequence(index, ev, prev)?;
             last.insert(ev.stream.clone(), sequence);
             let extensions = serde_json::to_string(&ev.extensions).expect("string map serialises");
             sqlx::query(
@@ -507,38 +504,19 @@ impl Store for PgStore {
             events.insert(ev.event.id.clone(), ev);
         }
         tx.commit().await?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in rows {
-            let event_id: String = row.try_get("event_id")?;
-            let event = events.get(&event_id).cloned().ok_or_else(|| {
-                StoreError::Corrupt(format!("delivery refers to missing event {event_id:?}"))
-            })?;
-            claimed.push(Claimed {
-                delivery_id: row.try_get("id")?,
-                lease_token: token.clone(),
-                attempts: row.try_get::<i32, _>("attempts")? as u32,
-                first_attempt_at_ms: row.try_get("first_ms")?,
-                claimed_at_ms: row.try_get("now_ms")?,
-                event,
-            });
-        }
-        claimed.sort_by(|a, b| {
-            (a.event.event.stream.as_str(), a.event.sequence)
-                .cmp(&(b.event.event.stream.as_str(), b.event.sequence))
-        });
-        Ok(claimed)
-    }
-
-    async fn finish(
-        &self,
-        delivery_id: i64,
-        lease_token: &str,
-        finish: &Finish,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let kept = finish_in(&mut tx, delivery_id, lease_token, finish).await?;
-        tx.commit().await?;
-        Ok(kept)
+        let leased = rows
+            .iter()
+            .map(|row| {
+                Ok(super::LeasedRow {
+                    delivery_id: row.try_get("id")?,
+                    event_id: row.try_get("event_id")?,
+                    attempts: row.try_get::<i32, _>("attempts")? as u32,
+                    first_attempt_at_ms: row.try_get("first_ms")?,
+                    claimed_at_ms: row.try_get("now_ms")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        super::assemble_claims(leased, &events, &token)
     }
 
     async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
@@ -674,7 +652,7 @@ impl Store for PgStore {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(super::sqlite::fold_stats(rows, ages, cap))
+        Ok(super::fold_stats(rows, ages, cap))
     }
 
     async fn list_dead(
@@ -729,13 +707,7 @@ impl Store for PgStore {
         let pairs: BTreeSet<(String, String)> = rows.iter().cloned().collect();
         // The replayed letter may sit before its stream's current head.
         for (sink, stream) in pairs {
-            sqlx::query(
-                "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
-                 SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
-                 FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
-                 ORDER BY sequence LIMIT 1 \
-                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at",
-            )
+            sqlx::query(RESET_HEAD_SQL)
             .bind(&sink)
             .bind(&stream)
             .execute(&mut *tx)
@@ -843,13 +815,7 @@ impl Store for PgStore {
             }
         }
         for stream in streams {
-            sqlx::query(
-                "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
-                 SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
-                 FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
-                 ORDER BY sequence LIMIT 1 \
-                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at",
-            )
+            sqlx::query(RESET_HEAD_SQL)
             .bind(sink)
             .bind(&stream)
             .execute(&mut *tx)

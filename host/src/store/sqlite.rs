@@ -20,7 +20,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
     new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter, DeliveryInfo,
-    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, SinkQueue, Store, StoreError,
+    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError,
     StoredEvent,
 };
 use crate::event::{DataFormat, NewEvent};
@@ -156,19 +156,7 @@ impl Store for SqliteStore {
                     .await
                     .map_err(StoreError::from)?;
             let last = last.unwrap_or(0) as u64;
-            let sequence = match ev.sequence {
-                Some(given) if given <= last => {
-                    return Err(IngestError::SequenceNotIncreasing {
-                        index,
-                        id: ev.id.clone(),
-                        stream: ev.stream.clone(),
-                        given,
-                        last,
-                    })
-                }
-                Some(given) => given,
-                None => last + 1,
-            };
+            let sequence = super::next_sequence(index, ev, last)?;
             sqlx::query(
                 "INSERT INTO streams (stream, last_sequence) VALUES (?, ?) \
                  ON CONFLICT (stream) DO UPDATE SET last_sequence = excluded.last_sequence",
@@ -426,39 +414,19 @@ impl Store for SqliteStore {
         }
         tx.commit().await?;
 
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in rows {
-            let event_id: String = row.try_get("event_id")?;
-            let event = events.get(&event_id).cloned().ok_or_else(|| {
-                StoreError::Corrupt(format!("delivery refers to missing event {event_id:?}"))
-            })?;
-            claimed.push(Claimed {
-                delivery_id: row.try_get("id")?,
-                lease_token: token.clone(),
-                attempts: row.try_get::<i64, _>("attempts")? as u32,
-                first_attempt_at_ms: row.try_get("first_attempt_at")?,
-                claimed_at_ms: now,
-                event,
-            });
-        }
-        // Batch order: by stream, then sequence, as the sink contract says.
-        claimed.sort_by(|a, b| {
-            (a.event.event.stream.as_str(), a.event.sequence)
-                .cmp(&(b.event.event.stream.as_str(), b.event.sequence))
-        });
-        Ok(claimed)
-    }
-
-    async fn finish(
-        &self,
-        delivery_id: i64,
-        lease_token: &str,
-        finish: &Finish,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.writer.begin().await?;
-        let kept = finish_in(&mut tx, delivery_id, lease_token, finish).await?;
-        tx.commit().await?;
-        Ok(kept)
+        let leased = rows
+            .iter()
+            .map(|row| {
+                Ok(super::LeasedRow {
+                    delivery_id: row.try_get("id")?,
+                    event_id: row.try_get("event_id")?,
+                    attempts: row.try_get::<i64, _>("attempts")? as u32,
+                    first_attempt_at_ms: row.try_get("first_attempt_at")?,
+                    claimed_at_ms: now,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        super::assemble_claims(leased, &events, &token)
     }
 
     async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
@@ -517,7 +485,7 @@ impl Store for SqliteStore {
         .bind(now)
         .fetch_all(&mut *conn)
         .await?;
-        Ok(fold_stats(rows, ages, cap))
+        Ok(super::fold_stats(rows, ages, cap))
     }
 
     async fn list_dead(
@@ -579,24 +547,7 @@ impl Store for SqliteStore {
         }
         // The replayed letter may sit before its stream's current head.
         for (sink, stream) in pairs {
-            let (id, next_at, lease): (i64, i64, Option<i64>) = sqlx::query_as(
-                "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
-                 WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
-            )
-            .bind(&sink)
-            .bind(&stream)
-            .fetch_one(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
-                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at",
-            )
-            .bind(&sink)
-            .bind(&stream)
-            .bind(id)
-            .bind(next_at.max(lease.unwrap_or(next_at)))
-            .execute(&mut *tx)
-            .await?;
+            reset_head(&mut tx, &sink, &stream).await?;
         }
         tx.commit().await?;
         Ok(rows.len() as u64)
@@ -690,24 +641,7 @@ impl Store for SqliteStore {
             }
         }
         for stream in streams {
-            let (id, next_at, lease): (i64, i64, Option<i64>) = sqlx::query_as(
-                "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
-                 WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
-            )
-            .bind(sink)
-            .bind(&stream)
-            .fetch_one(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
-                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at",
-            )
-            .bind(sink)
-            .bind(&stream)
-            .bind(id)
-            .bind(next_at.max(lease.unwrap_or(next_at)))
-            .execute(&mut *tx)
-            .await?;
+            reset_head(&mut tx, sink, &stream).await?;
         }
         tx.commit().await?;
         if rows.len() < page as usize {
@@ -770,40 +704,29 @@ fn push_dead_filter(q: &mut QueryBuilder<'_, Sqlite>, f: &DeadFilter) {
     }
 }
 
-/// Fold (sink, status, count) rows and (sink, age) rows into figures.
-pub(crate) fn fold_stats(
-    rows: Vec<(String, String, i64)>,
-    ages: Vec<(String, i64)>,
-    cap: u64,
-) -> QueueStats {
-    let mut by_sink: BTreeMap<String, SinkQueue> = BTreeMap::new();
-    let mut total = 0u64;
-    for (sink, status, n) in rows {
-        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {
-            sink,
-            ..Default::default()
-        });
-        let n = n.max(0) as u64;
-        total += n;
-        match status.as_str() {
-            "dead" => q.dead += n,
-            "leased" => q.leased += n,
-            "expired" => q.expired_leases += n,
-            "retrying" => q.retrying += n,
-            _ => q.pending += n,
-        }
-    }
-    for (sink, age) in ages {
-        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {
-            sink,
-            ..Default::default()
-        });
-        q.oldest_due_age_ms = Some(age.max(0));
-    }
-    QueueStats {
-        sinks: by_sink.into_values().collect(),
-        capped: total >= cap,
-    }
+/// Point the head of (`sink`, `stream`) at its earliest live delivery
+/// (after a replay or a backfill added one that may sit before the current
+/// head).
+async fn reset_head(tx: &mut sqlx::Transaction<'_, Sqlite>, sink: &str, stream: &str) -> Result<(), StoreError> {
+    let (id, next_at, lease): (i64, i64, Option<i64>) = sqlx::query_as(
+        "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
+         WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
+    )
+    .bind(sink)
+    .bind(stream)
+    .fetch_one(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
+         ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at",
+    )
+    .bind(sink)
+    .bind(stream)
+    .bind(id)
+    .bind(next_at.max(lease.unwrap_or(next_at)))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// One fenced finish inside `tx` (see [`Store::finish`]).
