@@ -158,7 +158,8 @@ async fn a_paused_sink_delivers_nothing_until_resumed() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    tokio::time::sleep(Duration::from_millis(1500)).await; // the loop sees the pause
+    // Every loop reads the pause within 1 s (PAUSE_RECHECK) plus one idle sleep.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     for i in 0..3 {
         d.post(
             "application/cloudevents+json",

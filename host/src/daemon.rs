@@ -19,7 +19,8 @@ use crate::ingest::http::IngestState;
 use crate::ingest::routes::Router as Routes;
 use crate::metrics::{Metrics, PluginLabel};
 use crate::ops::OpsState;
-use crate::plugin::{self, Runtime};
+use crate::plugin::registry::Registry;
+use crate::plugin::{self, Plugin, Runtime};
 use crate::store::{self, StoreError};
 
 /// Why the daemon did not start.
@@ -59,7 +60,11 @@ pub struct Daemon {
     pub addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Delivery loops, one per sink; plugins added while running add theirs.
+    sink_tasks: SinkTasks,
 }
+
+type SinkTasks = Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>;
 
 impl Daemon {
     /// Start everything; returns once the listener is bound.
@@ -99,30 +104,9 @@ impl Daemon {
                 .get_or_create(&PluginLabel { plugin })
                 .inc();
         }
+        let known = plugins.known_sinks();
         for plugin in plugins.loaded.values() {
-            let deadline = plugin.manifest().limits.deadline;
-            let needed = crate::delivery::minimum_lease(deadline);
-            if config.delivery.lease < needed {
-                return Err(StartError::Config(format!(
-                    "delivery.lease {} is not comfortably longer than sink {:?}'s deadline {}: \
-                     set it to at least {} (2 × deadline + 5 s)",
-                    humantime::format_duration(config.delivery.lease),
-                    plugin.name(),
-                    humantime::format_duration(deadline),
-                    humantime::format_duration(needed),
-                )));
-            }
-        }
-        for plugin in plugins.loaded.values() {
-            if let Some(after) = &plugin.manifest().after {
-                if !plugins.known_sinks().contains(after) || after == plugin.name() {
-                    return Err(StartError::Config(format!(
-                        "sink {:?}: `after = {after:?}` names no other sink (known: {})",
-                        plugin.name(),
-                        plugins.known_sinks().join(", ")
-                    )));
-                }
-            }
+            admit(plugin, &known, config.delivery.lease).map_err(StartError::Config)?;
         }
         let routes = Arc::new(Routes::new(config.routes.clone(), plugins.known_sinks())?);
 
@@ -150,13 +134,31 @@ impl Daemon {
             shared.clone(),
             shutdown_rx.clone(),
         )));
-        for plugin in plugins.loaded.values() {
-            tasks.push(tokio::spawn(crate::delivery::run_sink(
-                shared.clone(),
-                plugin.clone(),
-                shutdown_rx.clone(),
-            )));
-        }
+        let lease = config.delivery.lease;
+        let sink_shared = shared.clone();
+        let sink_shutdown = shutdown_rx.clone();
+        let sink_routes = routes.clone();
+        let sink_tasks: SinkTasks = Arc::default();
+        let spawned = sink_tasks.clone();
+        let registry = Registry::new(
+            runtime.clone(),
+            &config.plugins_dir,
+            plugins,
+            Box::new(move |plugin, known| admit(plugin, known, lease)),
+            Box::new(move |sink, current| {
+                if !sink_routes.add_sink(sink) {
+                    tracing::warn!(sink, "no route names this sink: it gets no events until the routes do");
+                }
+                let task = tokio::spawn(crate::delivery::run_sink(
+                    sink_shared.clone(),
+                    current,
+                    sink_shutdown.clone(),
+                ));
+                spawned.lock().unwrap().push(task);
+            }),
+            metrics.clone(),
+        );
+        tasks.push(tokio::spawn(registry.clone().watch(shutdown_rx.clone())));
 
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
@@ -167,13 +169,7 @@ impl Daemon {
         })
         .merge(crate::ops::router(OpsState {
             store: store.clone(),
-            sinks: plugins.loaded.keys().cloned().collect(),
-            known_sinks: plugins.known_sinks(),
-            plugin_failures: plugins
-                .failed
-                .iter()
-                .map(|f| format!("{}: {}", f.file.display(), f.reason))
-                .collect(),
+            plugins: registry.clone(),
             heartbeats,
             metrics,
             admin_token: config.admin.token.clone(),
@@ -206,14 +202,15 @@ impl Daemon {
             listen = %addr,
             store = %store::redact_url(&url),
             plugins_dir = %config.plugins_dir.display(),
-            sinks = ?plugins.loaded.keys().collect::<Vec<_>>(),
-            refused = plugins.failed.len(),
+            sinks = ?registry.loaded(),
+            refused = registry.failures().len(),
             "outboxd started"
         );
         Ok(Daemon {
             addr,
             shutdown,
             tasks,
+            sink_tasks,
         })
     }
 
@@ -222,10 +219,41 @@ impl Daemon {
     /// leases expire), return.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        let all = futures::future::join_all(self.tasks);
+        let mut tasks = self.tasks;
+        tasks.append(&mut self.sink_tasks.lock().unwrap());
+        let all = futures::future::join_all(tasks);
         if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
             tracing::warn!("in-flight batches did not finish within {SHUTDOWN_GRACE:?}; their leases will expire");
         }
         tracing::info!("outboxd stopped");
     }
+}
+
+/// Whether `plugin` may serve in a daemon whose delivery lease is `lease`
+/// and whose sinks are `known`: its lease must outlast its deadline
+/// ([`crate::delivery::minimum_lease`]) and its `after` must name another
+/// known sink. `Err` says what to change.
+fn admit(plugin: &Plugin, known: &[String], lease: std::time::Duration) -> Result<(), String> {
+    let deadline = plugin.manifest().limits.deadline;
+    let needed = crate::delivery::minimum_lease(deadline);
+    if lease < needed {
+        return Err(format!(
+            "delivery.lease {} is not comfortably longer than sink {:?}'s deadline {}: \
+             set it to at least {} (2 × deadline + 5 s)",
+            humantime::format_duration(lease),
+            plugin.name(),
+            humantime::format_duration(deadline),
+            humantime::format_duration(needed),
+        ));
+    }
+    if let Some(after) = &plugin.manifest().after {
+        if !known.contains(after) || after == plugin.name() {
+            return Err(format!(
+                "sink {:?}: `after = {after:?}` names no other sink (known: {})",
+                plugin.name(),
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }

@@ -142,37 +142,90 @@ pub async fn run_retention(shared: Shared, mut shutdown: watch::Receiver<bool>) 
 
 /// Run the delivery loop of one sink until `shutdown` turns true. An
 /// in-flight batch is finished before the loop returns.
-pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Receiver<bool>) {
-    let sink = plugin.name().to_string();
+///
+/// `current` holds the plugin version serving the sink (see
+/// `plugin::registry`): each batch runs on the version current when it
+/// starts. While it holds `None` the sink was removed: nothing is claimed,
+/// its deliveries wait (no busy loop, no dead letters), and the loop
+/// resumes when a version comes back.
+pub async fn run_sink(
+    shared: Shared,
+    mut current: watch::Receiver<Option<Plugin>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(first) = current.borrow_and_update().clone() else {
+        return;
+    };
+    let sink = first.name().to_string();
     let config = &shared.config;
     let store = &*shared.store;
-    let deadline = plugin.manifest().limits.deadline;
     let lease = config.lease;
-    let batch_size = plugin.manifest().limits.max_batch;
-    // A turn may take the plugin's deadline plus its database calls; past
-    // this it is abandoned (its leases then expire and others take over).
-    let turn_deadline = deadline + config.db_timeout * 3;
     shared
         .heartbeats
-        .register(&sink, stale_after(config, deadline));
+        .register(&sink, stale_after(config, first.manifest().limits.deadline));
+    let mut serving = Some(first);
     let mut traps_in_a_row: u32 = 0;
-    let mut batch_limit = batch_size;
+    let mut batch_limit = u32::MAX;
     let mut quarantines_in_a_row: u32 = 0;
-    tracing::info!(sink = %sink, lease = ?lease, batch_size, "delivery loop started");
+    // Whether an operator paused the sink, and when that was last read:
+    // at most once per PAUSE_RECHECK, not on every turn of a busy loop.
+    let mut paused = false;
+    let mut paused_read: Option<std::time::Instant> = None;
+    // Set when a wait below saw `current` change (which marks it seen).
+    let mut swapped = false;
+    tracing::info!(sink = %sink, lease = ?lease, "delivery loop started");
     loop {
         if *shutdown.borrow() {
             break;
         }
+        if swapped || current.has_changed().unwrap_or(false) {
+            swapped = false;
+            serving = current.borrow_and_update().clone();
+            traps_in_a_row = 0;
+            quarantines_in_a_row = 0;
+            batch_limit = u32::MAX;
+            if let Some(plugin) = &serving {
+                shared
+                    .heartbeats
+                    .register(&sink, stale_after(config, plugin.manifest().limits.deadline));
+            }
+        }
+        let Some(plugin) = serving.clone() else {
+            // Removed: beat (the loop is alive and means to be idle) and
+            // wait for the plugin to come back.
+            shared.heartbeats.turn(&sink, true);
+            tokio::select! {
+                changed = current.changed() => {
+                    if changed.is_err() {
+                        break; // the registry is gone: no version will come
+                    }
+                    swapped = true;
+                }
+                _ = tokio::time::sleep(config.max_poll_interval) => {}
+                _ = shutdown.changed() => {}
+            }
+            continue;
+        };
+        let deadline = plugin.manifest().limits.deadline;
+        let batch_size = plugin.manifest().limits.max_batch;
+        batch_limit = batch_limit.min(batch_size);
+        // A turn may take the plugin's deadline plus its database calls;
+        // past this it is abandoned (its leases then expire and others
+        // take over).
+        let turn_deadline = deadline + config.db_timeout * 3;
         // Register for wake-ups before looking, so an ingest between the
         // look and the sleep is not missed.
         let notified = shared.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
 
-        let paused = match tokio::time::timeout(config.db_timeout, store.paused_sinks()).await {
-            Ok(Ok(p)) => p.contains(&sink),
-            _ => false,
-        };
+        if paused_read.is_none_or(|t| t.elapsed() >= PAUSE_RECHECK) {
+            paused = match tokio::time::timeout(config.db_timeout, store.paused_sinks()).await {
+                Ok(Ok(p)) => p.contains(&sink),
+                _ => false,
+            };
+            paused_read = Some(std::time::Instant::now());
+        }
         let sleep = if paused {
             shared.heartbeats.turn(&sink, true);
             PAUSE_RECHECK
@@ -199,7 +252,7 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
                         batch_limit = (batch_limit / 2).max(1);
                         tracing::warn!(sink = %sink, batch_limit, "batch ran out of time; batch size halved");
                     } else if report.claimed > 0 && !report.trapped {
-                        batch_limit = (batch_limit * 2).min(batch_size);
+                        batch_limit = batch_limit.saturating_mul(2).min(batch_size);
                     }
                     traps_in_a_row = if report.trapped {
                         traps_in_a_row + 1
@@ -225,12 +278,8 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
                             config.quarantine_after_traps
                         );
                         backoff
-                    } else if report.claimed as u32 >= batch_size {
-                        if !report.trapped {
-                            quarantines_in_a_row = 0;
-                        }
-                        continue;
                     } else if report.claimed > 0 {
+                        // More may be due at once: go again without sleeping.
                         if !report.trapped {
                             quarantines_in_a_row = 0;
                         }
@@ -265,6 +314,7 @@ pub async fn run_sink(shared: Shared, plugin: Plugin, mut shutdown: watch::Recei
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = &mut notified, if !paused => {}
+            Ok(()) = current.changed() => swapped = true,
             _ = shutdown.changed() => {}
         }
     }

@@ -6,15 +6,20 @@
 //! Must never: look at anything but the event's attributes (routing is
 //! decided once, at ingest, inside the ingest transaction's input).
 
+use std::sync::RwLock;
+
 use crate::config::Route;
 use crate::event::{glob_match, NewEvent};
 
 /// The routing table.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Router {
     /// `None`: no routes configured, every event goes to every sink.
     routes: Option<Vec<Route>>,
-    sinks: Vec<String>,
+    /// Every sink seen since start. A plugin added while running joins;
+    /// one removed stays, so events keep waiting for it rather than being
+    /// routed nowhere.
+    sinks: RwLock<Vec<String>>,
 }
 
 /// A route that names a sink no plugin manifest declares.
@@ -48,13 +53,32 @@ impl Router {
                 }
             }
         }
-        Ok(Router { routes, sinks })
+        Ok(Router {
+            routes,
+            sinks: RwLock::new(sinks),
+        })
+    }
+
+    /// A sink loaded while running. Without configured routes it gets every
+    /// event from now on; with routes, only if a route already names it.
+    /// Returns whether any route (or the default "every sink") sends it
+    /// events.
+    pub fn add_sink(&self, sink: &str) -> bool {
+        let mut sinks = self.sinks.write().unwrap_or_else(|e| e.into_inner());
+        if !sinks.iter().any(|s| s == sink) {
+            sinks.push(sink.to_string());
+            sinks.sort();
+        }
+        match &self.routes {
+            None => true,
+            Some(routes) => routes.iter().any(|r| r.sinks.iter().any(|s| s == sink)),
+        }
     }
 
     /// The sinks `event` goes to, sorted, without repeats.
     pub fn sinks_for(&self, event: &NewEvent) -> Vec<String> {
         let Some(routes) = &self.routes else {
-            return self.sinks.clone();
+            return self.sinks.read().unwrap_or_else(|e| e.into_inner()).clone();
         };
         let mut out: Vec<String> = routes
             .iter()

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::OpsState;
+use crate::plugin::registry::{SinkState, REMOVED_REASON};
 use crate::store::DeadFilter;
 
 /// Most dead letters one request lists, replays or purges.
@@ -153,16 +154,35 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
         Ok(p) => p,
         Err(e) => return store_error(e),
     };
+    // `state`: "loaded" (with its version), "removed" (its manifest is
+    // gone; deliveries parked with reason "sink removed" until it returns)
+    // or "refused" (a manifest names it but it never loaded).
+    let states = state.plugins.states();
     let sinks: Vec<_> = state
-        .known_sinks
+        .plugins
+        .known()
         .iter()
-        .map(|s| json!({ "sink": s, "loaded": state.sinks.contains(s), "paused": paused.contains(s) }))
+        .map(|s| {
+            let (loaded, st, version, parked) = match states.get(s) {
+                Some(SinkState::Loaded { version }) => (true, "loaded", Some(version.clone()), None),
+                Some(SinkState::Removed) => (false, "removed", None, Some(REMOVED_REASON)),
+                None => (false, "refused", None, None),
+            };
+            json!({
+                "sink": s,
+                "loaded": loaded,
+                "state": st,
+                "version": version,
+                "paused": paused.contains(s),
+                "parked": parked,
+            })
+        })
         .collect();
     Json(json!({ "sinks": sinks })).into_response()
 }
 
 async fn set_paused(state: OpsState, sink: String, paused: bool) -> Response {
-    if !state.known_sinks.contains(&sink) {
+    if !state.plugins.known().contains(&sink) {
         return (
             StatusCode::NOT_FOUND,
             Json(json!({ "error": format!("no sink named {sink:?}") })),
@@ -195,7 +215,7 @@ struct BackfillRequest {
 }
 
 async fn backfill(State(state): State<OpsState>, Json(req): Json<BackfillRequest>) -> Response {
-    if !state.known_sinks.contains(&req.sink) {
+    if !state.plugins.known().contains(&req.sink) {
         return (
             StatusCode::NOT_FOUND,
             Json(json!({ "error": format!("no sink named {:?}", req.sink) })),

@@ -25,6 +25,7 @@ use serde_json::json;
 
 use crate::delivery::Heartbeats;
 use crate::metrics::{Metrics, SinkLabel, SinkStatusLabel};
+use crate::plugin::registry::SinkState;
 use crate::store::{QueueStats, Store};
 
 /// Longest a probe waits for the database.
@@ -36,12 +37,8 @@ pub const COUNT_CAP: u64 = 100_000;
 #[derive(Clone)]
 pub struct OpsState {
     pub store: Arc<dyn Store>,
-    /// Sinks that loaded.
-    pub sinks: Vec<String>,
-    /// Sinks with a manifest, loaded or not.
-    pub known_sinks: Vec<String>,
-    /// Plugins refused at load (file: reason).
-    pub plugin_failures: Vec<String>,
+    /// The sinks: loaded, removed (parked), refused.
+    pub plugins: Arc<crate::plugin::registry::Registry>,
     pub heartbeats: Arc<Heartbeats>,
     pub metrics: Arc<Metrics>,
     pub admin_token: Option<String>,
@@ -125,7 +122,15 @@ async fn ready(State(state): State<OpsState>) -> Response {
             }),
         );
     }
-    let plugins_ok = state.plugin_failures.is_empty();
+    let refused = state.plugins.failures();
+    let plugins_ok = refused.is_empty();
+    let removed: Vec<String> = state
+        .plugins
+        .states()
+        .into_iter()
+        .filter(|(_, s)| *s == SinkState::Removed)
+        .map(|(n, _)| n)
+        .collect();
     let brokers = state.amqp.probe(PROBE_TIMEOUT).await;
     let brokers_ok = brokers.iter().all(|b| b.connected);
     let brokers: Vec<_> = brokers
@@ -150,7 +155,12 @@ async fn ready(State(state): State<OpsState>) -> Response {
             "database": show(&database),
             "migrations": show(&migrations),
             "workers": { "ok": workers_ok, "sinks": workers },
-            "plugins": { "ok": plugins_ok, "loaded": state.sinks, "refused": state.plugin_failures },
+            "plugins": {
+                "ok": plugins_ok,
+                "loaded": state.plugins.loaded(),
+                "removed": removed,
+                "refused": refused,
+            },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
         },
         "queue": match queue {
@@ -179,7 +189,7 @@ async fn metrics(State(state): State<OpsState>) -> Response {
     }
     if let Ok(q) = queue(&*state.store).await {
         let (mut active, mut expired) = (0, 0);
-        for sink in &state.known_sinks {
+        for sink in &state.plugins.known() {
             let s = q
                 .sinks
                 .iter()

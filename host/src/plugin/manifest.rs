@@ -48,6 +48,9 @@ pub struct Manifest {
     /// sink are not held back.
     #[serde(default)]
     pub after: Option<String>,
+    /// The manifest file this was read from (set by [`Manifest::parse`]).
+    #[serde(skip)]
+    pub file: PathBuf,
 }
 
 /// Resource limits of one batch.
@@ -220,6 +223,7 @@ impl Manifest {
             .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
         let base = file.parent().unwrap_or(Path::new("."));
         m.component = Some(base.join(component));
+        m.file = file.to_path_buf();
         Ok(m)
     }
 

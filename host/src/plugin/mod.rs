@@ -17,6 +17,7 @@ pub mod cache;
 pub mod check;
 pub mod egress;
 pub mod manifest;
+pub mod registry;
 pub mod runtime;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,397 @@
+//! The live set of sinks, and reloading it when the plugins directory
+//! changes.
+//!
+//! Owns: which plugin version serves each sink right now — one `watch`
+//! channel per sink, read by that sink's delivery loop before every batch —
+//! watching the plugins directory (the `notify` crate, debounced by
+//! [`DEBOUNCE`]), and what a rescan decides for each manifest:
+//!
+//! - unchanged (same manifest and component bytes): nothing;
+//! - new: load, admit, start its delivery loop;
+//! - changed: load and admit the new version; new batches run on it, a
+//!   batch in flight finishes on the old one (it holds its own handle);
+//! - refused (unreadable, not a component, not the world, not admitted):
+//!   the version already serving keeps serving, and the refusal is
+//!   reported (logs, `/ready`, `outboxd_plugin_load_failures_total`);
+//! - gone: the sink is parked — its loop stops claiming and its deliveries
+//!   wait, with reason `sink removed` — and resumes when a manifest of that
+//!   name comes back.
+//!
+//! Must never: stop a working version because its replacement is broken,
+//! or drop, dead-letter or re-route the deliveries of a removed sink.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, watch};
+
+use super::{load_one, LoadFailure, Manifest, Plugin, Plugins, Runtime};
+use crate::metrics::{Metrics, PluginLabel};
+
+/// Quiet time after the last change in the plugins directory before a
+/// rescan: copying a component is many writes, and one rescan after the
+/// last is enough.
+pub const DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// Why a parked sink's deliveries wait.
+pub const REMOVED_REASON: &str = "sink removed";
+
+/// Checks a loaded plugin against the running daemon (its lease, its
+/// `after`); `Err` is the refusal, in words. Given the sink names known.
+pub type Admit = Box<dyn Fn(&Plugin, &[String]) -> Result<(), String> + Send + Sync>;
+
+/// Starts the delivery loop of a sink seen for the first time.
+pub type StartSink = Box<dyn Fn(&str, watch::Receiver<Option<Plugin>>) + Send + Sync>;
+
+/// What one sink is doing, for `/ready` and the admin API.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SinkState {
+    /// A version is loaded and delivering.
+    Loaded { version: String },
+    /// Its manifest is gone; deliveries are parked until it returns.
+    Removed,
+}
+
+struct Entry {
+    manifest_path: PathBuf,
+    /// Hash of the manifest and component bytes of the serving version;
+    /// `None` while removed.
+    fingerprint: Option<[u8; 32]>,
+    version: String,
+    current: watch::Sender<Option<Plugin>>,
+}
+
+#[derive(Default)]
+struct State {
+    sinks: BTreeMap<String, Entry>,
+    failed: Vec<LoadFailure>,
+}
+
+/// The sinks of a running daemon.
+pub struct Registry {
+    runtime: Runtime,
+    dir: PathBuf,
+    admit: Admit,
+    start_sink: StartSink,
+    metrics: Arc<Metrics>,
+    state: Mutex<State>,
+}
+
+impl Registry {
+    /// Take over the plugins loaded at start (`plugins`, from
+    /// [`super::load_dir`] over `dir`) and start a loop for each.
+    pub fn new(
+        runtime: Runtime,
+        dir: &Path,
+        plugins: Plugins,
+        admit: Admit,
+        start_sink: StartSink,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Registry> {
+        let registry = Arc::new(Registry {
+            runtime,
+            dir: dir.to_path_buf(),
+            admit,
+            start_sink,
+            metrics,
+            state: Mutex::new(State::default()),
+        });
+        let mut state = State {
+            failed: plugins.failed,
+            ..State::default()
+        };
+        for (name, plugin) in plugins.loaded {
+            let manifest_path = plugin.manifest().file.clone();
+            let fingerprint = fingerprint(&manifest_path, plugin.manifest()).ok();
+            let (tx, rx) = watch::channel(Some(plugin.clone()));
+            (registry.start_sink)(&name, rx);
+            state.sinks.insert(
+                name,
+                Entry {
+                    manifest_path,
+                    fingerprint,
+                    version: plugin.manifest().version.clone(),
+                    current: tx,
+                },
+            );
+        }
+        *registry.state.lock().unwrap() = state;
+        registry
+    }
+
+    /// Sinks with a version loaded.
+    pub fn loaded(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        state
+            .sinks
+            .iter()
+            .filter(|(_, e)| e.fingerprint.is_some())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Every sink by name with what it is doing.
+    pub fn states(&self) -> BTreeMap<String, SinkState> {
+        let state = self.state.lock().unwrap();
+        state
+            .sinks
+            .iter()
+            .map(|(n, e)| {
+                let s = match e.fingerprint {
+                    Some(_) => SinkState::Loaded {
+                        version: e.version.clone(),
+                    },
+                    None => SinkState::Removed,
+                };
+                (n.clone(), s)
+            })
+            .collect()
+    }
+
+    /// Every sink name seen since start (loaded, removed, or named by a
+    /// manifest that was refused): routes and the admin API may name these.
+    pub fn known(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        let mut names: BTreeSet<String> = state.sinks.keys().cloned().collect();
+        names.extend(state.failed.iter().filter_map(|f| f.name.clone()));
+        names.into_iter().collect()
+    }
+
+    /// Plugins refused at the last scan, as `file: reason`.
+    pub fn failures(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        state
+            .failed
+            .iter()
+            .map(|f| format!("{}: {}", f.file.display(), f.reason))
+            .collect()
+    }
+
+    /// Watch the plugins directory and rescan after each burst of changes,
+    /// until `shutdown` turns true. A directory that cannot be watched is
+    /// logged and left alone (plugins then change only with a restart).
+    pub async fn watch(self: Arc<Registry>, mut shutdown: watch::Receiver<bool>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let debouncer = notify_debouncer_mini::new_debouncer(
+            DEBOUNCE,
+            move |res: notify_debouncer_mini::DebounceEventResult| {
+                let _ = tx.send(res.map(|_| ()).map_err(|e| e.to_string()));
+            },
+        );
+        let mut debouncer = match debouncer {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!("cannot watch for plugin changes: {e}; plugins change only with a restart");
+                return;
+            }
+        };
+        if let Err(e) = debouncer.watcher().watch(
+            &self.dir,
+            notify_debouncer_mini::notify::RecursiveMode::NonRecursive,
+        ) {
+            tracing::warn!(dir = %self.dir.display(), "cannot watch the plugins directory: {e}; plugins change only with a restart");
+            return;
+        }
+        tracing::info!(dir = %self.dir.display(), "watching the plugins directory");
+        loop {
+            tokio::select! {
+                got = rx.recv() => match got {
+                    None => return,
+                    Some(Err(e)) => tracing::warn!("plugin directory watch: {e}"),
+                    Some(Ok(())) => {
+                        while rx.try_recv().is_ok() {}
+                        let me = self.clone();
+                        if let Err(e) = tokio::task::spawn_blocking(move || me.rescan()).await {
+                            tracing::error!("plugin rescan failed: {e}");
+                        }
+                    }
+                },
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Read the plugins directory again and apply what changed (module
+    /// note). Blocking: compiles components; run it off the async workers.
+    pub fn rescan(&self) {
+        let before: BTreeMap<String, (PathBuf, Option<[u8; 32]>)> = {
+            let state = self.state.lock().unwrap();
+            state
+                .sinks
+                .iter()
+                .map(|(n, e)| (n.clone(), (e.manifest_path.clone(), e.fingerprint)))
+                .collect()
+        };
+        let mut known: Vec<String> = self.known();
+        let mut failed = Vec::new();
+        let mut present: BTreeSet<String> = BTreeSet::new();
+        let mut loaded: Vec<(String, PathBuf, [u8; 32], Plugin)> = Vec::new();
+        for path in manifest_files(&self.dir) {
+            let serving_here = before
+                .iter()
+                .find(|(_, (p, fp))| p == &path && fp.is_some())
+                .map(|(n, _)| n.clone());
+            let manifest = match Manifest::load(&path) {
+                Ok(m) => m,
+                Err(e) => {
+                    failed.push(self.refused(&path, serving_here.clone(), true, e.to_string()));
+                    present.extend(serving_here);
+                    continue;
+                }
+            };
+            let name = manifest.name.clone();
+            if !present.insert(name.clone()) {
+                failed.push(self.refused(
+                    &path,
+                    None,
+                    false,
+                    format!("sink name {name:?} is already used by another manifest"),
+                ));
+                continue;
+            }
+            let fp = match fingerprint(&path, &manifest) {
+                Ok(fp) => fp,
+                Err(reason) => {
+                    let serving = before.get(&name).is_some_and(|(_, fp)| fp.is_some());
+                    failed.push(self.refused(&path, Some(name), serving, reason));
+                    continue;
+                }
+            };
+            if before.get(&name).and_then(|(_, f)| *f) == Some(fp) {
+                continue;
+            }
+            if !known.contains(&name) {
+                known.push(name.clone());
+            }
+            let plugin = load_one(&self.runtime, &path).and_then(|plugin| {
+                (self.admit)(&plugin, &known)
+                    .map(|()| plugin)
+                    .map_err(|reason| LoadFailure {
+                        file: path.clone(),
+                        name: Some(name.clone()),
+                        reason,
+                    })
+            });
+            match plugin {
+                Ok(plugin) => loaded.push((name, path, fp, plugin)),
+                Err(f) => {
+                    let serving = before.get(&name).is_some_and(|(_, fp)| fp.is_some());
+                    failed.push(self.refused(&f.file, Some(name), serving, f.reason));
+                }
+            }
+        }
+
+        let mut state = self.state.lock().unwrap();
+        for (name, path, fp, plugin) in loaded {
+            let version = plugin.manifest().version.clone();
+            self.metrics
+                .plugin_loads
+                .get_or_create(&PluginLabel {
+                    plugin: name.clone(),
+                })
+                .inc();
+            match state.sinks.get_mut(&name) {
+                Some(entry) => {
+                    let was = entry.fingerprint.is_some();
+                    entry.manifest_path = path;
+                    entry.fingerprint = Some(fp);
+                    entry.version = version.clone();
+                    entry.current.send_replace(Some(plugin));
+                    if was {
+                        tracing::info!(sink = %name, %version, "plugin replaced; new batches run on the new version");
+                    } else {
+                        tracing::info!(sink = %name, %version, "plugin back; parked deliveries resume");
+                    }
+                }
+                None => {
+                    let (tx, rx) = watch::channel(Some(plugin));
+                    (self.start_sink)(&name, rx);
+                    tracing::info!(sink = %name, %version, "plugin added");
+                    state.sinks.insert(
+                        name,
+                        Entry {
+                            manifest_path: path,
+                            fingerprint: Some(fp),
+                            version,
+                            current: tx,
+                        },
+                    );
+                }
+            }
+        }
+        for (name, entry) in state.sinks.iter_mut() {
+            if !present.contains(name) && entry.fingerprint.is_some() {
+                entry.fingerprint = None;
+                entry.current.send_replace(None);
+                tracing::warn!(sink = %name, "plugin removed; its deliveries are parked ({REMOVED_REASON}) until it returns");
+            }
+        }
+        state.failed = failed;
+    }
+
+    /// Record and log a refused plugin file of sink `name` (when known).
+    /// `serving`: a running version of that sink stays because of this
+    /// refusal.
+    fn refused(
+        &self,
+        file: &Path,
+        name: Option<String>,
+        serving: bool,
+        reason: String,
+    ) -> LoadFailure {
+        let label = name.clone().unwrap_or_else(|| file.display().to_string());
+        self.metrics
+            .plugin_load_failures
+            .get_or_create(&PluginLabel { plugin: label })
+            .inc();
+        let reason = match name.as_ref().filter(|_| serving) {
+            Some(sink) => {
+                tracing::error!(file = %file.display(), sink = %sink, "replacement refused, the running version keeps serving: {reason}");
+                format!("{reason} (replacement refused; the running version of {sink:?} keeps serving)")
+            }
+            None => {
+                tracing::error!(file = %file.display(), "plugin refused: {reason}");
+                reason
+            }
+        };
+        LoadFailure {
+            file: file.to_path_buf(),
+            name,
+            reason,
+        }
+    }
+}
+
+/// The manifests (`*.toml`) in `dir`, sorted.
+pub(super) fn manifest_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// SHA-256 over the manifest's bytes and its component's bytes: what
+/// decides whether a plugin changed.
+fn fingerprint(manifest_path: &Path, manifest: &Manifest) -> Result<[u8; 32], String> {
+    let mut hash = Sha256::new();
+    let text = std::fs::read(manifest_path).map_err(|e| format!("cannot read manifest: {e}"))?;
+    hash.update((text.len() as u64).to_le_bytes());
+    hash.update(&text);
+    let component = std::fs::read(manifest.component_path())
+        .map_err(|e| format!("cannot read component: {e}"))?;
+    hash.update(&component);
+    Ok(hash.finalize().into())
+}
