@@ -371,7 +371,7 @@ async fn every_kind_of_misbehaviour_at_once_harms_neither_the_healthy_sink_nor_e
     let membomb = format!("[limits]\nmemory-mib = 16\n{FAST_RETRY}");
     let big = format!("{FAST_RETRY}[config]\nframe = \"big\"\n");
     let small = format!("{FAST_RETRY}[config]\nframe = \"small\"\n");
-    let sinks: [(&str, &str, &str, &str); 7] = [
+    let sinks: [(&str, &str, &str, &str); 8] = [
         ("spin", "spin", &spin, "plugin trap: deadline"),
         ("membomb", "membomb", &membomb, "plugin trap: out of memory"),
         ("panic", "panic", FAST_RETRY, "plugin trap: panic"),
@@ -392,6 +392,12 @@ async fn every_kind_of_misbehaviour_at_once_harms_neither_the_healthy_sink_nor_e
             "wrongcount",
             FAST_RETRY,
             "plugin trap: wrong number of outcomes",
+        ),
+        (
+            "resleak",
+            "resleak",
+            FAST_RETRY,
+            "plugin trap: too many resources",
         ),
         ("ok", "ok", FAST_RETRY, ""),
     ];

@@ -366,6 +366,11 @@ pub struct EgressHooks {
     pub plugin: Arc<str>,
     pub policy: Arc<EgressPolicy>,
     pub client: HttpClient,
+    /// Requests this batch may still send (manifest `limits.max-requests`).
+    pub requests_left: u32,
+    /// Most bytes of one response body the guest may read (manifest
+    /// `limits.max-response-bytes`).
+    pub max_response_bytes: u64,
 }
 
 type SendResult = wasmtime_wasi_http::Result<(
@@ -383,8 +388,16 @@ impl WasiHttpHooks for EgressHooks {
         let plugin = self.plugin.clone();
         let policy = self.policy.clone();
         let client = self.client.clone();
+        let max_body = self.max_response_bytes;
+        let over_budget = self.requests_left == 0;
+        self.requests_left = self.requests_left.saturating_sub(1);
         Box::new(async move {
-            if let Err(reason) = policy.check(request.uri()) {
+            let refusal = if over_budget {
+                Err("the batch used up its limits.max-requests".to_string())
+            } else {
+                policy.check(request.uri())
+            };
+            if let Err(reason) = refusal {
                 tracing::warn!(plugin = %plugin, uri = %request.uri(), "outbound request refused: {reason}");
                 // Let the guest finish writing its body so it sees the refusal
                 // on the response, not as an opaque write error.
@@ -416,7 +429,17 @@ impl WasiHttpHooks for EgressHooks {
                 }
                 Ok(Ok(r)) => r,
             };
-            let response = response.map(|body| body.map_err(HttpError::from).boxed_unsync());
+            let response = response.map(|body| {
+                http_body_util::Limited::new(body.map_err(HttpError::from), max_body as usize)
+                    .map_err(move |e| match e.downcast::<HttpError>() {
+                        Ok(e) => *e,
+                        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                            HttpError::HttpResponseBodySize(Some(max_body))
+                        }
+                        Err(e) => HttpError::InternalError(Some(e.to_string())),
+                    })
+                    .boxed_unsync()
+            });
             let io: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
                 Box::new(async { Ok(()) });
             Ok((response, io))
@@ -623,7 +646,69 @@ mod tests {
             plugin: Arc::from("test"),
             client: http_client(policy.clone()),
             policy,
+            requests_left: 1000,
+            max_response_bytes: 1 << 20,
         }
+    }
+
+    #[tokio::test]
+    async fn requests_past_the_batch_budget_are_refused_without_leaving_the_host() {
+        let (addr, seen) = host_recorder().await;
+        let mut hooks = hooks(&[&format!("http://{addr}")]);
+        hooks.requests_left = 2;
+        let uri = format!("http://{addr}/x");
+        assert_eq!(send(&mut hooks, &uri, None).await.unwrap(), 200);
+        assert_eq!(send(&mut hooks, &uri, None).await.unwrap(), 200);
+        assert!(matches!(
+            send(&mut hooks, &uri, None).await,
+            Err(HttpError::HttpRequestDenied)
+        ));
+        assert_eq!(seen.lock().unwrap().len(), 2, "the third request left the host");
+    }
+
+    #[tokio::test]
+    async fn a_response_body_past_the_cap_fails_the_read() {
+        // A server answering every request with a 64 KiB body.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = [0u8; 4096];
+                    let _ = socket.read(&mut buf).await;
+                    let body = vec![b'x'; 64 << 10];
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = socket.write_all(head.as_bytes()).await;
+                    let _ = socket.write_all(&body).await;
+                });
+            }
+        });
+        let read = |max: u64| {
+            let mut hooks = hooks(&[&format!("http://{addr}")]);
+            hooks.max_response_bytes = max;
+            let uri = format!("http://{addr}/big");
+            async move {
+                let body: WasiBody = http_body_util::Empty::new()
+                    .map_err(|never| match never {})
+                    .boxed_unsync();
+                let request = http::Request::builder().uri(uri).body(body).unwrap();
+                let fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
+                    Box::new(async { Ok(()) });
+                let (response, _) = Box::into_pin(hooks.send_request(request, None, fut))
+                    .await
+                    .unwrap();
+                response.into_body().collect().await.map(|b| b.to_bytes().len())
+            }
+        };
+        assert_eq!(read(1 << 20).await.unwrap(), 64 << 10);
+        assert!(matches!(
+            read(1000).await,
+            Err(HttpError::HttpResponseBodySize(Some(1000)))
+        ));
     }
 
     async fn send(

@@ -65,6 +65,13 @@ pub struct Limits {
     pub deadline: Duration,
     /// Most events per batch. Default 100.
     pub max_batch: u32,
+    /// Most outbound HTTP requests one batch may send; past it a request
+    /// is refused (`HTTP-request-denied`) without leaving the host.
+    /// Default 1000 (ten per event of a full default batch).
+    pub max_requests: u32,
+    /// Most bytes of one HTTP response body the plugin may read; past it
+    /// the body read fails with `HTTP-response-body-size`. Default 1 MiB.
+    pub max_response_bytes: u64,
 }
 
 impl Default for Limits {
@@ -73,6 +80,8 @@ impl Default for Limits {
             memory_mib: 64,
             deadline: Duration::from_secs(30),
             max_batch: 100,
+            max_requests: 1000,
+            max_response_bytes: 1 << 20,
         }
     }
 }
@@ -198,6 +207,14 @@ impl Manifest {
         }
         if m.limits.max_batch == 0 {
             return Err(invalid("limits.max-batch: must be at least 1".into()));
+        }
+        if m.limits.max_requests == 0 {
+            return Err(invalid("limits.max-requests: must be at least 1".into()));
+        }
+        if m.limits.max_response_bytes == 0 {
+            return Err(invalid(
+                "limits.max-response-bytes: must be at least 1".into(),
+            ));
         }
         if m.retry.factor < 1.0 || !m.retry.factor.is_finite() {
             return Err(invalid("retry.factor: must be at least 1".into()));

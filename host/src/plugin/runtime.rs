@@ -51,6 +51,13 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Most instances per store (a component instantiates a few core modules).
 const MAX_INSTANCES: usize = 100;
+/// Most live host resources (HTTP requests, bodies, pollables, ...) per
+/// batch; the webhook sink at 32 requests in flight holds about 300.
+const MAX_RESOURCES: usize = 10_000;
+/// Most bytes one `wasi:random` call may ask for.
+const MAX_RANDOM_BYTES: u64 = 1 << 20;
+/// Most `log` lines per batch; later ones are dropped and counted.
+const MAX_LOG_LINES: u32 = 1000;
 /// Fewest backtrace frames (wasmtime captures up to 20, innermost first)
 /// for an out-of-bounds trap to count as the end of a recursion.
 const RECURSION_MIN_FRAMES: usize = 16;
@@ -211,6 +218,8 @@ pub struct HostState {
     wasi: WasiCtx,
     http: WasiHttpCtx,
     table: ResourceTable,
+    /// `log` calls so far in this batch (capped at [`MAX_LOG_LINES`]).
+    log_lines: u32,
     limits: MemoryCap,
     hooks: EgressHooks,
     plugin: Arc<str>,
@@ -240,6 +249,13 @@ impl WasiHttpView for HostState {
 impl bindings::outboxd::sink::log::Host for HostState {
     fn log(&mut self, level: Level, message: String) {
         let plugin = &*self.plugin;
+        self.log_lines = self.log_lines.saturating_add(1);
+        if self.log_lines > MAX_LOG_LINES {
+            if self.log_lines == MAX_LOG_LINES + 1 {
+                tracing::warn!(plugin, "more than {MAX_LOG_LINES} log lines in one batch; the rest of this batch's are dropped");
+            }
+            return;
+        }
         let message: String = message.chars().take(4096).collect();
         match level {
             Level::Trace => tracing::trace!(plugin, "{message}"),
@@ -330,10 +346,13 @@ impl Plugin {
     /// batch (trap, deadline, wrong number of outcomes, init refused).
     pub async fn deliver(&self, batch: &[Event]) -> Result<Vec<Outcome>, SinkFailure> {
         let deadline = self.manifest.limits.deadline;
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES);
         let state = HostState {
-            wasi: WasiCtx::builder().build(),
+            wasi: WasiCtx::builder().max_random_size(MAX_RANDOM_BYTES).build(),
             http: WasiHttpCtx::new(),
-            table: ResourceTable::new(),
+            table,
+            log_lines: 0,
             limits: MemoryCap {
                 max_bytes: (self.manifest.limits.memory_mib as usize) << 20,
                 refused: None,
@@ -342,6 +361,8 @@ impl Plugin {
                 plugin: self.name.clone(),
                 policy: self.policy.clone(),
                 client: self.client.clone(),
+                requests_left: self.manifest.limits.max_requests,
+                max_response_bytes: self.manifest.limits.max_response_bytes,
             },
             plugin: self.name.clone(),
             amqp: self.amqp.for_batch(Instant::now() + deadline),
@@ -410,6 +431,12 @@ fn classify_trap(
             "stack overflow".to_string()
         }
         _ if refused_memory.is_some() => "out of memory".to_string(),
+        _ if e
+            .chain()
+            .any(|c| c.downcast_ref::<wasmtime::component::ResourceTableError>().is_some()) =>
+        {
+            format!("too many resources (more than {MAX_RESOURCES} live)")
+        }
         Some(wasmtime::Trap::UnreachableCodeReached) => "panic".to_string(),
         Some(wasmtime::Trap::OutOfFuel) => "out of fuel".to_string(),
         Some(trap) => trap.to_string(),
