@@ -7,7 +7,8 @@
 
 Stages (see bench/README.md): raw-SQL ceiling and outboxd end to end,
 interleaved per worker count; latency at half the sustained rate; the WASM
-no-op sink against the webhook sink; claim cost against backlog; peak RSS
+no-op sink against the webhook sink; the plugin call against a native sink;
+claim cost against backlog; peak RSS
 with a backlog; peers (pg-boss, graphile-worker, pgqueuer) on the same
 PostgreSQL against the same receiver. Writes bench/results/latest.json and
 latest.md (--ci: ci.json and ci.md) and prints the table.
@@ -15,7 +16,7 @@ latest.md (--ci: ci.json and ci.md) and prints the table.
 This script only orchestrates; nothing it does is on a measured path. The
 receiver and the load generator are host/examples/bench_http.rs, the raw-SQL
 ceiling host/examples/raw_sql_ceiling.rs, the claim cost
-host/examples/claim_bench.rs.
+host/examples/claim_bench.rs, the plugin call host/examples/plugin_bench.rs.
 """
 
 import argparse
@@ -41,11 +42,11 @@ PG_BASE = ADMIN.rsplit("/", 1)[0]
 
 SIZES = {
     # n, streams, claim backlogs, memory backlog, seconds of memory run
-    "ci": dict(n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
+    "ci": dict(plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
                peer_timeout=60, latency_s=3),
-    "small": dict(n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
+    "small": dict(plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
                   memory_s=15, peer_timeout=120, latency_s=10),
-    "full": dict(n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
+    "full": dict(plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
                  plugin_n=20_000,
                  memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30),
 }
@@ -164,14 +165,14 @@ def build(ctx, args):
     if args.no_build:
         return
     cargo = ["cargo", "build", "-p", "outboxd", "--bin", "outboxd", "--example", "bench_http",
-             "--example", "raw_sql_ceiling", "--example", "claim_bench"]
+             "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench"]
     if ctx.profile == "release":
         cargo.insert(2, "--release")
     sh(cargo, cwd=ROOT)
     sh(["bash", os.path.join(ROOT, "scripts", "build-plugins.sh")], cwd=ROOT)
     env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(ROOT, "target", "wasm-test-components"))
     sh(["cargo", "build", "--release", "--target", "wasm32-wasip2", "--manifest-path",
-        os.path.join(ROOT, "tests", "components", "Cargo.toml"), "-p", "ok"], cwd=ROOT, env=env)
+        os.path.join(ROOT, "tests", "components", "Cargo.toml"), "-p", "ok", "-p", "checksum"], cwd=ROOT, env=env)
 
 
 def install_peers(ctx):
@@ -381,6 +382,17 @@ def claim_cost(ctx):
     return dict(rows=rows, ratios=ratios, sizes=ctx.size["claim"], samples=ctx.size["claim_samples"])
 
 
+def plugin_cost(ctx):
+    """host/examples/plugin_bench.rs: the `checksum` component against the
+    same checksum in the host, per event, batches of 1/100/1000 of 256 B;
+    empty-batch calls with the on-demand and the pooling allocator."""
+    component = os.path.join(ROOT, "target", "wasm-test-components", "wasm32-wasip2", "release", "checksum.wasm")
+    out = subprocess.run([ctx.example("plugin_bench"), "--component", component,
+                          "--events", str(ctx.size["plugin_cost_n"])],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def fill_backlog(url, n, streams):
     """n pending deliveries to `webhook` straight in SQL (what is measured is
     the daemon holding a backlog, not ingest)."""
@@ -578,6 +590,11 @@ def summarise(ctx):
         s["wasm noop / wasm webhook (e2e)"] = ratio(ps["noop"]["e2e_eps"], ps["webhook"]["e2e_eps"])
         if 1 in raw:
             s["wasm noop / raw_pipeline_1"] = ratio(ps["noop"]["e2e_eps"], raw[1]["pipeline_eps"])
+    pc = R.get("plugin_cost")
+    if pc:
+        for row in pc["sizes"]:
+            s[f"WASM / native sink per event, batch {row['batch']}"] = round(row["ratio"], 2)
+        s["empty-batch call on-demand / pooling"] = round(pc["empty"]["ratio"], 2)
     cc = R.get("claim_cost")
     if cc:
         for shape, v in cc["ratios"].items():
@@ -649,8 +666,7 @@ def markdown(ctx):
     ps = R.get("plugin_share")
     if ps:
         out += ["", "## 4. The plugin's share", "",
-                "outboxd has no native (non-WASM) sink, so there is no native path to compare with. Measured "
-                "instead, back to back with 1 process: the WASM no-op component (`tests/components/ok`, answers "
+                "End to end, back to back with 1 process: the WASM no-op component (`tests/components/ok`, answers "
                 f"`delivered` without sending) against the WASM webhook sink ({ps['noop']['n']:,} events each, "
                 "completion counted in the database for both), and the no-op against the raw-SQL "
                 "ceiling — what is left between them is outboxd's own cost (HTTP ingest, per-event statements, "
@@ -661,6 +677,23 @@ def markdown(ctx):
         if 1 in raw:
             out.append(f"| raw-SQL pipeline (W=1, no sink) | {fmt(raw[1]['pipeline_eps'])} | "
                        f"{fmt(raw[1]['insert_eps'])} |")
+    pc = R.get("plugin_cost")
+    if pc:
+        out += ["", "## 4b. The plugin call against a native sink", "",
+                "`host/examples/plugin_bench.rs`: the `checksum` component (`tests/components/checksum`: FNV-1a over "
+                "id, stream and data, answers `delivered`) against the same function in the host, on batches of "
+                f"events with {pc['data_bytes']} bytes of data. The WASM figure is what a delivery turn pays: a "
+                "fresh instance per batch, events copied in, outcomes copied out. *Empty batch*: instantiate + "
+                "`init` + `deliver` of nothing, with wasmtime's on-demand allocator (what the daemon uses) and "
+                "the pooling allocator.", "",
+                "| batch | WASM ns/event | native ns/event | WASM − native ns/event | WASM / native |",
+                "|---|---|---|---|---|"]
+        for r in pc["sizes"]:
+            out.append(f"| {r['batch']} | {fmt(r['wasm_ns_per_event'])} | {fmt(r['native_ns_per_event'])} | "
+                       f"{fmt(r['wasm_ns_per_event'] - r['native_ns_per_event'])} | {fmt(r['ratio'], 1)} |")
+        e = pc["empty"]
+        out += ["", f"Empty batch: on-demand {e['on_demand_us']:.1f} µs, pooling {e['pooling_us']:.1f} µs "
+                    f"(on-demand / pooling {e['ratio']:.2f})."]
     cc = R.get("claim_cost")
     if cc:
         out += ["", "## 5. Claim cost against backlog", "",
@@ -710,7 +743,7 @@ def main():
     ap.add_argument("--ci", action="store_true", help="tiny sizes, debug build, no peers")
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,plugincost,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -757,6 +790,10 @@ def main():
             webhook = outboxd_e2e(ctx, 1, "webhook", done_db=True, n=n)
             ctx.results["plugin_share"] = dict(noop=noop, webhook=webhook)
             log(json.dumps(ctx.results["plugin_share"]))
+        if "plugincost" not in ctx.skip:
+            log("plugin call against a native sink")
+            ctx.results["plugin_cost"] = plugin_cost(ctx)
+            log(json.dumps(ctx.results["plugin_cost"]))
         if "claim" not in ctx.skip:
             log(f"claim cost at {ctx.size['claim']}")
             ctx.results["claim_cost"] = claim_cost(ctx)

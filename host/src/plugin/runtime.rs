@@ -90,10 +90,31 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Create the engine and start its epoch ticker (a thread that stops
-    /// when the engine is dropped).
+    /// Create the engine (instances allocated on demand) and start its
+    /// epoch ticker (a thread that stops when the engine is dropped).
     pub fn new() -> wasmtime::Result<Runtime> {
+        Runtime::with_config(wasmtime::Config::new())
+    }
+
+    /// As [`Runtime::new`], with wasmtime's pooling allocator: `slots`
+    /// instances' memories, tables and fiber stacks reserved up front,
+    /// each memory at most `max_memory` bytes. Instantiation is cheaper
+    /// (about 6.6 µs against 19 µs, DESIGN §8); the reservation is virtual
+    /// memory whether used or not. Used by the plugin benchmark.
+    pub fn with_pooling(max_memory: usize, slots: u32) -> wasmtime::Result<Runtime> {
+        let mut pool = wasmtime::PoolingAllocationConfig::default();
+        pool.total_component_instances(slots)
+            .total_core_instances(slots * 8)
+            .total_memories(slots * 2)
+            .total_tables(slots * 8)
+            .total_stacks(slots)
+            .max_memory_size(max_memory);
         let mut config = wasmtime::Config::new();
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        Runtime::with_config(config)
+    }
+
+    fn with_config(mut config: wasmtime::Config) -> wasmtime::Result<Runtime> {
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         let engine = Engine::new(&config)?;
