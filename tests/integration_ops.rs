@@ -243,6 +243,55 @@ async fn a_replayed_dead_letter_is_delivered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_replayed() {
+    let receiver = Receiver::start().await;
+    receiver.script(400, &[], "not today");
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    let manifest = plugins.path().join("webhook.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n")).unwrap();
+    let d = TestDaemon::start(plugins.path()).await;
+    for id in ["b1", "b2"] {
+        let (status, body) = d
+            .post(
+                "application/cloudevents+json",
+                serde_json::to_vec(&event(id, "s", "t", json!({}))).unwrap(),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    d.wait_delivery("b1", Duration::from_secs(20), |x| x["status"] == "dead")
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b2 = d.delivery("b2", "webhook").await.unwrap();
+    assert_eq!(b2["status"], "pending", "{b2}");
+    assert_eq!(b2["attempts"], 0, "b2 waits behind the dead letter: {b2}");
+    assert_eq!(receiver.count(), 1, "only b1 was tried");
+
+    let (status, _) = {
+        let r = d
+            .http
+            .post(format!("{}/v1/admin/dead/replay", d.base))
+            .json(&json!({"event_id": "b1"}))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), ())
+    };
+    assert_eq!(status, 200);
+    d.wait_delivery("b2", Duration::from_secs(20), |x| x["status"] == "delivered")
+        .await;
+    let order: Vec<String> = receiver
+        .seen()
+        .iter()
+        .map(|r| r.header("ce-id").unwrap())
+        .collect();
+    assert_eq!(order, ["b1", "b1", "b2"], "the replayed letter goes first");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_admin_api_wants_its_token() {
     let plugins = PluginsDir::new();
     let d = TestDaemon::start_with(plugins.path(), |c| c.admin.token = Some("s3cret".into())).await;

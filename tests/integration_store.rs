@@ -264,6 +264,7 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_holder_is_fenced_off(backen
     assert_ne!(new[0].lease_token, old[0].lease_token);
     let stale = Finish::Dead {
         reason: "stale".into(),
+        blocks_stream: false,
     };
     assert!(
         !store
@@ -359,6 +360,86 @@ async fn four_workers_never_claim_the_same_delivery(backend: Backend) {
     db.cleanup().await;
 }
 
+/// Ids of a claim, in batch order.
+async fn claim_ids(store: &Arc<dyn Store>, sink: &str) -> Vec<String> {
+    store
+        .claim(sink, 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.event.event.id)
+        .collect()
+}
+
+/// Finish every delivery of a claim: the first of each stream with
+/// `first`, the rest released (as the engine does behind a failure).
+async fn finish_claim(store: &Arc<dyn Store>, sink: &str, first: &Finish) -> Vec<String> {
+    let claimed = store.claim(sink, 10, Duration::from_secs(30)).await.unwrap();
+    let mut seen = BTreeSet::new();
+    for c in &claimed {
+        let f = if seen.insert(c.event.event.stream.clone()) {
+            first
+        } else {
+            &Finish::Release
+        };
+        assert!(store.finish(c.delivery_id, &c.lease_token, f).await.unwrap());
+    }
+    claimed.into_iter().map(|c| c.event.event.id).collect()
+}
+
+async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let items: Vec<IngestItem> = ["a1", "a2", "a3"]
+        .iter()
+        .map(|id| item(id, "a", json!({}), &["x"]))
+        .chain(["c1", "c2"].iter().map(|id| item(id, "c", json!({}), &["x"])))
+        .collect();
+    store.ingest(&items).await.unwrap();
+    let block = Finish::Dead {
+        reason: "rejected: no".into(),
+        blocks_stream: true,
+    };
+    let move_on = Finish::Dead {
+        reason: "rejected: no".into(),
+        blocks_stream: false,
+    };
+    // a1 dies blocking its stream; c1 dies letting its stream move on.
+    let claimed = store.claim("x", 10, Duration::from_secs(30)).await.unwrap();
+    for c in &claimed {
+        let f = match c.event.event.id.as_str() {
+            "a1" => &block,
+            "c1" => &move_on,
+            _ => &Finish::Release,
+        };
+        assert!(store.finish(c.delivery_id, &c.lease_token, f).await.unwrap());
+    }
+    assert_eq!(
+        finish_claim(&store, "x", &Finish::Delivered).await,
+        vec!["c2"],
+        "only the moved-on stream goes on"
+    );
+    assert_eq!(store.next_due_in("x").await.unwrap(), None, "a blocked head is never due");
+
+    // A new event of the blocked stream waits too.
+    store.ingest(&[item("a4", "a", json!({}), &["x"])]).await.unwrap();
+    assert!(claim_ids(&store, "x").await.is_empty());
+
+    // Replayed, the dead letter goes first, and the stream follows it.
+    let only_a = outboxd::store::DeadFilter {
+        stream: Some("a".into()),
+        ..Default::default()
+    };
+    assert_eq!(store.replay_dead(&only_a, 100).await.unwrap(), 1);
+    assert_eq!(finish_claim(&store, "x", &block).await, vec!["a1", "a2", "a3", "a4"]);
+    assert!(claim_ids(&store, "x").await.is_empty(), "blocked again");
+
+    // Purged, the stream moves on without it.
+    assert_eq!(store.purge_dead(&only_a, 100).await.unwrap(), 1);
+    assert_eq!(claim_ids(&store, "x").await, vec!["a2", "a3", "a4"]);
+    db.cleanup().await;
+}
+
 macro_rules! both_stores {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -386,6 +467,7 @@ both_stores!(
     an_expired_lease_is_reclaimed_and_the_stale_holder_is_fenced_off,
     a_retry_waits_its_delay,
     four_workers_never_claim_the_same_delivery,
+    a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged,
 );
 
 /// An application's own transaction enqueues with `outboxd.enqueue`: a

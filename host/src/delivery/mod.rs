@@ -380,6 +380,7 @@ async fn turn(
                 ),
                 Outcome::Reject(reason) => Finish::Dead {
                     reason: format!("rejected: {reason}"),
+                    blocks_stream: policy.on_dead == crate::plugin::manifest::OnDead::Block,
                 },
             })
             .collect(),
@@ -466,8 +467,9 @@ async fn turn(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
                 retry_in = ?delay, "delivery failed, will retry: {reason}"
             ),
-            Finish::Dead { reason } => tracing::warn!(
+            Finish::Dead { reason, blocks_stream } => tracing::warn!(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
+                blocks_stream,
                 "delivery dead-lettered: {reason}"
             ),
             Finish::Release => tracing::debug!(

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::plugin::manifest::RetryPolicy;
+use crate::plugin::manifest::{OnDead, RetryPolicy};
 use crate::store::{Claimed, Finish};
 
 /// Backoff before attempt `attempts + 1`: `base × factor^(attempts−1)`,
@@ -46,6 +46,7 @@ pub fn after_failure(
                 humantime::format_duration(policy.window),
                 claimed.attempts
             ),
+            blocks_stream: policy.on_dead == OnDead::Block,
         };
     }
     Finish::Retry {
@@ -65,6 +66,7 @@ mod tests {
             factor: 2.0,
             cap: Duration::from_secs(10),
             window: Duration::from_secs(3600),
+            on_dead: OnDead::MoveOn,
         };
         for _ in 0..100 {
             let d1 = backoff(&p, 1);

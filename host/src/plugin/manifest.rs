@@ -141,6 +141,25 @@ pub struct RetryPolicy {
     /// delivery is dead-lettered. Default 24 h.
     #[serde(with = "humantime_serde")]
     pub window: Duration,
+    /// What a dead letter does to the rest of its stream for this sink.
+    /// Default [`OnDead::MoveOn`].
+    pub on_dead: OnDead,
+}
+
+/// What happens behind a dead-lettered delivery (manifest `retry.on-dead`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnDead {
+    /// The stream's next event becomes due: order holds among the events
+    /// delivered, with a gap where the dead letter is. For sinks whose
+    /// events stand alone (notifications, webhooks).
+    #[default]
+    MoveOn,
+    /// Nothing later in the stream is delivered to this sink until the
+    /// dead letter is replayed (it then goes first) or purged (the stream
+    /// then moves on). For sinks that apply events as a sequence of
+    /// changes, where skipping one corrupts the target.
+    Block,
 }
 
 impl Default for RetryPolicy {
@@ -150,6 +169,7 @@ impl Default for RetryPolicy {
             factor: 2.0,
             cap: Duration::from_secs(600),
             window: Duration::from_secs(24 * 3600),
+            on_dead: OnDead::MoveOn,
         }
     }
 }

@@ -192,8 +192,10 @@ pub enum Finish {
     Delivered,
     /// Try again after `delay` (from the database's now).
     Retry { delay: Duration, reason: String },
-    /// Dead-letter it with `reason`.
-    Dead { reason: String },
+    /// Dead-letter it with `reason`. With `blocks_stream`, its stream stays
+    /// blocked for this sink behind it until it is replayed or purged (its
+    /// head is kept, due never); otherwise the stream moves on.
+    Dead { reason: String, blocks_stream: bool },
     /// Give the lease back without charging the attempt: the delivery was
     /// not tried (an earlier event of its stream failed in the same batch).
     /// It becomes due again at once and waits for its predecessor.

@@ -82,6 +82,16 @@ pub const RESET_HEAD_SQL: &str = "INSERT INTO outboxd.heads (sink, stream, deliv
      ORDER BY sequence LIMIT 1 \
      ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at";
 
+/// [`RESET_HEAD_SQL`], except that a head blocked by a dead letter (due
+/// `infinity`, `on-dead = "block"`) stays: deliveries a backfill adds wait
+/// behind the block, and go first once the dead letter is replayed.
+pub const RESET_UNBLOCKED_HEAD_SQL: &str = "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
+     SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
+     FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
+     ORDER BY sequence LIMIT 1 \
+     ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at \
+     WHERE outboxd.heads.due_at < 'infinity'";
+
 /// The PostgreSQL store.
 pub struct PgStore {
     pool: PgPool,
@@ -532,7 +542,8 @@ impl Store for PgStore {
 
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
         let wait: Option<i64> = sqlx::query_scalar(
-            "SELECT (extract(epoch FROM (MIN(due_at) - now())) * 1000)::bigint FROM outboxd.heads WHERE sink = $1",
+            "SELECT (extract(epoch FROM (MIN(due_at) - now())) * 1000)::bigint FROM outboxd.heads \
+             WHERE sink = $1 AND due_at < 'infinity'",
         )
         .bind(sink)
         .fetch_one(&self.pool)
@@ -722,12 +733,53 @@ impl Store for PgStore {
     }
 
     async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let mut q = QueryBuilder::<Postgres>::new(
             "DELETE FROM outboxd.deliveries WHERE id IN (SELECT id FROM outboxd.deliveries WHERE status = 'dead'",
         );
         push_dead_filter(&mut q, filter);
-        q.push(" LIMIT ").push_bind(limit as i64).push(")");
-        Ok(q.build().execute(&self.pool).await?.rows_affected())
+        q.push(" LIMIT ")
+            .push_bind(limit as i64)
+            .push(") RETURNING sink, stream, id");
+        let rows: Vec<(String, String, i64)> = q.build_query_as().fetch_all(&mut *tx).await?;
+        // A purged letter that blocked its stream (`on-dead = "block"`)
+        // still holds the head: the stream moves on to its next live
+        // delivery. Streams locked in ingest's order (see `finish_in`).
+        let mut by_stream: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
+        for (sink, stream, id) in &rows {
+            by_stream
+                .entry((stream.clone(), sink.clone()))
+                .or_default()
+                .push(*id);
+        }
+        for ((stream, sink), ids) in by_stream {
+            sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE")
+                .bind(&stream)
+                .execute(&mut *tx)
+                .await?;
+            let held = sqlx::query(
+                "DELETE FROM outboxd.heads WHERE sink = $1 AND stream = $2 AND delivery_id = ANY($3)",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if held > 0 {
+                sqlx::query(RESET_HEAD_SQL)
+                    .bind(&sink)
+                    .bind(&stream)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        sqlx::query("SELECT pg_notify($1, 'purge')")
+            .bind(WAKE_CHANNEL)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(rows.len() as u64)
     }
 
     async fn set_paused(&self, sink: &str, paused: bool) -> Result<(), StoreError> {
@@ -815,7 +867,7 @@ impl Store for PgStore {
             }
         }
         for stream in streams {
-            sqlx::query(RESET_HEAD_SQL)
+            sqlx::query(RESET_UNBLOCKED_HEAD_SQL)
             .bind(sink)
             .bind(&stream)
             .execute(&mut *tx)
@@ -931,7 +983,7 @@ async fn finish_in(
             Some(delay.as_millis() as i64),
             Some(reason),
         ),
-        Finish::Dead { reason } => (
+        Finish::Dead { reason, .. } => (
             format!(
                 "UPDATE outboxd.deliveries SET status = 'dead', finished_at = now(), last_error = $3, {clear} {fence}"
             ),
@@ -960,6 +1012,22 @@ async fn finish_in(
         return Ok(false);
     };
     match finish {
+        Finish::Dead {
+            blocks_stream: true,
+            ..
+        } => {
+            // The head stays on the dead letter, due never: the stream
+            // waits for a replay or a purge.
+            sqlx::query(
+                "UPDATE outboxd.heads SET due_at = 'infinity' \
+                 WHERE sink = $1 AND stream = $2 AND delivery_id = $3",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .bind(delivery_id)
+            .execute(&mut **tx)
+            .await?;
+        }
         Finish::Delivered | Finish::Dead { .. } => {
             // If this was the head, the next live delivery of the stream
             // (possibly leased in the same batch) becomes the head; with

@@ -443,9 +443,10 @@ impl Store for SqliteStore {
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
         let mut conn = self.reader.acquire().await?;
         let wait: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT MIN(due_at) - {NOW_MS} FROM heads WHERE sink = ?"
+            "SELECT MIN(due_at) - {NOW_MS} FROM heads WHERE sink = ? AND due_at < ?"
         ))
         .bind(sink)
+        .bind(BLOCKED)
         .fetch_one(&mut *conn)
         .await?;
         Ok(wait.map(|ms| Duration::from_millis(ms.max(0) as u64)))
@@ -547,19 +548,39 @@ impl Store for SqliteStore {
         }
         // The replayed letter may sit before its stream's current head.
         for (sink, stream) in pairs {
-            reset_head(&mut tx, &sink, &stream).await?;
+            reset_head(&mut tx, &sink, &stream, false).await?;
         }
         tx.commit().await?;
         Ok(rows.len() as u64)
     }
 
     async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
+        let mut tx = self.writer.begin().await?;
         let mut q = QueryBuilder::<Sqlite>::new(
             "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries WHERE status = 'dead'",
         );
         push_dead_filter(&mut q, filter);
-        q.push(" LIMIT ").push_bind(limit as i64).push(")");
-        Ok(q.build().execute(&self.writer).await?.rows_affected())
+        q.push(" LIMIT ")
+            .push_bind(limit as i64)
+            .push(") RETURNING sink, stream, id");
+        let rows: Vec<(String, String, i64)> = q.build_query_as().fetch_all(&mut *tx).await?;
+        // A purged letter that blocked its stream (`on-dead = "block"`)
+        // still holds the head: the stream moves on to its next live
+        // delivery.
+        for (sink, stream, id) in &rows {
+            let held = sqlx::query("DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?")
+                .bind(sink)
+                .bind(stream)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if held > 0 {
+                reset_head(&mut tx, sink, stream, false).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(rows.len() as u64)
     }
 
     async fn set_paused(&self, sink: &str, paused: bool) -> Result<(), StoreError> {
@@ -641,7 +662,7 @@ impl Store for SqliteStore {
             }
         }
         for stream in streams {
-            reset_head(&mut tx, sink, &stream).await?;
+            reset_head(&mut tx, sink, &stream, true).await?;
         }
         tx.commit().await?;
         if rows.len() < page as usize {
@@ -704,26 +725,43 @@ fn push_dead_filter(q: &mut QueryBuilder<'_, Sqlite>, f: &DeadFilter) {
     }
 }
 
+/// The due time of a head blocked by a dead letter (`on-dead = "block"`):
+/// never.
+const BLOCKED: i64 = i64::MAX;
+
 /// Point the head of (`sink`, `stream`) at its earliest live delivery
 /// (after a replay or a backfill added one that may sit before the current
-/// head).
-async fn reset_head(tx: &mut sqlx::Transaction<'_, Sqlite>, sink: &str, stream: &str) -> Result<(), StoreError> {
-    let (id, next_at, lease): (i64, i64, Option<i64>) = sqlx::query_as(
+/// head, or a purge removed a blocking one); with none, leave it absent.
+/// With `keep_blocked`, a head blocked by a dead letter stays (backfill:
+/// what it adds waits behind the block).
+async fn reset_head(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    sink: &str,
+    stream: &str,
+    keep_blocked: bool,
+) -> Result<(), StoreError> {
+    let first: Option<(i64, i64, Option<i64>)> = sqlx::query_as(
         "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
          WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
     )
     .bind(sink)
     .bind(stream)
-    .fetch_one(&mut **tx)
+    .fetch_optional(&mut **tx)
     .await?;
+    let Some((id, next_at, lease)) = first else {
+        return Ok(());
+    };
     sqlx::query(
         "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
-         ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at",
+         ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at \
+         WHERE NOT (? AND heads.due_at = ?)",
     )
     .bind(sink)
     .bind(stream)
     .bind(id)
     .bind(next_at.max(lease.unwrap_or(next_at)))
+    .bind(keep_blocked)
+    .bind(BLOCKED)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -754,7 +792,7 @@ async fn finish_in(
             ),
             Some(reason),
         ),
-        Finish::Dead { reason } => (
+        Finish::Dead { reason, .. } => (
             format!(
                 "UPDATE deliveries SET status = 'dead', finished_at = {now}, last_error = ?, \
                  lease_token = NULL, lease_expires_at = NULL {fence}"
@@ -783,6 +821,20 @@ async fn finish_in(
         return Ok(false);
     };
     match finish {
+        Finish::Dead {
+            blocks_stream: true,
+            ..
+        } => {
+            // The head stays on the dead letter, due never: the stream
+            // waits for a replay or a purge.
+            sqlx::query("UPDATE heads SET due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?")
+                .bind(BLOCKED)
+                .bind(&sink)
+                .bind(&stream)
+                .bind(delivery_id)
+                .execute(&mut **tx)
+                .await?;
+        }
         Finish::Delivered | Finish::Dead { .. } => {
             // If this was the head, the next live delivery of the stream
             // (possibly leased in the same batch) becomes the head.
