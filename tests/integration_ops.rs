@@ -499,3 +499,150 @@ async fn backfill_gives_a_new_sink_the_past_events_once() {
     }
     d.stop().await;
 }
+
+/// A PostgreSQL server of this test's own (initdb into a temporary folder,
+/// trust auth, loopback only), so the test can stop and start it.
+struct PrivatePostgres {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    fn bin(tool: &str) -> std::path::PathBuf {
+        let versions = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries under /usr/lib/postgresql (scripts/setup.sh installs them)");
+        let mut dirs: Vec<_> = versions.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        dirs.sort();
+        dirs.last().expect("a PostgreSQL version").join("bin").join(tool)
+    }
+
+    /// A server tool's command; as root, run as the `postgres` user (the
+    /// server refuses to run as root).
+    fn command(tool: &str) -> std::process::Command {
+        let as_root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| o.stdout == b"0\n")
+            .unwrap_or(false);
+        let bin = Self::bin(tool);
+        if as_root {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&bin);
+            c
+        } else {
+            std::process::Command::new(&bin)
+        }
+    }
+
+    /// Run a server tool; it must succeed.
+    fn run(tool: &str, args: &[&str]) {
+        let out = Self::command(tool).args(args).output().expect("run a PostgreSQL tool");
+        assert!(
+            out.status.success(),
+            "{tool} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn init() -> PrivatePostgres {
+        let dir = tempfile::Builder::new().prefix("outboxd-pg-").tempdir().unwrap();
+        let _ = std::process::Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(dir.path())
+            .status();
+        let data = dir.path().join("data");
+        Self::run(
+            "initdb",
+            &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "--no-sync"],
+        );
+        let port = free_loopback_addr().port();
+        let pg = PrivatePostgres { dir, port };
+        pg.start();
+        pg
+    }
+
+    fn start(&self) {
+        let data = self.dir.path().join("data");
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        Self::run(
+            "pg_ctl",
+            &["-D", data.to_str().unwrap(), "-o", &options, "-w", "-l",
+              self.dir.path().join("log").to_str().unwrap(), "start"],
+        );
+    }
+
+    fn stop(&self) {
+        let data = self.dir.path().join("data");
+        Self::run("pg_ctl", &["-D", data.to_str().unwrap(), "-m", "fast", "-w", "stop"]);
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        let _ = Self::command("pg_ctl")
+            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+            .output();
+    }
+}
+
+/// Wait for `/ready` to answer `want`; the last body on timeout.
+async fn wait_ready(d: &TestDaemon, want: u16, timeout: Duration) -> serde_json::Value {
+    let start = std::time::Instant::now();
+    loop {
+        let (status, body) = d.get("/ready").await;
+        if status == want {
+            return body;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "/ready stayed {status} (wanted {want}) for {timeout:?}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_restart() {
+    let pg = PrivatePostgres::init();
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    let url = pg.url();
+    let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
+    let post = |id: &'static str| {
+        let body = serde_json::to_vec(&event(id, "s", "t", json!({}))).unwrap();
+        let d = &d;
+        async move { d.post("application/cloudevents+json", body).await }
+    };
+    assert_eq!(post("before").await.0, 201);
+    assert!(eventually(Duration::from_secs(15), || receiver.count() == 1).await);
+    wait_ready(&d, 200, Duration::from_secs(15)).await;
+
+    pg.stop();
+    let down = wait_ready(&d, 503, Duration::from_secs(15)).await;
+    assert_eq!(down["checks"]["database"]["ok"], false, "{down}");
+    let (status, body) = post("during").await;
+    assert!(status >= 500, "ingest with the database down: {status} {body}");
+
+    pg.start();
+    wait_ready(&d, 200, Duration::from_secs(30)).await;
+    assert_eq!(post("after").await.0, 201);
+    assert!(
+        eventually(Duration::from_secs(30), || receiver.count() == 2).await,
+        "delivery did not resume: {} requests",
+        receiver.count()
+    );
+    let ids: Vec<String> = receiver.seen().iter().map(|r| r.header("ce-id").unwrap()).collect();
+    assert_eq!(ids, ["before", "after"]);
+    d.stop().await;
+}
