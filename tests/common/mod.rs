@@ -43,6 +43,24 @@ pub fn built_plugins() -> PathBuf {
         .clone()
 }
 
+/// Build the sinks written in JavaScript (`plugins/js-*`, once per test
+/// process, with npm and componentize-js) and return the folder holding
+/// `<name>.wasm` and `<name>.toml`.
+pub fn built_js_plugins() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = repo_root();
+            let status = std::process::Command::new("bash")
+                .arg(root.join("scripts/build-js-plugins.sh"))
+                .status()
+                .expect("run scripts/build-js-plugins.sh");
+            assert!(status.success(), "building the JavaScript plugins failed");
+            root.join("target/plugins-js")
+        })
+        .clone()
+}
+
 /// Build the test components of `tests/components/` (once per test process)
 /// and return the path of component `name` (`spin`, `membomb`, `panic`,
 /// `stackoverflow`, `wrongcount`, `ok`).
