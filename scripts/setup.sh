@@ -9,6 +9,9 @@ need_apt=()
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+# Node.js and npm build the JavaScript sink (scripts/build-js-plugins.sh)
+# and run the benchmark's peers.
+command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 if ((${#need_apt[@]})); then
     sudo_cmd=()
     [[ "$(id -u)" -eq 0 ]] || sudo_cmd=(sudo)
