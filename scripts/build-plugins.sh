@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds every sink in plugins/ for wasm32-wasip2 (release) and installs each
+# Builds every Rust sink in plugins/ for wasm32-wasip2 (release) and installs each
 # `<name>.wasm` with its manifest `<name>.toml` into target/plugins/, the
 # daemon's default plugins directory.
 #
@@ -29,6 +29,9 @@ for manifest in "$repo"/plugins/*/*.toml; do
     name="$(basename "$manifest" .toml)"
     # A plugin's manifest is named after its folder; Cargo.toml is not one.
     [[ "$name" == "$(basename "$dir")" ]] || continue
+    # Sinks in other languages (no Cargo.toml) have build scripts of their
+    # own (scripts/build-js-plugins.sh).
+    [[ -f "$dir/Cargo.toml" ]] || continue
     # Cargo names the cdylib after the crate, with `-` turned into `_`.
     wasm="$CARGO_TARGET_DIR/$target/release/${name//-/_}.wasm"
     if [[ ! -f "$wasm" ]]; then
