@@ -72,6 +72,7 @@ async fn wait_state(d: &TestDaemon, sink: &str, want: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replaced_plugin_takes_over_under_load_losing_and_duplicating_nothing() {
+    init_logs();
     let receiver = Receiver::start().await;
     receiver.set_delay(Duration::from_millis(5));
     let (old_secret, new_secret) = (new_secret(), new_secret());
@@ -164,6 +165,7 @@ async fn a_replaced_plugin_takes_over_under_load_losing_and_duplicating_nothing(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
+    init_logs();
     let receiver = Receiver::start().await;
     let secret = new_secret();
     let plugins = PluginsDir::new();
@@ -224,6 +226,7 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_removed_plugin_parks_its_deliveries_until_it_returns() {
+    init_logs();
     let receiver = Receiver::start().await;
     let secret = new_secret();
     let plugins = PluginsDir::new();
@@ -275,6 +278,7 @@ async fn a_removed_plugin_parks_its_deliveries_until_it_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_dropped_in_while_running_loads_and_delivers() {
+    init_logs();
     let (a, b) = (Receiver::start().await, Receiver::start().await);
     let secret = new_secret();
     let plugins = PluginsDir::new();

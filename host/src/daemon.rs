@@ -158,7 +158,7 @@ impl Daemon {
             }),
             metrics.clone(),
         );
-        tasks.push(tokio::spawn(registry.clone().watch(shutdown_rx.clone())));
+        tasks.push(registry.clone().watch(shutdown_rx.clone()));
 
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),

@@ -171,44 +171,65 @@ impl Registry {
             .collect()
     }
 
-    /// Watch the plugins directory and rescan after each burst of changes,
-    /// until `shutdown` turns true. A directory that cannot be watched is
-    /// logged and left alone (plugins then change only with a restart).
-    pub async fn watch(self: Arc<Registry>, mut shutdown: watch::Receiver<bool>) {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let debouncer = notify_debouncer_mini::new_debouncer(
+    /// Start watching the plugins directory, now: a change made after this
+    /// returns is seen. Then, in a task until `shutdown` turns true,
+    /// rescan once (for changes since the plugins were loaded) and after
+    /// each burst of changes. A directory that cannot be watched is logged
+    /// and left alone (plugins then change only with a restart).
+    pub fn watch(self: Arc<Registry>, shutdown: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let watching = notify_debouncer_mini::new_debouncer(
             DEBOUNCE,
             move |res: notify_debouncer_mini::DebounceEventResult| {
                 let _ = tx.send(res.map(|_| ()).map_err(|e| e.to_string()));
             },
-        );
-        let mut debouncer = match debouncer {
-            Ok(d) => d,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|mut debouncer| {
+            debouncer
+                .watcher()
+                .watch(
+                    &self.dir,
+                    notify_debouncer_mini::notify::RecursiveMode::NonRecursive,
+                )
+                .map(|()| debouncer)
+                .map_err(|e| e.to_string())
+        });
+        let debouncer = match watching {
+            Ok(d) => {
+                tracing::info!(dir = %self.dir.display(), "watching the plugins directory");
+                d
+            }
             Err(e) => {
-                tracing::warn!("cannot watch for plugin changes: {e}; plugins change only with a restart");
-                return;
+                tracing::warn!(dir = %self.dir.display(), "cannot watch the plugins directory: {e}; plugins change only with a restart");
+                return tokio::spawn(async {});
             }
         };
-        if let Err(e) = debouncer.watcher().watch(
-            &self.dir,
-            notify_debouncer_mini::notify::RecursiveMode::NonRecursive,
-        ) {
-            tracing::warn!(dir = %self.dir.display(), "cannot watch the plugins directory: {e}; plugins change only with a restart");
-            return;
-        }
-        tracing::info!(dir = %self.dir.display(), "watching the plugins directory");
+        tokio::spawn(self.rescan_on_changes(debouncer, rx, shutdown))
+    }
+
+    async fn rescan_on_changes(
+        self: Arc<Registry>,
+        // Kept alive for as long as changes are wanted.
+        _debouncer: notify_debouncer_mini::Debouncer<notify_debouncer_mini::notify::RecommendedWatcher>,
+        mut changes: mpsc::UnboundedReceiver<Result<(), String>>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut pending = true; // the first rescan: changes since the load
         loop {
+            if pending {
+                pending = false;
+                while changes.try_recv().is_ok() {}
+                let me = self.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || me.rescan()).await {
+                    tracing::error!("plugin rescan failed: {e}");
+                }
+            }
             tokio::select! {
-                got = rx.recv() => match got {
+                got = changes.recv() => match got {
                     None => return,
                     Some(Err(e)) => tracing::warn!("plugin directory watch: {e}"),
-                    Some(Ok(())) => {
-                        while rx.try_recv().is_ok() {}
-                        let me = self.clone();
-                        if let Err(e) = tokio::task::spawn_blocking(move || me.rescan()).await {
-                            tracing::error!("plugin rescan failed: {e}");
-                        }
-                    }
+                    Some(Ok(())) => pending = true,
                 },
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
