@@ -251,6 +251,15 @@ http = ["{ctx.receiver_url}"]
 url = "{ctx.receiver_url}/webhook"
 secret = "{ctx.secret}"
 '''
+    elif sink == "discard":  # the native sink: built into the host, no WASM
+        manifest = '''name = "discard"
+version = "0.1.0"
+wit = "outboxd:sink@0.1.0"
+builtin = "discard"
+[limits]
+deadline = "30s"
+max-batch = 100
+'''
     else:  # the no-op component of tests/components/ok
         shutil.copy(os.path.join(ROOT, "target", "wasm-test-components", "wasm32-wasip2", "release", "ok.wasm"),
                     os.path.join(d, "noop.wasm"))
@@ -262,7 +271,7 @@ wit = "outboxd:sink@0.1.0"
 deadline = "30s"
 max-batch = 100
 '''
-    with open(os.path.join(d, f"{sink}.toml" if sink == "webhook" else "noop.toml"), "w") as f:
+    with open(os.path.join(d, f"{sink}.toml" if sink in ("webhook", "discard") else "noop.toml"), "w") as f:
         f.write(manifest)
     return d
 
@@ -587,6 +596,8 @@ def summarise(ctx):
             s["best ordered peer"] = f"{bo['peer']} ({bo['mode']})"
     ps = R.get("plugin_share")
     if ps:
+        if "native" in ps:
+            s["wasm noop / native discard (e2e)"] = ratio(ps["noop"]["e2e_eps"], ps["native"]["e2e_eps"])
         s["wasm noop / wasm webhook (e2e)"] = ratio(ps["noop"]["e2e_eps"], ps["webhook"]["e2e_eps"])
         if 1 in raw:
             s["wasm noop / raw_pipeline_1"] = ratio(ps["noop"]["e2e_eps"], raw[1]["pipeline_eps"])
@@ -666,12 +677,15 @@ def markdown(ctx):
     ps = R.get("plugin_share")
     if ps:
         out += ["", "## 4. The plugin's share", "",
-                "End to end, back to back with 1 process: the WASM no-op component (`tests/components/ok`, answers "
-                f"`delivered` without sending) against the WASM webhook sink ({ps['noop']['n']:,} events each, "
-                "completion counted in the database for both), and the no-op against the raw-SQL "
-                "ceiling — what is left between them is outboxd's own cost (HTTP ingest, per-event statements, "
-                "per-delivery finishes, the component call).", "",
+                "End to end, back to back with 1 process: the native sink built into the host (`builtin = "
+                "\"discard\"`: acknowledges without sending, no WASM), the WASM no-op component "
+                "(`tests/components/ok`: the same answer from a fresh instance per batch) and the WASM webhook sink "
+                f"({ps['noop']['n']:,} events each, completion counted in the database for all three), and the "
+                "no-op against the raw-SQL ceiling — what is left between them is outboxd's own cost (HTTP ingest, "
+                "per-event statements, per-delivery finishes).", "",
                 "| sink | e2e ev/s | ingest ev/s |", "|---|---|---|",
+                *([f"| native discard | {fmt(ps['native']['e2e_eps'])} | {fmt(ps['native']['ingest_eps'])} |"]
+                  if "native" in ps else []),
                 f"| WASM no-op | {fmt(ps['noop']['e2e_eps'])} | {fmt(ps['noop']['ingest_eps'])} |",
                 f"| WASM webhook | {fmt(ps['webhook']['e2e_eps'])} | {fmt(ps['webhook']['ingest_eps'])} |"]
         if 1 in raw:
@@ -783,12 +797,13 @@ def main():
             ctx.results["latency"] = latency(ctx, sustained)
             log(json.dumps(ctx.results["latency"]))
         if "plugin" not in ctx.skip:
-            log("plugin share: WASM no-op, then WASM webhook")
-            # Both counted from the database (the no-op sends nothing).
+            log("plugin share: native discard, WASM no-op, WASM webhook")
+            # All counted from the database (the first two send nothing).
             n = min(ctx.size["n"], ctx.size.get("plugin_n", ctx.size["n"]))
+            native = outboxd_e2e(ctx, 1, "discard", done_db=True, n=n)
             noop = outboxd_e2e(ctx, 1, "noop", done_db=True, n=n)
             webhook = outboxd_e2e(ctx, 1, "webhook", done_db=True, n=n)
-            ctx.results["plugin_share"] = dict(noop=noop, webhook=webhook)
+            ctx.results["plugin_share"] = dict(native=native, noop=noop, webhook=webhook)
             log(json.dumps(ctx.results["plugin_share"]))
         if "plugincost" not in ctx.skip:
             log("plugin call against a native sink")

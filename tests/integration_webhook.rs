@@ -482,3 +482,37 @@ async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_do
     assert_eq!(named.seen().len(), 1);
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_builtin_discard_sink_acknowledges_every_event_without_sending_it() {
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.write(
+        "drain.toml",
+        b"name = \"drain\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\nbuiltin = \"discard\"\n",
+    );
+    let d = TestDaemon::start(plugins.path()).await;
+    let batch: Vec<_> = (0..5)
+        .map(|i| event(&format!("d-{i}"), "s", "t", json!({ "i": i })))
+        .collect();
+    let (status, body) = d
+        .post(
+            "application/cloudevents-batch+json",
+            serde_json::to_vec(&batch).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    for i in 0..5 {
+        let done = d
+            .wait_sink(&format!("d-{i}"), "drain", Duration::from_secs(10), |x| {
+                x["status"] == "delivered"
+            })
+            .await;
+        assert_eq!(done["attempts"], 1, "{done}");
+    }
+    // The webhook sink beside it got every event: the discard sink took
+    // nothing from it.
+    assert!(eventually(Duration::from_secs(10), || receiver.count() == 5).await);
+    d.stop().await;
+}

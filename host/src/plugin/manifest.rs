@@ -29,7 +29,12 @@ pub struct Manifest {
     /// The plugin's own version, for logs.
     pub version: String,
     /// Component file, relative to the manifest. Default `<name>.wasm`.
+    /// Absent for a [`Builtin`] sink.
     pub component: Option<PathBuf>,
+    /// A sink built into the host instead of a component (no `component`,
+    /// `capabilities` or `config` then).
+    #[serde(default)]
+    pub builtin: Option<Builtin>,
     /// WIT package the component targets, e.g. `outboxd:sink@0.1.0`.
     pub wit: String,
     #[serde(default)]
@@ -51,6 +56,16 @@ pub struct Manifest {
     /// The manifest file this was read from (set by [`Manifest::parse`]).
     #[serde(skip)]
     pub file: PathBuf,
+}
+
+/// Sinks built into the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Builtin {
+    /// Acknowledges every event without sending it anywhere: to drain a
+    /// sink's backlog on purpose, or to measure outboxd without any sink's
+    /// cost (the benchmark's native sink). Its deliveries end `delivered`.
+    Discard,
 }
 
 /// Resource limits of one batch.
@@ -254,6 +269,19 @@ impl Manifest {
                     .map_err(|e| invalid(format!("capabilities.amqp.exchanges[{i}]: {e}")))?;
             }
         }
+        if m.builtin.is_some() {
+            let has = |present: bool, key: &str| {
+                present.then(|| invalid(format!("{key}: a builtin sink has none")))
+            };
+            if let Some(e) = has(m.component.is_some(), "component")
+                .or_else(|| has(!m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(), "capabilities"))
+                .or_else(|| has(!m.config.is_empty(), "config"))
+            {
+                return Err(e);
+            }
+            m.file = file.to_path_buf();
+            return Ok(m);
+        }
         let component = m
             .component
             .clone()
@@ -264,11 +292,9 @@ impl Manifest {
         Ok(m)
     }
 
-    /// Path of the component file.
-    pub fn component_path(&self) -> &Path {
-        self.component
-            .as_deref()
-            .expect("resolved in Manifest::parse")
+    /// Path of the component file; `None` for a [`Builtin`] sink.
+    pub fn component_path(&self) -> Option<&Path> {
+        self.component.as_deref()
     }
 }
 
@@ -349,6 +375,25 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("memory"), "{e}");
+    }
+
+    #[test]
+    fn a_builtin_sink_has_no_component_capabilities_or_config() {
+        let text = format!("{MINIMAL}builtin = \"discard\"\n");
+        let m = Manifest::parse(&text, Path::new("s.toml")).unwrap();
+        assert_eq!(m.builtin, Some(Builtin::Discard));
+        assert_eq!(m.component_path(), None);
+        for extra in [
+            "component = \"s.wasm\"\n",
+            "[capabilities]\nhttp = [\"https://example.com\"]\n",
+            "[config]\nurl = \"x\"\n",
+        ] {
+            let e = Manifest::parse(&format!("{text}{extra}"), Path::new("s.toml")).unwrap_err();
+            assert!(e.to_string().contains("a builtin sink has none"), "{e}");
+        }
+        let e = Manifest::parse(&format!("{MINIMAL}builtin = \"echo\"\n"), Path::new("s.toml"))
+            .unwrap_err();
+        assert!(e.to_string().contains("discard"), "{e}");
     }
 
     #[test]

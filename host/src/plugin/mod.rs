@@ -97,10 +97,14 @@ pub fn load_dir(runtime: &Runtime, dir: &Path) -> Plugins {
                     });
                     continue;
                 }
+                let component = match plugin.manifest().component_path() {
+                    Some(path) => path.display().to_string(),
+                    None => format!("builtin {:?}", plugin.manifest().builtin),
+                };
                 tracing::info!(
                     sink = %name,
                     version = %plugin.manifest().version,
-                    component = %plugin.manifest().component_path().display(),
+                    %component,
                     "plugin loaded"
                 );
                 plugins.loaded.insert(name, plugin);
@@ -122,7 +126,9 @@ pub fn load_one(runtime: &Runtime, manifest_path: &Path) -> Result<Plugin, LoadF
         reason: e.to_string(),
     })?;
     let name = Some(manifest.name.clone());
-    let component_path = manifest.component_path().to_path_buf();
+    let Some(component_path) = manifest.component_path().map(Path::to_path_buf) else {
+        return Ok(runtime.builtin(manifest));
+    };
     let fail = |reason: String| LoadFailure {
         file: component_path.clone(),
         name: name.clone(),

@@ -411,8 +411,9 @@ fn fingerprint(manifest_path: &Path, manifest: &Manifest) -> Result<[u8; 32], St
     let text = std::fs::read(manifest_path).map_err(|e| format!("cannot read manifest: {e}"))?;
     hash.update((text.len() as u64).to_le_bytes());
     hash.update(&text);
-    let component = std::fs::read(manifest.component_path())
-        .map_err(|e| format!("cannot read component: {e}"))?;
-    hash.update(&component);
+    if let Some(path) = manifest.component_path() {
+        let component = std::fs::read(path).map_err(|e| format!("cannot read component: {e}"))?;
+        hash.update(&component);
+    }
     Ok(hash.finalize().into())
 }

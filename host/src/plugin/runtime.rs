@@ -210,13 +210,31 @@ impl Runtime {
         Ok(Plugin {
             name: Arc::from(manifest.name.as_str()),
             manifest,
-            pre,
+            pre: Some(pre),
             config,
             client: super::egress::http_client(Arc::new(policy.clone())),
             policy: Arc::new(policy),
             amqp,
             runtime: self.clone(),
         })
+    }
+}
+
+impl Runtime {
+    /// A sink built into the host ([`super::manifest::Builtin`]): no
+    /// component, no sandbox; its batches never leave the host.
+    pub fn builtin(&self, manifest: Manifest) -> Plugin {
+        let policy = Arc::new(EgressPolicy::new(&[]).expect("an empty allow-list is valid"));
+        Plugin {
+            name: Arc::from(manifest.name.as_str()),
+            pre: None,
+            config: Vec::new(),
+            client: super::egress::http_client(policy.clone()),
+            policy,
+            amqp: self.amqp.access(None).expect("no AMQP capability is valid"),
+            runtime: self.clone(),
+            manifest,
+        }
     }
 }
 
@@ -339,7 +357,8 @@ impl ResourceLimiter for MemoryCap {
 pub struct Plugin {
     name: Arc<str>,
     manifest: Manifest,
-    pre: SinkPre<HostState>,
+    /// `None` for a builtin sink (manifest `builtin`).
+    pre: Option<SinkPre<HostState>>,
     config: Vec<(String, String)>,
     policy: Arc<EgressPolicy>,
     /// This plugin's pooled outbound client (its connector applies
@@ -366,6 +385,10 @@ impl Plugin {
     /// Returns one outcome per event, or a [`SinkFailure`] for the whole
     /// batch (trap, deadline, wrong number of outcomes, init refused).
     pub async fn deliver(&self, batch: &[Event]) -> Result<Vec<Outcome>, SinkFailure> {
+        let Some(pre) = &self.pre else {
+            // The only builtin, `discard`: every event acknowledged.
+            return Ok(batch.iter().map(|_| Outcome::Delivered).collect());
+        };
         let deadline = self.manifest.limits.deadline;
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -407,7 +430,7 @@ impl Plugin {
         });
 
         let call = async {
-            let sink = self.pre.instantiate_async(&mut store).await?;
+            let sink = pre.instantiate_async(&mut store).await?;
             if let Err(reason) = sink.call_init(&mut store, &self.config).await? {
                 return Ok(Err(reason));
             }
