@@ -115,6 +115,8 @@ impl Store for SqliteStore {
         let mut tx = self.writer.begin().await.map_err(StoreError::from)?;
         let now = now_ms(&mut tx).await.map_err(StoreError::from)?;
         let mut out = Vec::with_capacity(items.len());
+        let mut last_sequences: std::collections::HashMap<String, u64> =
+            std::collections::HashMap::new();
         for (index, item) in items.iter().enumerate() {
             let ev = &item.event;
             let hash = ev.content_hash();
@@ -149,23 +151,22 @@ impl Store for SqliteStore {
                 }
             }
 
-            let last: Option<i64> =
-                sqlx::query_scalar("SELECT last_sequence FROM streams WHERE stream = ?")
-                    .bind(&ev.stream)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(StoreError::from)?;
-            let last = last.unwrap_or(0) as u64;
+            // Each stream's last sequence is read once per request and
+            // written once, before the commit.
+            let last = match last_sequences.get(&ev.stream) {
+                Some(last) => *last,
+                None => {
+                    let last: Option<i64> =
+                        sqlx::query_scalar("SELECT last_sequence FROM streams WHERE stream = ?")
+                            .bind(&ev.stream)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err(StoreError::from)?;
+                    last.unwrap_or(0) as u64
+                }
+            };
             let sequence = super::next_sequence(index, ev, last)?;
-            sqlx::query(
-                "INSERT INTO streams (stream, last_sequence) VALUES (?, ?) \
-                 ON CONFLICT (stream) DO UPDATE SET last_sequence = excluded.last_sequence",
-            )
-            .bind(&ev.stream)
-            .bind(sequence as i64)
-            .execute(&mut *tx)
-            .await
-            .map_err(StoreError::from)?;
+            last_sequences.insert(ev.stream.clone(), sequence);
 
             let extensions = serde_json::to_string(&ev.extensions).expect("string map serialises");
             sqlx::query(
@@ -226,6 +227,17 @@ impl Store for SqliteStore {
                 sequence,
                 duplicate: false,
             });
+        }
+        for (stream, last) in &last_sequences {
+            sqlx::query(
+                "INSERT INTO streams (stream, last_sequence) VALUES (?, ?) \
+                 ON CONFLICT (stream) DO UPDATE SET last_sequence = excluded.last_sequence",
+            )
+            .bind(stream)
+            .bind(*last as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
         }
         tx.commit().await.map_err(StoreError::from)?;
         Ok(out)
