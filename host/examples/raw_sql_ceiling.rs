@@ -46,7 +46,7 @@ const LEASE_MS: i64 = 70_000;
 
 /// Move each head of `$2` (streams of sink `$1`) to its stream's next live
 /// delivery, or drop it when the stream has none: the set-based form of
-/// outboxd's `ADVANCE_HEAD_SQL` + head delete, in one statement. The
+/// the head moves of outboxd's `finish_batch` (store/postgres.rs), in one statement. The
 /// `LATERAL … LIMIT 1` keeps every probe on `deliveries_live` (a plain
 /// `NOT EXISTS` here was planned as an anti-join over the whole table:
 /// 40–350 ms per batch instead of ~3 ms).

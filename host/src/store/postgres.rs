@@ -65,13 +65,18 @@ pub const CLAIM_RUNS_SQL: &str = "SELECT f.id, h.stream, \
                          ORDER BY sequence LIMIT $3) AS f \
      WHERE h.id = ANY($2) ORDER BY h.stream, f.sequence";
 
-/// Move the head of (`$1` sink, `$2` stream) from delivery `$3` to the next
-/// live delivery, due when its retry time and any lease have passed.
-pub const ADVANCE_HEAD_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id, \
+/// Move each head that is on a finished delivery (`$1` ids, `$2` sinks,
+/// `$3` streams, as arrays) to its stream's first live delivery, due when
+/// its retry time and any lease have passed. `LATERAL … LIMIT 1` keeps
+/// every probe on `deliveries_live`; heads with no live delivery left are
+/// not touched (the caller deletes them).
+pub const MOVE_HEADS_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id, \
        due_at = GREATEST(n.next_attempt_at, COALESCE(n.lease_expires_at, n.next_attempt_at)) \
-     FROM (SELECT id, next_attempt_at, lease_expires_at FROM outboxd.deliveries \
-           WHERE sink = $1 AND stream = $2 AND status = 'pending' ORDER BY sequence LIMIT 1) AS n \
-     WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3";
+     FROM unnest($1::bigint[], $2::text[], $3::text[]) AS m(id, sink, stream) \
+     CROSS JOIN LATERAL (SELECT id, next_attempt_at, lease_expires_at FROM outboxd.deliveries \
+                         WHERE sink = m.sink AND stream = m.stream AND status = 'pending' \
+                         ORDER BY sequence LIMIT 1) AS n \
+     WHERE h.sink = m.sink AND h.stream = m.stream AND h.delivery_id = m.id";
 
 /// Point the head of (`$1` sink, `$2` stream) at its earliest live
 /// delivery (after a replay or a backfill added one that may sit before
@@ -530,12 +535,10 @@ impl Store for PgStore {
     }
 
     async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
-        // One transaction (one commit, one fsync) for a whole batch.
+        // One transaction (one commit, one fsync) and a fixed number of
+        // statements for a whole batch, whatever its size.
         let mut tx = self.pool.begin().await?;
-        let mut kept = Vec::with_capacity(items.len());
-        for (delivery_id, lease_token, finish) in items {
-            kept.push(finish_in(&mut tx, *delivery_id, lease_token, finish).await?);
-        }
+        let kept = finish_batch(&mut tx, items).await?;
         tx.commit().await?;
         Ok(kept)
     }
@@ -941,123 +944,224 @@ fn push_dead_filter(q: &mut QueryBuilder<'_, Postgres>, f: &DeadFilter) {
     }
 }
 
-/// One fenced finish inside `tx` (see [`Store::finish`]).
-async fn finish_in(
+/// Fenced finishes of a batch inside `tx` (see [`Store::finish_many`]),
+/// set-based: at most nine statements whatever the batch size.
+///
+/// 1. Lock the streams whose head may move (delivered, dead), in ingest's
+///    order (`COLLATE "C"`): a head moving must not interleave with an
+///    ingest adding the stream's next delivery (that ingest's head insert
+///    would see the old head and do nothing, then the head would be
+///    dropped: the new delivery stranded).
+/// 2. One fenced `UPDATE` per kind of outcome, matching (delivery, lease
+///    token, pending); what it returns is what was kept.
+/// 3. Heads: a head on a delivered or moved-on dead delivery moves to its
+///    stream's first live delivery (possibly one of this batch now waiting
+///    to retry), or goes when there is none; a blocking dead letter becomes
+///    its stream's head, due never; a head waiting to retry, or released,
+///    takes its delivery's next attempt time.
+async fn finish_batch(
     tx: &mut Transaction<'_, Postgres>,
-    delivery_id: i64,
-    lease_token: &str,
-    finish: &Finish,
-) -> Result<bool, StoreError> {
-    if matches!(finish, Finish::Delivered | Finish::Dead { .. }) {
-        // Moving or dropping the head must not interleave with an ingest
-        // adding the stream's next delivery (that ingest's head insert
-        // would see the old head and do nothing, then we would drop the
-        // head: the new delivery stranded). Ingest holds the stream's
-        // row lock; take it too, before touching deliveries or heads,
-        // in the same order as ingest.
-        let stream: Option<String> =
-            sqlx::query_scalar("SELECT stream FROM outboxd.deliveries WHERE id = $1")
-                .bind(delivery_id)
-                .fetch_optional(&mut **tx)
-                .await?;
-        if let Some(stream) = stream {
-            sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE")
-                .bind(&stream)
-                .execute(&mut **tx)
-                .await?;
-        }
+    items: &[(i64, &str, &Finish)],
+) -> Result<Vec<bool>, StoreError> {
+    let mut kept = vec![false; items.len()];
+    let index: std::collections::HashMap<i64, usize> =
+        items.iter().enumerate().map(|(i, (id, _, _))| (*id, i)).collect();
+
+    let moving: Vec<i64> = items
+        .iter()
+        .filter(|(_, _, f)| matches!(f, Finish::Delivered | Finish::Dead { .. }))
+        .map(|(id, _, _)| *id)
+        .collect();
+    if !moving.is_empty() {
+        sqlx::query(
+            "SELECT 1 FROM outboxd.streams WHERE stream IN \
+               (SELECT stream FROM outboxd.deliveries WHERE id = ANY($1)) \
+             ORDER BY stream COLLATE \"C\" FOR UPDATE",
+        )
+        .bind(&moving)
+        .execute(&mut **tx)
+        .await?;
     }
-    let fence = "WHERE id = $1 AND lease_token = $2 AND status = 'pending' RETURNING sink, stream";
+
+    // (delivery, sink, stream) of each kept outcome, by kind.
+    let mut moved: Vec<(i64, String, String)> = Vec::new();
+    let mut blocked: Vec<(i64, String, String)> = Vec::new();
+    let mut waiting: Vec<(i64, String, String)> = Vec::new();
     let clear = "lease_token = NULL, lease_expires_at = NULL";
-    let (sql, delay, reason) = match finish {
-        Finish::Delivered => (
-            format!("UPDATE outboxd.deliveries SET status = 'delivered', finished_at = now(), {clear} {fence}"),
-            None,
-            None,
-        ),
-        Finish::Retry { delay, reason } => (
-            format!(
-                "UPDATE outboxd.deliveries SET next_attempt_at = now() + $3 * interval '1 millisecond', \
-                 last_error = $4, {clear} {fence}"
-            ),
-            Some(delay.as_millis() as i64),
-            Some(reason),
-        ),
-        Finish::Dead { reason, .. } => (
-            format!(
-                "UPDATE outboxd.deliveries SET status = 'dead', finished_at = now(), last_error = $3, {clear} {fence}"
-            ),
-            None,
-            Some(reason),
-        ),
-        Finish::Release => (
-            format!(
-                "UPDATE outboxd.deliveries SET attempts = attempts - 1, \
-                 first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END, {clear} {fence}"
-            ),
-            None,
-            None,
-        ),
-    };
-    let mut q = sqlx::query_as::<_, (String, String)>(&sql)
-        .bind(delivery_id)
-        .bind(lease_token);
-    if let Some(delay) = delay {
-        q = q.bind(delay);
+    let fence = "d.id = f.id AND d.lease_token = f.token AND d.status = 'pending' \
+                 RETURNING d.id, d.sink, d.stream";
+
+    let (ids, tokens) = pick(items, |f| matches!(f, Finish::Delivered).then_some(()));
+    if !ids.is_empty() {
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
+            "UPDATE outboxd.deliveries d SET status = 'delivered', finished_at = now(), {clear} \
+             FROM unnest($1::bigint[], $2::text[]) AS f(id, token) WHERE {fence}"
+        ))
+        .bind(&ids)
+        .bind(&tokens)
+        .fetch_all(&mut **tx)
+        .await?;
+        moved.extend(rows);
     }
-    if let Some(reason) = reason {
-        q = q.bind(reason);
+
+    let (ids, tokens, extra) = pick_with(items, |f| match f {
+        Finish::Retry { delay, reason } => Some((delay.as_millis() as i64, reason.clone())),
+        _ => None,
+    });
+    if !ids.is_empty() {
+        let (delays, reasons): (Vec<i64>, Vec<String>) = extra.into_iter().unzip();
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
+            "UPDATE outboxd.deliveries d SET next_attempt_at = now() + f.delay * interval '1 millisecond', \
+             last_error = f.reason, {clear} \
+             FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS f(id, token, delay, reason) \
+             WHERE {fence}"
+        ))
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&delays)
+        .bind(&reasons)
+        .fetch_all(&mut **tx)
+        .await?;
+        waiting.extend(rows);
     }
-    let Some((sink, stream)) = q.fetch_optional(&mut **tx).await? else {
-        return Ok(false);
-    };
-    match finish {
+
+    let (ids, tokens, extra) = pick_with(items, |f| match f {
         Finish::Dead {
-            blocks_stream: true,
-            ..
-        } => {
-            // The head stays on the dead letter, due never: the stream
-            // waits for a replay or a purge.
-            sqlx::query(
-                "UPDATE outboxd.heads SET due_at = 'infinity' \
-                 WHERE sink = $1 AND stream = $2 AND delivery_id = $3",
-            )
-            .bind(&sink)
-            .bind(&stream)
-            .bind(delivery_id)
-            .execute(&mut **tx)
-            .await?;
-        }
-        Finish::Delivered | Finish::Dead { .. } => {
-            // If this was the head, the next live delivery of the stream
-            // (possibly leased in the same batch) becomes the head; with
-            // none left, the head row goes.
-            sqlx::query(ADVANCE_HEAD_SQL)
-                .bind(&sink)
-                .bind(&stream)
-                .bind(delivery_id)
-                .execute(&mut **tx)
-                .await?;
-            sqlx::query(
-                "DELETE FROM outboxd.heads h WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3",
-            )
-            .bind(&sink)
-            .bind(&stream)
-            .bind(delivery_id)
-            .execute(&mut **tx)
-            .await?;
-        }
-        Finish::Retry { .. } | Finish::Release => {
-            sqlx::query(
-                "UPDATE outboxd.heads h SET due_at = d.next_attempt_at FROM outboxd.deliveries d \
-                 WHERE h.sink = $1 AND h.stream = $2 AND h.delivery_id = $3 AND d.id = $3",
-            )
-            .bind(&sink)
-            .bind(&stream)
-            .bind(delivery_id)
-            .execute(&mut **tx)
-            .await?;
+            reason,
+            blocks_stream,
+        } => Some((reason.clone(), *blocks_stream)),
+        _ => None,
+    });
+    if !ids.is_empty() {
+        let (reasons, blocks): (Vec<String>, Vec<bool>) = extra.into_iter().unzip();
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
+            "UPDATE outboxd.deliveries d SET status = 'dead', finished_at = now(), last_error = f.reason, {clear} \
+             FROM unnest($1::bigint[], $2::text[], $3::text[]) AS f(id, token, reason) WHERE {fence}"
+        ))
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&reasons)
+        .fetch_all(&mut **tx)
+        .await?;
+        let blocking: std::collections::HashSet<i64> = ids
+            .iter()
+            .zip(&blocks)
+            .filter(|(_, b)| **b)
+            .map(|(id, _)| *id)
+            .collect();
+        for row in rows {
+            if blocking.contains(&row.0) {
+                blocked.push(row);
+            } else {
+                moved.push(row);
+            }
         }
     }
-    Ok(true)
+
+    let (ids, tokens) = pick(items, |f| matches!(f, Finish::Release).then_some(()));
+    if !ids.is_empty() {
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
+            "UPDATE outboxd.deliveries d SET attempts = d.attempts - 1, \
+             first_attempt_at = CASE WHEN d.attempts <= 1 THEN NULL ELSE d.first_attempt_at END, {clear} \
+             FROM unnest($1::bigint[], $2::text[]) AS f(id, token) WHERE {fence}"
+        ))
+        .bind(&ids)
+        .bind(&tokens)
+        .fetch_all(&mut **tx)
+        .await?;
+        waiting.extend(rows);
+    }
+
+    for (id, _, _) in moved.iter().chain(&blocked).chain(&waiting) {
+        if let Some(i) = index.get(id) {
+            kept[*i] = true;
+        }
+    }
+
+    if !moved.is_empty() {
+        let (ids, sinks, streams) = columns(&moved);
+        sqlx::query(MOVE_HEADS_SQL)
+        .bind(&ids)
+        .bind(&sinks)
+        .bind(&streams)
+        .execute(&mut **tx)
+        .await?;
+        // Heads still on a finished delivery had no live one behind them.
+        sqlx::query(
+            "DELETE FROM outboxd.heads h USING unnest($1::bigint[], $2::text[], $3::text[]) AS m(id, sink, stream) \
+             WHERE h.sink = m.sink AND h.stream = m.stream AND h.delivery_id = m.id",
+        )
+        .bind(&ids)
+        .bind(&sinks)
+        .bind(&streams)
+        .execute(&mut **tx)
+        .await?;
+    }
+    if !blocked.is_empty() {
+        // Everything before a blocking dead letter in this batch was
+        // delivered and everything after it released: it is the first
+        // undelivered delivery of its stream, so it becomes the head.
+        let (ids, sinks, streams) = columns(&blocked);
+        sqlx::query(
+            "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
+             SELECT sink, stream, id, 'infinity' FROM unnest($1::bigint[], $2::text[], $3::text[]) AS b(id, sink, stream) \
+             ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = 'infinity'",
+        )
+        .bind(&ids)
+        .bind(&sinks)
+        .bind(&streams)
+        .execute(&mut **tx)
+        .await?;
+    }
+    if !waiting.is_empty() {
+        let (ids, sinks, streams) = columns(&waiting);
+        sqlx::query(
+            "UPDATE outboxd.heads h SET due_at = d.next_attempt_at \
+             FROM unnest($1::bigint[], $2::text[], $3::text[]) AS w(id, sink, stream) \
+             JOIN outboxd.deliveries d ON d.id = w.id \
+             WHERE h.sink = w.sink AND h.stream = w.stream AND h.delivery_id = w.id",
+        )
+        .bind(&ids)
+        .bind(&sinks)
+        .bind(&streams)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(kept)
+}
+
+/// Ids and lease tokens of the items whose finish `want` picks.
+fn pick(
+    items: &[(i64, &str, &Finish)],
+    want: impl Fn(&Finish) -> Option<()>,
+) -> (Vec<i64>, Vec<String>) {
+    let (ids, tokens, _) = pick_with(items, want);
+    (ids, tokens)
+}
+
+/// Ids, lease tokens and what `want` extracts, of the items it picks.
+fn pick_with<T>(
+    items: &[(i64, &str, &Finish)],
+    want: impl Fn(&Finish) -> Option<T>,
+) -> (Vec<i64>, Vec<String>, Vec<T>) {
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for (id, token, finish) in items {
+        if let Some(extra) = want(finish) {
+            out.0.push(*id);
+            out.1.push(token.to_string());
+            out.2.push(extra);
+        }
+    }
+    out
+}
+
+/// (delivery, sink, stream) rows as three arrays for `unnest`.
+fn columns(rows: &[(i64, String, String)]) -> (Vec<i64>, Vec<String>, Vec<String>) {
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for (id, sink, stream) in rows {
+        out.0.push(*id);
+        out.1.push(sink.clone());
+        out.2.push(stream.clone());
+    }
+    out
 }
