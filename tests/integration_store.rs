@@ -98,6 +98,33 @@ async fn same_id_same_content_is_a_duplicate_different_content_a_conflict(backen
     db.cleanup().await;
 }
 
+async fn the_same_id_twice_in_one_request_is_a_duplicate_or_a_conflict(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let r = store
+        .ingest(&[
+            item("d1", "s", json!({"v": 1}), &["x"]),
+            item("d2", "s", json!({"v": 2}), &["x"]),
+            item("d1", "s", json!({"v": 1}), &["x"]),
+        ])
+        .await
+        .unwrap();
+    assert!(!r[0].duplicate && !r[1].duplicate);
+    assert!(r[2].duplicate, "the repeat is a duplicate");
+    assert_eq!((r[2].sequence, r[1].sequence), (1, 2), "the repeat keeps the first's sequence");
+    assert_eq!(deliveries(&store, "d1").await, 1, "one delivery, not two");
+    let err = store
+        .ingest(&[
+            item("d3", "s", json!({}), &["x"]),
+            item("d3", "s", json!({"other": true}), &["x"]),
+        ])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, IngestError::Conflict { index: 1, .. }), "{err}");
+    assert!(store.event("d3").await.unwrap().is_none(), "nothing of the request stored");
+    db.cleanup().await;
+}
+
 async fn a_b_a_is_three_events(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
@@ -461,6 +488,7 @@ both_stores!(
     event_and_deliveries_commit_together,
     same_id_same_content_is_a_duplicate_different_content_a_conflict,
     a_b_a_is_three_events,
+    the_same_id_twice_in_one_request_is_a_duplicate_or_a_conflict,
     sixteen_concurrent_writers_get_gapless_sequences,
     producer_sequence_is_kept_and_must_not_go_backwards,
     claims_take_heads_and_runs_never_a_successor_first,

@@ -21,7 +21,7 @@
 //! Must never: compute a time from the process clock, or hold a
 //! transaction open across a plugin call.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,29 +167,123 @@ fn is_retryable(e: &IngestError) -> bool {
     )
 }
 
+/// New events and their deliveries, gathered as columns and written with
+/// one statement each (`unnest`), whatever the request's size.
+#[derive(Default)]
+struct NewRows {
+    id: Vec<String>,
+    source: Vec<String>,
+    ty: Vec<String>,
+    subject: Vec<Option<String>>,
+    time: Vec<Option<String>>,
+    datacontenttype: Vec<Option<String>>,
+    dataschema: Vec<Option<String>>,
+    stream: Vec<String>,
+    sequence: Vec<i64>,
+    producer_sequence: Vec<bool>,
+    extensions: Vec<String>,
+    data: Vec<Vec<u8>>,
+    data_format: Vec<String>,
+    content_hash: Vec<String>,
+    routed: Vec<bool>,
+    /// Deliveries, as parallel columns: event id, sink, stream, sequence.
+    d_event: Vec<String>,
+    d_sink: Vec<String>,
+    d_stream: Vec<String>,
+    d_sequence: Vec<i64>,
+}
+
+impl NewRows {
+    fn push_event(&mut self, ev: &NewEvent, sequence: u64, hash: String, routed: bool) {
+        self.id.push(ev.id.clone());
+        self.source.push(ev.source.clone());
+        self.ty.push(ev.ty.clone());
+        self.subject.push(ev.subject.clone());
+        self.time.push(ev.time.clone());
+        self.datacontenttype.push(ev.datacontenttype.clone());
+        self.dataschema.push(ev.dataschema.clone());
+        self.stream.push(ev.stream.clone());
+        self.sequence.push(sequence as i64);
+        self.producer_sequence.push(ev.sequence.is_some());
+        self.extensions
+            .push(serde_json::to_string(&ev.extensions).expect("string map serialises"));
+        self.data.push(ev.data.clone());
+        self.data_format.push(ev.data_format.as_str().to_string());
+        self.content_hash.push(hash);
+        self.routed.push(routed);
+    }
+
+    fn push_delivery(&mut self, event_id: &str, sink: &str, stream: &str, sequence: u64) {
+        self.d_event.push(event_id.to_string());
+        self.d_sink.push(sink.to_string());
+        self.d_stream.push(stream.to_string());
+        self.d_sequence.push(sequence as i64);
+    }
+
+    /// Insert the events in request order (their `seq_id` follows it), then
+    /// their deliveries.
+    async fn insert(&self, tx: &mut Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
+        if self.id.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO outboxd.events (id, source, type, subject, time, datacontenttype, dataschema, stream, \
+             sequence, producer_sequence, extensions, data, data_format, content_hash, routed) \
+             SELECT id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
+                    producer_sequence, extensions, data, data_format, content_hash, routed \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
+                         $8::text[], $9::bigint[], $10::bool[], $11::text[], $12::bytea[], $13::text[], \
+                         $14::text[], $15::bool[]) WITH ORDINALITY \
+               AS e(id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
+                    producer_sequence, extensions, data, data_format, content_hash, routed, n) \
+             ORDER BY n",
+        )
+        .bind(&self.id)
+        .bind(&self.source)
+        .bind(&self.ty)
+        .bind(&self.subject)
+        .bind(&self.time)
+        .bind(&self.datacontenttype)
+        .bind(&self.dataschema)
+        .bind(&self.stream)
+        .bind(&self.sequence)
+        .bind(&self.producer_sequence)
+        .bind(&self.extensions)
+        .bind(&self.data)
+        .bind(&self.data_format)
+        .bind(&self.content_hash)
+        .bind(&self.routed)
+        .execute(&mut **tx)
+        .await?;
+        insert_deliveries(tx, &self.d_event, &self.d_sink, &self.d_stream, &self.d_sequence).await
+    }
+}
+
+/// Insert deliveries (parallel columns: event id, sink, stream, sequence);
+/// the first live delivery of each (sink, stream) becomes its head, later
+/// ones wait behind it. An existing (event, sink) delivery is left alone.
 async fn insert_deliveries(
     tx: &mut Transaction<'_, Postgres>,
-    event_id: &str,
-    stream: &str,
-    sequence: i64,
+    events: &[String],
     sinks: &[String],
+    streams: &[String],
+    sequences: &[i64],
 ) -> Result<(), sqlx::Error> {
-    if sinks.is_empty() {
+    if events.is_empty() {
         return Ok(());
     }
-    // The first live delivery of its (sink, stream) becomes the head; later
-    // ones wait behind it.
     sqlx::query(
         "WITH d AS (INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) \
-                    SELECT $1, sink, $2, $3 FROM unnest($4::text[]) AS sink \
-                    ON CONFLICT (event_id, sink) DO NOTHING RETURNING id, sink) \
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) \
+                    ON CONFLICT (event_id, sink) DO NOTHING RETURNING id, sink, stream, sequence) \
          INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
-         SELECT sink, $2, id, now() FROM d ORDER BY sink ON CONFLICT (sink, stream) DO NOTHING",
+         SELECT DISTINCT ON (sink, stream) sink, stream, id, now() FROM d \
+         ORDER BY sink, stream, sequence ON CONFLICT (sink, stream) DO NOTHING",
     )
-    .bind(event_id)
-    .bind(stream)
-    .bind(sequence)
+    .bind(events)
     .bind(sinks)
+    .bind(streams)
+    .bind(sequences)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -236,28 +330,51 @@ impl PgStore {
         .into_iter()
         .collect();
 
+        // Events of this request already stored, in one statement.
+        let ids: Vec<&str> = items.iter().map(|i| i.event.id.as_str()).collect();
+        let mut stored: HashMap<String, (Option<String>, StoredEvent)> = HashMap::new();
+        for row in sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS}, content_hash FROM outboxd.events WHERE id = ANY($1)"
+        ))
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(StoreError::from)?
+        {
+            let hash: Option<String> = row.try_get("content_hash").map_err(StoreError::from)?;
+            let event = event_from_row(&row)?;
+            stored.insert(event.event.id.clone(), (hash, event));
+        }
+
         let mut out = Vec::with_capacity(items.len());
         let mut queued = false;
+        // New events of this request, by id: (hash, item index, sequence).
+        let mut fresh: HashMap<&str, (String, usize, u64)> = HashMap::new();
+        let mut rows = NewRows::default();
         for (index, item) in items.iter().enumerate() {
             let ev = &item.event;
             let hash = ev.content_hash();
-            let existing = sqlx::query(&format!(
-                "SELECT {EVENT_COLUMNS}, content_hash FROM outboxd.events WHERE id = $1"
-            ))
-            .bind(&ev.id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(StoreError::from)?;
-            if let Some(row) = existing {
-                let stored_hash: Option<String> =
-                    row.try_get("content_hash").map_err(StoreError::from)?;
-                let stored = event_from_row(&row)?;
-                match same_event(stored_hash.as_deref(), &stored.event, ev, &hash) {
+            // The same id again: stored before, or earlier in this request.
+            let earlier = match (stored.get(&ev.id), fresh.get(ev.id.as_str())) {
+                (Some((stored_hash, s)), _) => Some((
+                    stored_hash.as_deref(),
+                    &s.event,
+                    s.event.stream.clone(),
+                    s.sequence,
+                )),
+                (None, Some((h, i, seq))) => {
+                    let first = &items[*i].event;
+                    Some((Some(h.as_str()), first, first.stream.clone(), *seq))
+                }
+                (None, None) => None,
+            };
+            if let Some((earlier_hash, earlier_event, stream, sequence)) = earlier {
+                match same_event(earlier_hash, earlier_event, ev, &hash) {
                     Ok(()) => {
                         out.push(Ingested {
                             id: ev.id.clone(),
-                            stream: stored.event.stream,
-                            sequence: stored.sequence,
+                            stream,
+                            sequence,
                             duplicate: true,
                         });
                         continue;
@@ -274,38 +391,18 @@ impl PgStore {
             let prev = last.get(&ev.stream).copied().unwrap_or(0);
             let sequence = super::next_sequence(index, ev, prev)?;
             last.insert(ev.stream.clone(), sequence);
-            let extensions = serde_json::to_string(&ev.extensions).expect("string map serialises");
-            sqlx::query(
-                "INSERT INTO outboxd.events (id, source, type, subject, time, datacontenttype, dataschema, stream, \
-                 sequence, producer_sequence, extensions, data, data_format, content_hash, routed) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-            )
-            .bind(&ev.id)
-            .bind(&ev.source)
-            .bind(&ev.ty)
-            .bind(&ev.subject)
-            .bind(&ev.time)
-            .bind(&ev.datacontenttype)
-            .bind(&ev.dataschema)
-            .bind(&ev.stream)
-            .bind(sequence as i64)
-            .bind(ev.sequence.is_some())
-            .bind(extensions)
-            .bind(&ev.data)
-            .bind(ev.data_format.as_str())
-            .bind(&hash)
-            .bind(!unrouted.contains(&ev.stream))
-            .execute(&mut *tx)
-            .await
-            .map_err(StoreError::from)?;
-            if unrouted.contains(&ev.stream) {
-                queued = true;
-            } else {
-                insert_deliveries(&mut tx, &ev.id, &ev.stream, sequence as i64, &item.sinks)
-                    .await
-                    .map_err(StoreError::from)?;
+            let routed = !unrouted.contains(&ev.stream);
+            rows.push_event(ev, sequence, hash.clone(), routed);
+            if routed {
+                for sink in &item.sinks {
+                    rows.push_delivery(&ev.id, sink, &ev.stream, sequence);
+                }
                 queued |= !item.sinks.is_empty();
+            } else {
+                // The router creates its deliveries (and wakes the loops).
+                queued = true;
             }
+            fresh.insert(ev.id.as_str(), (hash, index, sequence));
             out.push(Ingested {
                 id: ev.id.clone(),
                 stream: ev.stream.clone(),
@@ -313,6 +410,7 @@ impl PgStore {
                 duplicate: false,
             });
         }
+        rows.insert(&mut tx).await.map_err(StoreError::from)?;
         let changed: Vec<(String, i64)> = last
             .iter()
             .filter(|(s, n)| original.get(*s) != Some(n))
@@ -572,12 +670,13 @@ impl Store for PgStore {
                 .bind(&stored.event.stream)
                 .execute(&mut *tx)
                 .await?;
+            let n = sinks.len();
             insert_deliveries(
                 &mut tx,
-                &stored.event.id,
-                &stored.event.stream,
-                stored.sequence as i64,
+                &vec![stored.event.id.clone(); n],
                 &sinks,
+                &vec![stored.event.stream.clone(); n],
+                &vec![stored.sequence as i64; n],
             )
             .await?;
             queued |= !sinks.is_empty();
