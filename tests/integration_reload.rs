@@ -300,3 +300,33 @@ async fn a_plugin_dropped_in_while_running_loads_and_delivers() {
     );
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_renamed_manifest_keeps_serving_and_its_broken_edit_is_refused() {
+    init_logs();
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook("hook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    let d = TestDaemon::start(plugins.path()).await;
+
+    let (old, new) = (plugins.path().join("hook.toml"), plugins.path().join("sink-hook.toml"));
+    std::fs::rename(&old, &new).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await; // a rescan: unchanged
+    assert_eq!(sink_state(&d, "hook").await, "loaded");
+
+    // A syntax error in the renamed file: refused, the running version stays.
+    plugins.write("sink-hook.toml", b"name = \"hook\"\nversion = ");
+    let start = std::time::Instant::now();
+    loop {
+        let (_, ready) = d.get("/ready").await;
+        if ready["checks"]["plugins"]["refused"].as_array().is_some_and(|a| !a.is_empty()) {
+            break;
+        }
+        assert!(start.elapsed() < RELOAD, "refusal not reported: {ready}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sink_state(&d, "hook").await, "loaded", "a broken edit must not park the sink");
+    post_events(&d, "after", 3, 1, 3).await;
+    assert!(eventually(RELOAD, || receiver.count() == 3).await);
+    d.stop().await;
+}

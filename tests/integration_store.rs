@@ -464,6 +464,25 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
     // Purged, the stream moves on without it.
     assert_eq!(store.purge_dead(&only_a, 100).await.unwrap(), 1);
     assert_eq!(claim_ids(&store, "x").await, vec!["a2", "a3", "a4"]);
+
+    // Stream b: b1 died moving on (say, before the sink chose "block"),
+    // then b2 died blocking. Replaying b1 alone does not lift b2's block;
+    // replaying b2 too sends b1, b2, b3 in order.
+    let b: Vec<IngestItem> = ["b1", "b2", "b3"]
+        .iter()
+        .map(|id| item(id, "b", json!({}), &["y"]))
+        .collect();
+    store.ingest(&b).await.unwrap();
+    assert_eq!(finish_claim(&store, "y", &move_on).await, vec!["b1", "b2", "b3"]);
+    assert_eq!(finish_claim(&store, "y", &block).await, vec!["b2", "b3"]);
+    let event = |id: &str| outboxd::store::DeadFilter {
+        event_id: Some(id.into()),
+        ..Default::default()
+    };
+    assert_eq!(store.replay_dead(&event("b1"), 100).await.unwrap(), 1);
+    assert!(claim_ids(&store, "y").await.is_empty(), "b2 still blocks");
+    assert_eq!(store.replay_dead(&event("b2"), 100).await.unwrap(), 1);
+    assert_eq!(claim_ids(&store, "y").await, vec!["b1", "b2", "b3"]);
     db.cleanup().await;
 }
 

@@ -153,8 +153,24 @@ pub async fn run_sink(
     mut current: watch::Receiver<Option<Plugin>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let Some(first) = current.borrow_and_update().clone() else {
-        return;
+    // The registry starts a loop with a version in the channel; should the
+    // plugin be removed before this task first runs, wait for it to return.
+    let first = loop {
+        if let Some(plugin) = current.borrow_and_update().clone() {
+            break plugin;
+        }
+        tokio::select! {
+            changed = current.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = shutdown.changed() => {
+                if *shutdown.borrow() {
+                    return;
+                }
+            }
+        }
     };
     let sink = first.name().to_string();
     let config = &shared.config;

@@ -255,7 +255,13 @@ impl Registry {
         let mut failed = Vec::new();
         let mut present: BTreeSet<String> = BTreeSet::new();
         let mut loaded: Vec<(String, PathBuf, [u8; 32], Plugin)> = Vec::new();
-        for path in manifest_files(&self.dir) {
+        // Unchanged sinks whose manifest now has another file name.
+        let mut moved: Vec<(String, PathBuf)> = Vec::new();
+        // Files of serving sinks first: when a new file claims a name that
+        // is already serving, the new file is the duplicate.
+        let mut files = manifest_files(&self.dir);
+        files.sort_by_key(|path| !before.values().any(|(p, fp)| p == path && fp.is_some()));
+        for path in files {
             let serving_here = before
                 .iter()
                 .find(|(_, (p, fp))| p == &path && fp.is_some())
@@ -286,8 +292,13 @@ impl Registry {
                     continue;
                 }
             };
-            if before.get(&name).and_then(|(_, f)| *f) == Some(fp) {
-                continue;
+            if let Some((old_path, Some(old_fp))) = before.get(&name) {
+                if *old_fp == fp {
+                    if *old_path != path {
+                        moved.push((name, path));
+                    }
+                    continue;
+                }
             }
             if !known.contains(&name) {
                 known.push(name.clone());
@@ -311,6 +322,11 @@ impl Registry {
         }
 
         let mut state = self.state.lock().unwrap();
+        for (name, path) in moved {
+            if let Some(entry) = state.sinks.get_mut(&name) {
+                entry.manifest_path = path;
+            }
+        }
         for (name, path, fp, plugin) in loaded {
             let version = plugin.manifest().version.clone();
             self.metrics

@@ -88,14 +88,16 @@ pub const RESET_HEAD_SQL: &str = "INSERT INTO outboxd.heads (sink, stream, deliv
      ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at";
 
 /// [`RESET_HEAD_SQL`], except that a head blocked by a dead letter (due
-/// `infinity`, `on-dead = "block"`) stays: deliveries a backfill adds wait
-/// behind the block, and go first once the dead letter is replayed.
-pub const RESET_UNBLOCKED_HEAD_SQL: &str = "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
+/// `infinity`, `on-dead = "block"`) stays unless its dead letter is among
+/// `$3` (delivery ids being replayed): a replay of other letters, or a
+/// backfill (`$3` empty), adds deliveries that wait behind the block, and
+/// they go first once the blocking letter itself is replayed.
+pub const RESET_HEAD_UNLESS_BLOCKED_SQL: &str = "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
      SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
      FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
      ORDER BY sequence LIMIT 1 \
      ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at \
-     WHERE outboxd.heads.due_at < 'infinity'";
+     WHERE outboxd.heads.due_at < 'infinity' OR outboxd.heads.delivery_id = ANY($3)";
 
 /// The PostgreSQL store.
 pub struct PgStore {
@@ -284,6 +286,27 @@ async fn insert_deliveries(
     .bind(sinks)
     .bind(streams)
     .bind(sequences)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Lock the rows of `streams` in byte order (`COLLATE "C"`): the one order
+/// every transaction that moves heads or adds deliveries takes them in
+/// (ingest, finish, routing, replay, purge, backfill), so two never wait on
+/// each other in opposite orders, and a head is never moved from a stale
+/// read while another transaction changes its stream.
+async fn lock_streams(
+    tx: &mut Transaction<'_, Postgres>,
+    streams: &[String],
+) -> Result<(), sqlx::Error> {
+    if streams.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "SELECT 1 FROM outboxd.streams WHERE stream = ANY($1) ORDER BY stream COLLATE \"C\" FOR UPDATE",
+    )
+    .bind(streams)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -661,15 +684,15 @@ impl Store for PgStore {
         .bind(limit as i64)
         .fetch_all(&mut *tx)
         .await?;
+        let events = rows
+            .iter()
+            .map(event_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let streams: BTreeSet<String> = events.iter().map(|e| e.event.stream.clone()).collect();
+        lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
         let mut queued = false;
-        for row in &rows {
-            let stored = event_from_row(row)?;
+        for stored in &events {
             let sinks = route(&stored.event);
-            // Same lock order as ingest and finish (see `finish`).
-            sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE")
-                .bind(&stored.event.stream)
-                .execute(&mut *tx)
-                .await?;
             let n = sinks.len();
             insert_deliveries(
                 &mut tx,
@@ -815,16 +838,21 @@ impl Store for PgStore {
         push_dead_filter(&mut q, filter);
         q.push(" LIMIT ")
             .push_bind(limit as i64)
-            .push(" FOR UPDATE) RETURNING sink, stream");
-        let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
-        let pairs: BTreeSet<(String, String)> = rows.iter().cloned().collect();
+            .push(" FOR UPDATE) RETURNING id, sink, stream");
+        let rows: Vec<(i64, String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
+        let replayed: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let pairs: BTreeSet<(String, String)> =
+            rows.iter().map(|(_, sink, stream)| (stream.clone(), sink.clone())).collect();
+        let streams: BTreeSet<String> = pairs.iter().map(|(stream, _)| stream.clone()).collect();
+        lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
         // The replayed letter may sit before its stream's current head.
-        for (sink, stream) in pairs {
-            sqlx::query(RESET_HEAD_SQL)
-            .bind(&sink)
-            .bind(&stream)
-            .execute(&mut *tx)
-            .await?;
+        for (stream, sink) in pairs {
+            sqlx::query(RESET_HEAD_UNLESS_BLOCKED_SQL)
+                .bind(&sink)
+                .bind(&stream)
+                .bind(&replayed)
+                .execute(&mut *tx)
+                .await?;
         }
         sqlx::query("SELECT pg_notify($1, 'replay')")
             .bind(WAKE_CHANNEL)
@@ -842,7 +870,7 @@ impl Store for PgStore {
         push_dead_filter(&mut q, filter);
         q.push(" LIMIT ")
             .push_bind(limit as i64)
-            .push(") RETURNING sink, stream, id");
+            .push(" FOR UPDATE) RETURNING sink, stream, id");
         let rows: Vec<(String, String, i64)> = q.build_query_as().fetch_all(&mut *tx).await?;
         // A purged letter that blocked its stream (`on-dead = "block"`)
         // still holds the head: the stream moves on to its next live
@@ -854,11 +882,9 @@ impl Store for PgStore {
                 .or_default()
                 .push(*id);
         }
+        let streams: BTreeSet<String> = by_stream.keys().map(|(stream, _)| stream.clone()).collect();
+        lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
         for ((stream, sink), ids) in by_stream {
-            sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE")
-                .bind(&stream)
-                .execute(&mut *tx)
-                .await?;
             let held = sqlx::query(
                 "DELETE FROM outboxd.heads WHERE sink = $1 AND stream = $2 AND delivery_id = ANY($3)",
             )
@@ -945,13 +971,20 @@ impl Store for PgStore {
             scanned: rows.len() as u64,
             ..Default::default()
         };
-        let mut streams = BTreeSet::new();
+        let mut routed = Vec::new();
         for row in &rows {
             out.next_after = Some(row.try_get("seq_id")?);
             let stored = event_from_row(row)?;
-            if !route(&stored.event).iter().any(|s| s == sink) {
-                continue;
+            if route(&stored.event).iter().any(|s| s == sink) {
+                routed.push(stored);
             }
+        }
+        // Stream locks first, as ingest takes them, before adding deliveries
+        // and moving heads.
+        let touched: BTreeSet<String> = routed.iter().map(|e| e.event.stream.clone()).collect();
+        lock_streams(&mut tx, &touched.into_iter().collect::<Vec<_>>()).await?;
+        let mut streams = BTreeSet::new();
+        for stored in &routed {
             let created = sqlx::query(
                 "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (event_id, sink) DO NOTHING",
@@ -968,12 +1001,14 @@ impl Store for PgStore {
                 streams.insert(stored.event.stream.clone());
             }
         }
+        let none: Vec<i64> = Vec::new();
         for stream in streams {
-            sqlx::query(RESET_UNBLOCKED_HEAD_SQL)
-            .bind(sink)
-            .bind(&stream)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(RESET_HEAD_UNLESS_BLOCKED_SQL)
+                .bind(sink)
+                .bind(&stream)
+                .bind(&none)
+                .execute(&mut *tx)
+                .await?;
         }
         if out.created > 0 {
             sqlx::query("SELECT pg_notify($1, 'backfill')")

@@ -559,8 +559,9 @@ impl Store for SqliteStore {
             pairs.insert((sink.clone(), stream.clone()));
         }
         // The replayed letter may sit before its stream's current head.
+        let replayed: Vec<i64> = rows.iter().map(|r| r.0).collect();
         for (sink, stream) in pairs {
-            reset_head(&mut tx, &sink, &stream, false).await?;
+            reset_head(&mut tx, &sink, &stream, &replayed).await?;
         }
         tx.commit().await?;
         Ok(rows.len() as u64)
@@ -588,7 +589,7 @@ impl Store for SqliteStore {
                 .await?
                 .rows_affected();
             if held > 0 {
-                reset_head(&mut tx, sink, stream, false).await?;
+                reset_head(&mut tx, sink, stream, &[]).await?;
             }
         }
         tx.commit().await?;
@@ -674,7 +675,7 @@ impl Store for SqliteStore {
             }
         }
         for stream in streams {
-            reset_head(&mut tx, sink, &stream, true).await?;
+            reset_head(&mut tx, sink, &stream, &[]).await?;
         }
         tx.commit().await?;
         if rows.len() < page as usize {
@@ -744,14 +745,26 @@ const BLOCKED: i64 = i64::MAX;
 /// Point the head of (`sink`, `stream`) at its earliest live delivery
 /// (after a replay or a backfill added one that may sit before the current
 /// head, or a purge removed a blocking one); with none, leave it absent.
-/// With `keep_blocked`, a head blocked by a dead letter stays (backfill:
-/// what it adds waits behind the block).
+/// A head blocked by a dead letter stays unless that letter is among
+/// `unblocking` (the deliveries being replayed): what a backfill or the
+/// replay of other letters adds waits behind the block.
 async fn reset_head(
     tx: &mut sqlx::Transaction<'_, Sqlite>,
     sink: &str,
     stream: &str,
-    keep_blocked: bool,
+    unblocking: &[i64],
 ) -> Result<(), StoreError> {
+    let head: Option<(i64, i64)> =
+        sqlx::query_as("SELECT delivery_id, due_at FROM heads WHERE sink = ? AND stream = ?")
+            .bind(sink)
+            .bind(stream)
+            .fetch_optional(&mut **tx)
+            .await?;
+    if let Some((id, due)) = head {
+        if due == BLOCKED && !unblocking.contains(&id) {
+            return Ok(());
+        }
+    }
     let first: Option<(i64, i64, Option<i64>)> = sqlx::query_as(
         "SELECT id, next_attempt_at, lease_expires_at FROM deliveries \
          WHERE sink = ? AND stream = ? AND status = 'pending' ORDER BY sequence LIMIT 1",
@@ -765,15 +778,12 @@ async fn reset_head(
     };
     sqlx::query(
         "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
-         ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at \
-         WHERE NOT (? AND heads.due_at = ?)",
+         ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at",
     )
     .bind(sink)
     .bind(stream)
     .bind(id)
     .bind(next_at.max(lease.unwrap_or(next_at)))
-    .bind(keep_blocked)
-    .bind(BLOCKED)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -839,13 +849,19 @@ async fn finish_in(
         } => {
             // The head stays on the dead letter, due never: the stream
             // waits for a replay or a purge.
-            sqlx::query("UPDATE heads SET due_at = ? WHERE sink = ? AND stream = ? AND delivery_id = ?")
-                .bind(BLOCKED)
-                .bind(&sink)
-                .bind(&stream)
-                .bind(delivery_id)
-                .execute(&mut **tx)
-                .await?;
+            // Everything before it in this batch was delivered (anything
+            // after it released): it is the stream's first undelivered
+            // delivery, so it becomes the head.
+            sqlx::query(
+                "INSERT INTO heads (sink, stream, delivery_id, due_at) VALUES (?, ?, ?, ?) \
+                 ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = excluded.delivery_id, due_at = excluded.due_at",
+            )
+            .bind(&sink)
+            .bind(&stream)
+            .bind(delivery_id)
+            .bind(BLOCKED)
+            .execute(&mut **tx)
+            .await?;
         }
         Finish::Delivered | Finish::Dead { .. } => {
             // If this was the head, the next live delivery of the stream
