@@ -106,7 +106,9 @@ impl Registry {
         };
         for (name, plugin) in plugins.loaded {
             let manifest_path = plugin.manifest().file.clone();
-            let fingerprint = fingerprint(&manifest_path, plugin.manifest()).ok();
+            // A file unreadable just after the load gets a hash no file
+            // has: the sink counts as loaded, and the next rescan reloads it.
+            let fingerprint = Some(fingerprint(&manifest_path, plugin.manifest()).unwrap_or([0; 32]));
             let (tx, rx) = watch::channel(Some(plugin.clone()));
             (registry.start_sink)(&name, rx);
             state.sinks.insert(
