@@ -210,13 +210,7 @@ fn add_amqp_sink(plugins: &PluginsDir, name: &str, allowed: &[&str], config: &st
 /// Post `events` in batches of 100.
 async fn post_all(d: &TestDaemon, events: &[serde_json::Value]) {
     for chunk in events.chunks(100) {
-        let (status, body) = d
-            .post(
-                "application/cloudevents-batch+json",
-                serde_json::to_vec(chunk).unwrap(),
-            )
-            .await;
-        assert_eq!(status, 201, "{body}");
+        d.post_batch(chunk).await;
     }
 }
 

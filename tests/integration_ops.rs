@@ -64,11 +64,7 @@ async fn metrics_parse_and_move_as_events_flow() {
     let batch: Vec<_> = (0..5)
         .map(|i| event(&format!("m{i}"), "s", "t", json!({"i": i})))
         .collect();
-    d.post(
-        "application/cloudevents-batch+json",
-        serde_json::to_vec(&batch).unwrap(),
-    )
-    .await;
+    d.post_batch(&batch).await;
     d.post(
         "application/cloudevents+json",
         serde_json::to_vec(&batch[0]).unwrap(),
@@ -440,11 +436,7 @@ async fn backfill_gives_a_new_sink_the_past_events_once() {
             )
         })
         .collect();
-    d.post(
-        "application/cloudevents-batch+json",
-        serde_json::to_vec(&batch).unwrap(),
-    )
-    .await;
+    d.post_batch(&batch).await;
     assert!(eventually(Duration::from_secs(20), || old.seen().len() == 6).await);
     d.stop().await;
 

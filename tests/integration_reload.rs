@@ -32,13 +32,7 @@ async fn post_events(d: &TestDaemon, prefix: &str, events: usize, streams: usize
         })
         .collect();
     for chunk in all.chunks(per_post) {
-        let (status, body) = d
-            .post(
-                "application/cloudevents-batch+json",
-                serde_json::to_vec(chunk).unwrap(),
-            )
-            .await;
-        assert_eq!(status, 201, "{body}");
+        d.post_batch(chunk).await;
     }
 }
 

@@ -38,13 +38,7 @@ async fn every_event_arrives_once_in_stream_order_with_cloudevents_headers_and_a
                 )
             })
             .collect();
-        let (status, body) = d
-            .post(
-                "application/cloudevents-batch+json",
-                serde_json::to_vec(&batch).unwrap(),
-            )
-            .await;
-        assert_eq!(status, 201, "{body}");
+        let body = d.post_batch(&batch).await;
         assert_eq!(body["events"].as_array().unwrap().len(), 3);
     }
     // One single-event post too, with a subject and an extension.
@@ -496,13 +490,7 @@ async fn a_builtin_discard_sink_acknowledges_every_event_without_sending_it() {
     let batch: Vec<_> = (0..5)
         .map(|i| event(&format!("d-{i}"), "s", "t", json!({ "i": i })))
         .collect();
-    let (status, body) = d
-        .post(
-            "application/cloudevents-batch+json",
-            serde_json::to_vec(&batch).unwrap(),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    d.post_batch(&batch).await;
     for i in 0..5 {
         let done = d
             .wait_sink(&format!("d-{i}"), "drain", Duration::from_secs(10), |x| {

@@ -428,6 +428,19 @@ impl TestDaemon {
         (status, r.json().await.unwrap_or(serde_json::Value::Null))
     }
 
+    /// Post `events` as one CloudEvents JSON batch; it must be accepted
+    /// (201). Returns the answer's body.
+    pub async fn post_batch(&self, events: &[serde_json::Value]) -> serde_json::Value {
+        let (status, body) = self
+            .post(
+                "application/cloudevents-batch+json",
+                serde_json::to_vec(events).unwrap(),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body
+    }
+
     pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
         let r = self
             .http
