@@ -49,6 +49,24 @@ async fn sink_state(d: &TestDaemon, sink: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `outboxd_plugin_load_failures_total` for `plugin`, from `/metrics`.
+async fn load_failures(d: &TestDaemon, plugin: &str) -> u64 {
+    let text = d
+        .http
+        .get(format!("{}/metrics", d.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix = format!("outboxd_plugin_load_failures_total{{plugin=\"{plugin}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|n| n.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
 async fn wait_state(d: &TestDaemon, sink: &str, want: &str) {
     let start = std::time::Instant::now();
     loop {
@@ -192,6 +210,12 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
     assert!(refused.contains("not a WebAssembly file"), "{refused}");
     assert!(refused.contains("keeps serving"), "{refused}");
     assert_eq!(sink_state(&d, "hook").await, "loaded");
+    // One refusal per change: the rescan's own reads of the folder must not
+    // set the watch off again (they once did, refusing the file forever).
+    let before = load_failures(&d, "hook").await;
+    assert!(before >= 1, "the refusal is counted");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(load_failures(&d, "hook").await, before, "the folder is rescanned without a change");
 
     // The old version still delivers.
     post_events(&d, "during", 5, 1, 5).await;

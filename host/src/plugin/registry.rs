@@ -3,8 +3,8 @@
 //!
 //! Owns: which plugin version serves each sink right now — one `watch`
 //! channel per sink, read by that sink's delivery loop before every batch —
-//! watching the plugins directory (the `notify` crate, debounced by
-//! [`DEBOUNCE`]), and what a rescan decides for each manifest:
+//! watching the plugins directory (the `notify` crate; changes only, never
+//! reads; debounced by [`DEBOUNCE`]), and what a rescan decides for each manifest:
 //!
 //! - unchanged (same manifest and component bytes): nothing;
 //! - new: load, admit, start its delivery loop;
@@ -169,51 +169,61 @@ impl Registry {
         state
             .failed
             .iter()
-            .map(|f| format!("{}: {}", f.file.display(), f.reason))
+            .map(|f| {
+                let file = f.file.display().to_string();
+                // Manifest errors already start with their file.
+                if f.reason.starts_with(&file) {
+                    f.reason.clone()
+                } else {
+                    format!("{file}: {}", f.reason)
+                }
+            })
             .collect()
     }
 
     /// Start watching the plugins directory, now: a change made after this
     /// returns is seen. Then, in a task until `shutdown` turns true,
-    /// rescan once (for changes since the plugins were loaded) and after
-    /// each burst of changes. A directory that cannot be watched is logged
-    /// and left alone (plugins then change only with a restart).
+    /// rescan once (for changes since the plugins were loaded) and again
+    /// [`DEBOUNCE`] after the last of each burst of changes. Only changes
+    /// count (create, write, remove, rename), never reads: a rescan reads
+    /// every file, and must not set itself off. A directory that cannot be
+    /// watched is logged and left alone (plugins then change only with a
+    /// restart).
     pub fn watch(self: Arc<Registry>, shutdown: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+        use notify::Watcher;
         let (tx, rx) = mpsc::unbounded_channel();
-        let watching = notify_debouncer_mini::new_debouncer(
-            DEBOUNCE,
-            move |res: notify_debouncer_mini::DebounceEventResult| {
-                let _ = tx.send(res.map(|_| ()).map_err(|e| e.to_string()));
-            },
-        )
-        .map_err(|e| e.to_string())
-        .and_then(|mut debouncer| {
-            debouncer
-                .watcher()
-                .watch(
-                    &self.dir,
-                    notify_debouncer_mini::notify::RecursiveMode::NonRecursive,
-                )
-                .map(|()| debouncer)
-                .map_err(|e| e.to_string())
+        let watching = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            let change = match res {
+                Ok(event) => match event.kind {
+                    notify::EventKind::Access(_) => return,
+                    _ => Ok(()),
+                },
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = tx.send(change);
+        })
+        .and_then(|mut watcher| {
+            watcher
+                .watch(&self.dir, notify::RecursiveMode::NonRecursive)
+                .map(|()| watcher)
         });
-        let debouncer = match watching {
-            Ok(d) => {
+        let watcher = match watching {
+            Ok(w) => {
                 tracing::info!(dir = %self.dir.display(), "watching the plugins directory");
-                d
+                w
             }
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), "cannot watch the plugins directory: {e}; plugins change only with a restart");
                 return tokio::spawn(async {});
             }
         };
-        tokio::spawn(self.rescan_on_changes(debouncer, rx, shutdown))
+        tokio::spawn(self.rescan_on_changes(watcher, rx, shutdown))
     }
 
     async fn rescan_on_changes(
         self: Arc<Registry>,
         // Kept alive for as long as changes are wanted.
-        _debouncer: notify_debouncer_mini::Debouncer<notify_debouncer_mini::notify::RecommendedWatcher>,
+        _watcher: notify::RecommendedWatcher,
         mut changes: mpsc::UnboundedReceiver<Result<(), String>>,
         mut shutdown: watch::Receiver<bool>,
     ) {
@@ -221,7 +231,6 @@ impl Registry {
         loop {
             if pending {
                 pending = false;
-                while changes.try_recv().is_ok() {}
                 let me = self.clone();
                 if let Err(e) = tokio::task::spawn_blocking(move || me.rescan()).await {
                     tracing::error!("plugin rescan failed: {e}");
@@ -231,7 +240,17 @@ impl Registry {
                 got = changes.recv() => match got {
                     None => return,
                     Some(Err(e)) => tracing::warn!("plugin directory watch: {e}"),
-                    Some(Ok(())) => pending = true,
+                    Some(Ok(())) => {
+                        // Wait for the burst to end: DEBOUNCE without news.
+                        loop {
+                            match tokio::time::timeout(DEBOUNCE, changes.recv()).await {
+                                Ok(Some(_)) => continue,
+                                Ok(None) => return,
+                                Err(_) => break,
+                            }
+                        }
+                        pending = true;
+                    }
                 },
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
