@@ -26,15 +26,7 @@ fn sample(metrics: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)
 }
 
 async fn scrape(d: &TestDaemon) -> prometheus_parse::Scrape {
-    let text = d
-        .http
-        .get(format!("{}/metrics", d.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = d.metrics_text().await;
     let lines = text.lines().map(|l| Ok(l.to_string()));
     prometheus_parse::Scrape::parse(lines).expect("metrics parse as Prometheus text")
 }

@@ -51,15 +51,7 @@ async fn sink_state(d: &TestDaemon, sink: &str) -> String {
 
 /// `outboxd_plugin_load_failures_total` for `plugin`, from `/metrics`.
 async fn load_failures(d: &TestDaemon, plugin: &str) -> u64 {
-    let text = d
-        .http
-        .get(format!("{}/metrics", d.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = d.metrics_text().await;
     let prefix = format!("outboxd_plugin_load_failures_total{{plugin=\"{plugin}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&prefix))
@@ -308,10 +300,7 @@ async fn a_plugin_dropped_in_while_running_loads_and_delivers() {
     post_events(&d, "both", 4, 2, 4).await;
     assert!(eventually(RELOAD, || a.count() == 4 && b.count() == 4).await,
         "a got {}, b got {}", a.count(), b.count());
-    let (_, metrics) = {
-        let r = d.http.get(format!("{}/metrics", d.base)).send().await.unwrap();
-        (r.status(), r.text().await.unwrap())
-    };
+    let metrics = d.metrics_text().await;
     assert!(
         metrics.contains("outboxd_plugin_loads_total{plugin=\"b\"} 1"),
         "{metrics}"

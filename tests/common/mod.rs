@@ -428,6 +428,18 @@ impl TestDaemon {
         (status, r.json().await.unwrap_or(serde_json::Value::Null))
     }
 
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Post `events` as one CloudEvents JSON batch; it must be accepted
     /// (201). Returns the answer's body.
     pub async fn post_batch(&self, events: &[serde_json::Value]) -> serde_json::Value {
