@@ -481,6 +481,65 @@ pub(crate) fn new_lease_token() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
 
+/// An event row as both stores select it (their `EVENT_COLUMNS`, the
+/// ingest time as `ingested_at_ms`). Errors: a column missing or of
+/// another type, extensions that are not a JSON object of strings.
+pub(crate) fn event_from_row<'r, R>(row: &'r R) -> Result<StoredEvent, StoreError>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let extensions: String = row.try_get("extensions")?;
+    let extensions: std::collections::BTreeMap<String, String> = serde_json::from_str(&extensions)
+        .map_err(|e| StoreError::Corrupt(format!("events.extensions: {e}")))?;
+    let sequence: i64 = row.try_get("sequence")?;
+    let producer_sequence: bool = row.try_get("producer_sequence")?;
+    let data_format: String = row.try_get("data_format")?;
+    Ok(StoredEvent {
+        event: NewEvent {
+            id: row.try_get("id")?,
+            source: row.try_get("source")?,
+            ty: row.try_get("type")?,
+            subject: row.try_get("subject")?,
+            time: row.try_get("time")?,
+            datacontenttype: row.try_get("datacontenttype")?,
+            dataschema: row.try_get("dataschema")?,
+            stream: row.try_get("stream")?,
+            sequence: producer_sequence.then_some(sequence as u64),
+            extensions,
+            data: row.try_get("data")?,
+            data_format: crate::event::DataFormat::parse(&data_format),
+        },
+        sequence: sequence as u64,
+        ingested_at_ms: row.try_get("ingested_at_ms")?,
+    })
+}
+
+/// A dead letter as both stores select it: event id, sink, stream,
+/// sequence, attempts, last error, finished at (Unix ms).
+pub(crate) type DeadRow = (String, String, String, i64, i64, Option<String>, Option<i64>);
+
+/// [`DeadRow`]s as [`DeadLetter`]s.
+pub(crate) fn dead_letters(rows: Vec<DeadRow>) -> Vec<DeadLetter> {
+    rows.into_iter()
+        .map(
+            |(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
+                event_id,
+                sink,
+                stream,
+                sequence: sequence as u64,
+                attempts: attempts as u32,
+                reason,
+                died_at_ms: died,
+            },
+        )
+        .collect()
+}
+
 /// Fold (sink, status, count) rows and (sink, age) rows into figures.
 pub(crate) fn fold_stats(
     rows: Vec<(String, String, i64)>,

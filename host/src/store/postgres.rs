@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, QueryBuilder, Row, Transaction};
 use tokio::sync::{watch, Notify};
 
@@ -35,7 +35,7 @@ use super::{
     new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter, DeliveryInfo,
     Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError, StoredEvent,
 };
-use crate::event::{DataFormat, NewEvent};
+use crate::event::NewEvent;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
@@ -131,32 +131,6 @@ const EVENT_COLUMNS: &str =
      producer_sequence, extensions, data, data_format, \
      (extract(epoch FROM ingested_at) * 1000)::bigint AS ingested_at_ms";
 
-fn event_from_row(row: &PgRow) -> Result<StoredEvent, StoreError> {
-    let extensions: String = row.try_get("extensions")?;
-    let extensions: BTreeMap<String, String> = serde_json::from_str(&extensions)
-        .map_err(|e| StoreError::Corrupt(format!("events.extensions: {e}")))?;
-    let sequence: i64 = row.try_get("sequence")?;
-    let producer_sequence: bool = row.try_get("producer_sequence")?;
-    let data_format: String = row.try_get("data_format")?;
-    Ok(StoredEvent {
-        event: NewEvent {
-            id: row.try_get("id")?,
-            source: row.try_get("source")?,
-            ty: row.try_get("type")?,
-            subject: row.try_get("subject")?,
-            time: row.try_get("time")?,
-            datacontenttype: row.try_get("datacontenttype")?,
-            dataschema: row.try_get("dataschema")?,
-            stream: row.try_get("stream")?,
-            sequence: producer_sequence.then_some(sequence as u64),
-            extensions,
-            data: row.try_get("data")?,
-            data_format: DataFormat::parse(&data_format),
-        },
-        sequence: sequence as u64,
-        ingested_at_ms: row.try_get("ingested_at_ms")?,
-    })
-}
 
 /// True for errors after which the whole transaction may simply be re-run.
 fn is_retryable(e: &IngestError) -> bool {
@@ -365,7 +339,7 @@ impl PgStore {
         .map_err(StoreError::from)?
         {
             let hash: Option<String> = row.try_get("content_hash").map_err(StoreError::from)?;
-            let event = event_from_row(&row)?;
+            let event = super::event_from_row(&row)?;
             stored.insert(event.event.id.clone(), (hash, event));
         }
 
@@ -493,7 +467,7 @@ impl Store for PgStore {
         else {
             return Ok(None);
         };
-        let event = event_from_row(&row)?;
+        let event = super::event_from_row(&row)?;
         let rows = sqlx::query(
             "SELECT sink, attempts, last_error, \
                CASE WHEN status = 'pending' AND lease_expires_at > now() THEN 'leased' \
@@ -636,7 +610,7 @@ impl Store for PgStore {
         .fetch_all(&mut *tx)
         .await?
         {
-            let ev = event_from_row(&row)?;
+            let ev = super::event_from_row(&row)?;
             events.insert(ev.event.id.clone(), ev);
         }
         tx.commit().await?;
@@ -686,7 +660,7 @@ impl Store for PgStore {
         .await?;
         let events = rows
             .iter()
-            .map(event_from_row)
+            .map(super::event_from_row)
             .collect::<Result<Vec<_>, _>>()?;
         let streams: BTreeSet<String> = events.iter().map(|e| e.event.stream.clone()).collect();
         lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
@@ -797,35 +771,14 @@ impl Store for PgStore {
         limit: u32,
     ) -> Result<Vec<DeadLetter>, StoreError> {
         let mut q = QueryBuilder::<Postgres>::new(
-            "SELECT event_id, sink, stream, sequence, attempts, last_error, \
+            "SELECT event_id, sink, stream, sequence, attempts::bigint, last_error, \
              (extract(epoch FROM finished_at) * 1000)::bigint FROM outboxd.deliveries WHERE status = 'dead'",
         );
         push_dead_filter(&mut q, filter);
         q.push(" ORDER BY finished_at DESC LIMIT ")
             .push_bind(limit as i64);
-        let rows: Vec<(
-            String,
-            String,
-            String,
-            i64,
-            i32,
-            Option<String>,
-            Option<i64>,
-        )> = q.build_query_as().fetch_all(&self.pool).await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
-                    event_id,
-                    sink,
-                    stream,
-                    sequence: sequence as u64,
-                    attempts: attempts as u32,
-                    reason,
-                    died_at_ms: died,
-                },
-            )
-            .collect())
+        let rows: Vec<super::DeadRow> = q.build_query_as().fetch_all(&self.pool).await?;
+        Ok(super::dead_letters(rows))
     }
 
     async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
@@ -974,7 +927,7 @@ impl Store for PgStore {
         let mut routed = Vec::new();
         for row in &rows {
             out.next_after = Some(row.try_get("seq_id")?);
-            let stored = event_from_row(row)?;
+            let stored = super::event_from_row(row)?;
             if route(&stored.event).iter().any(|s| s == sink) {
                 routed.push(stored);
             }

@@ -23,7 +23,6 @@ use super::{
     Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError,
     StoredEvent,
 };
-use crate::event::{DataFormat, NewEvent};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
@@ -80,34 +79,8 @@ async fn now_ms(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
 
 const EVENT_COLUMNS: &str =
     "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
-     producer_sequence, extensions, data, data_format, ingested_at";
+     producer_sequence, extensions, data, data_format, ingested_at AS ingested_at_ms";
 
-fn event_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredEvent, StoreError> {
-    let extensions: String = row.try_get("extensions")?;
-    let extensions: BTreeMap<String, String> = serde_json::from_str(&extensions)
-        .map_err(|e| StoreError::Corrupt(format!("events.extensions: {e}")))?;
-    let sequence: i64 = row.try_get("sequence")?;
-    let producer_sequence: bool = row.try_get("producer_sequence")?;
-    let data_format: String = row.try_get("data_format")?;
-    Ok(StoredEvent {
-        event: NewEvent {
-            id: row.try_get("id")?,
-            source: row.try_get("source")?,
-            ty: row.try_get("type")?,
-            subject: row.try_get("subject")?,
-            time: row.try_get("time")?,
-            datacontenttype: row.try_get("datacontenttype")?,
-            dataschema: row.try_get("dataschema")?,
-            stream: row.try_get("stream")?,
-            sequence: producer_sequence.then_some(sequence as u64),
-            extensions,
-            data: row.try_get("data")?,
-            data_format: DataFormat::parse(&data_format),
-        },
-        sequence: sequence as u64,
-        ingested_at_ms: row.try_get("ingested_at")?,
-    })
-}
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -130,7 +103,7 @@ impl Store for SqliteStore {
             if let Some(row) = existing {
                 let stored_hash: Option<String> =
                     row.try_get("content_hash").map_err(StoreError::from)?;
-                let stored = event_from_row(&row)?;
+                let stored = super::event_from_row(&row)?;
                 match same_event(stored_hash.as_deref(), &stored.event, ev, &hash) {
                     Ok(()) => {
                         out.push(Ingested {
@@ -255,7 +228,7 @@ impl Store for SqliteStore {
         else {
             return Ok(None);
         };
-        let event = event_from_row(&row)?;
+        let event = super::event_from_row(&row)?;
         let now = now_ms(&mut conn).await?;
         let rows = sqlx::query(
             "SELECT sink, status, attempts, last_error, next_attempt_at, lease_expires_at, finished_at \
@@ -421,7 +394,7 @@ impl Store for SqliteStore {
         select.push(")");
         let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
         for row in select.build().fetch_all(&mut *tx).await? {
-            let ev = event_from_row(&row)?;
+            let ev = super::event_from_row(&row)?;
             events.insert(ev.event.id.clone(), ev);
         }
         tx.commit().await?;
@@ -512,29 +485,8 @@ impl Store for SqliteStore {
         push_dead_filter(&mut q, filter);
         q.push(" ORDER BY finished_at DESC LIMIT ")
             .push_bind(limit as i64);
-        let rows: Vec<(
-            String,
-            String,
-            String,
-            i64,
-            i64,
-            Option<String>,
-            Option<i64>,
-        )> = q.build_query_as().fetch_all(&self.reader).await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
-                    event_id,
-                    sink,
-                    stream,
-                    sequence: sequence as u64,
-                    attempts: attempts as u32,
-                    reason,
-                    died_at_ms: died,
-                },
-            )
-            .collect())
+        let rows: Vec<super::DeadRow> = q.build_query_as().fetch_all(&self.reader).await?;
+        Ok(super::dead_letters(rows))
     }
 
     async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
@@ -652,7 +604,7 @@ impl Store for SqliteStore {
         let mut streams = std::collections::BTreeSet::new();
         for row in &rows {
             out.next_after = Some(row.try_get("seq_id")?);
-            let stored = event_from_row(row)?;
+            let stored = super::event_from_row(row)?;
             if !route(&stored.event).iter().any(|s| s == sink) {
                 continue;
             }
