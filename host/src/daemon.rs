@@ -151,6 +151,7 @@ impl Daemon {
                 }
                 let task = tokio::spawn(crate::delivery::run_sink(
                     sink_shared.clone(),
+                    sink.to_string(),
                     current,
                     sink_shutdown.clone(),
                 ));

@@ -150,36 +150,15 @@ pub async fn run_retention(shared: Shared, mut shutdown: watch::Receiver<bool>) 
 /// resumes when a version comes back.
 pub async fn run_sink(
     shared: Shared,
+    sink: String,
     mut current: watch::Receiver<Option<Plugin>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // The registry starts a loop with a version in the channel; should the
-    // plugin be removed before this task first runs, wait for it to return.
-    let first = loop {
-        if let Some(plugin) = current.borrow_and_update().clone() {
-            break plugin;
-        }
-        tokio::select! {
-            changed = current.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            _ = shutdown.changed() => {
-                if *shutdown.borrow() {
-                    return;
-                }
-            }
-        }
-    };
-    let sink = first.name().to_string();
     let config = &shared.config;
     let store = &*shared.store;
     let lease = config.lease;
-    shared
-        .heartbeats
-        .register(&sink, stale_after(config, first.manifest().limits.deadline));
-    let mut serving = Some(first);
+    // Read at the first turn, and whenever the registry swaps it.
+    let mut serving: Option<Plugin> = None;
     let mut traps_in_a_row: u32 = 0;
     let mut batch_limit = u32::MAX;
     let mut quarantines_in_a_row: u32 = 0;
@@ -188,7 +167,7 @@ pub async fn run_sink(
     let mut paused = false;
     let mut paused_read: Option<std::time::Instant> = None;
     // Set when a wait below saw `current` change (which marks it seen).
-    let mut swapped = false;
+    let mut swapped = true;
     tracing::info!(sink = %sink, lease = ?lease, "delivery loop started");
     loop {
         if *shutdown.borrow() {
@@ -394,17 +373,14 @@ async fn turn(
                     &info.reason,
                     info.after_ms.map(Duration::from_millis),
                 ),
-                Outcome::Reject(reason) => Finish::Dead {
-                    reason: format!("rejected: {reason}"),
-                    blocks_stream: policy.on_dead == crate::plugin::manifest::OnDead::Block,
-                },
+                Outcome::Reject(reason) => retry::dead(policy, format!("rejected: {reason}")),
             })
             .collect(),
         Err(failure) => {
             log_failure(sink, &failure, claimed.len());
             if let SinkFailure::Trap { kind, .. } = &failure {
                 trapped = true;
-                deadline = kind == "deadline";
+                deadline = failure.is_deadline();
                 metrics
                     .plugin_traps
                     .get_or_create(&TrapLabel {

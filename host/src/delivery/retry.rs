@@ -24,6 +24,15 @@ pub fn backoff(policy: &RetryPolicy, attempts: u32) -> Duration {
     Duration::from_secs_f64(half + rand::random::<f64>() * half)
 }
 
+/// A dead letter with `reason`, blocking its stream or not as the sink's
+/// `on-dead` says.
+pub fn dead(policy: &RetryPolicy, reason: String) -> Finish {
+    Finish::Dead {
+        reason,
+        blocks_stream: policy.on_dead == OnDead::Block,
+    }
+}
+
 /// Decide what a retryable failure of `claimed` becomes: another attempt
 /// after `max(backoff, hint)`, or a dead letter when that attempt would fall
 /// outside the retry window.
@@ -40,14 +49,14 @@ pub fn after_failure(
     let elapsed_ms = (claimed.claimed_at_ms - claimed.first_attempt_at_ms).max(0) as u128;
     let window_ms = policy.window.as_millis();
     if elapsed_ms + delay.as_millis() > window_ms {
-        return Finish::Dead {
-            reason: format!(
+        return dead(
+            policy,
+            format!(
                 "retry window of {} used up after {} attempts; last error: {reason}",
                 humantime::format_duration(policy.window),
                 claimed.attempts
             ),
-            blocks_stream: policy.on_dead == OnDead::Block,
-        };
+        );
     }
     Finish::Retry {
         delay,

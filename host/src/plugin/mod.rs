@@ -126,9 +126,13 @@ pub fn load_one(runtime: &Runtime, manifest_path: &Path) -> Result<Plugin, LoadF
         reason: e.to_string(),
     })?;
     let name = Some(manifest.name.clone());
-    let Some(component_path) = manifest.component_path().map(Path::to_path_buf) else {
-        return Ok(runtime.builtin(manifest));
-    };
+    if let Some(builtin) = manifest.builtin {
+        return Ok(runtime.builtin(manifest, builtin));
+    }
+    let component_path = manifest
+        .component_path()
+        .expect("a manifest without builtin names its component")
+        .to_path_buf();
     let fail = |reason: String| LoadFailure {
         file: component_path.clone(),
         name: name.clone(),

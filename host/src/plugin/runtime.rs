@@ -43,7 +43,7 @@ use super::amqp::{AmqpAccess, AmqpPool};
 use super::bindings::{self, Event, Level, Outcome, Sink, SinkPre};
 use super::cache::CompiledCache;
 use super::egress::{EgressHooks, EgressPolicy, HttpClient};
-use super::manifest::Manifest;
+use super::manifest::{Builtin, Manifest};
 
 /// How often the epoch ticks; the deadline is checked at this grain.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -77,6 +77,16 @@ pub enum SinkFailure {
     #[error("plugin init failed: {0}")]
     Init(String),
 }
+
+impl SinkFailure {
+    /// The batch ran out of its deadline (the loop then halves the batch).
+    pub fn is_deadline(&self) -> bool {
+        matches!(self, SinkFailure::Trap { kind, .. } if kind == DEADLINE)
+    }
+}
+
+/// The trap kind of a batch stopped at its deadline.
+const DEADLINE: &str = "deadline";
 
 /// The engine and what every plugin shares.
 #[derive(Clone)]
@@ -210,7 +220,7 @@ impl Runtime {
         Ok(Plugin {
             name: Arc::from(manifest.name.as_str()),
             manifest,
-            pre: Some(pre),
+            body: Body::Component(pre),
             config,
             client: super::egress::http_client(Arc::new(policy.clone())),
             policy: Arc::new(policy),
@@ -223,11 +233,11 @@ impl Runtime {
 impl Runtime {
     /// A sink built into the host ([`super::manifest::Builtin`]): no
     /// component, no sandbox; its batches never leave the host.
-    pub fn builtin(&self, manifest: Manifest) -> Plugin {
+    pub fn builtin(&self, manifest: Manifest, builtin: Builtin) -> Plugin {
         let policy = Arc::new(EgressPolicy::new(&[]).expect("an empty allow-list is valid"));
         Plugin {
             name: Arc::from(manifest.name.as_str()),
-            pre: None,
+            body: Body::Builtin(builtin),
             config: Vec::new(),
             client: super::egress::http_client(policy.clone()),
             policy,
@@ -352,13 +362,21 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
+/// What runs a plugin's batches.
+#[derive(Clone)]
+enum Body {
+    /// The pre-instantiated component, instantiated afresh per batch.
+    Component(SinkPre<HostState>),
+    /// A sink built into the host (manifest `builtin`).
+    Builtin(Builtin),
+}
+
 /// A loaded plugin: its manifest and its pre-instantiated component.
 #[derive(Clone)]
 pub struct Plugin {
     name: Arc<str>,
     manifest: Manifest,
-    /// `None` for a builtin sink (manifest `builtin`).
-    pre: Option<SinkPre<HostState>>,
+    body: Body,
     config: Vec<(String, String)>,
     policy: Arc<EgressPolicy>,
     /// This plugin's pooled outbound client (its connector applies
@@ -385,9 +403,11 @@ impl Plugin {
     /// Returns one outcome per event, or a [`SinkFailure`] for the whole
     /// batch (trap, deadline, wrong number of outcomes, init refused).
     pub async fn deliver(&self, batch: &[Event]) -> Result<Vec<Outcome>, SinkFailure> {
-        let Some(pre) = &self.pre else {
-            // The only builtin, `discard`: every event acknowledged.
-            return Ok(batch.iter().map(|_| Outcome::Delivered).collect());
+        let pre = match &self.body {
+            Body::Component(pre) => pre,
+            Body::Builtin(Builtin::Discard) => {
+                return Ok(batch.iter().map(|_| Outcome::Delivered).collect())
+            }
         };
         let deadline = self.manifest.limits.deadline;
         let mut table = ResourceTable::new();
@@ -443,7 +463,7 @@ impl Plugin {
         let refused_memory = store.data().limits.refused;
         match result {
             Err(_) => Err(SinkFailure::Trap {
-                kind: "deadline".into(),
+                kind: DEADLINE.into(),
                 detail: format!("batch exceeded {deadline:?}"),
             }),
             Ok(Ok(Err(reason))) => Err(SinkFailure::Init(reason)),
@@ -469,7 +489,7 @@ fn classify_trap(
 ) -> SinkFailure {
     let detail = format!("{e:#}");
     let kind = match e.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::Interrupt) => "deadline".to_string(),
+        Some(wasmtime::Trap::Interrupt) => DEADLINE.to_string(),
         Some(wasmtime::Trap::StackOverflow) => "stack overflow".to_string(),
         Some(wasmtime::Trap::MemoryOutOfBounds) if in_deep_recursion(e) => {
             "stack overflow".to_string()
@@ -484,7 +504,7 @@ fn classify_trap(
         Some(wasmtime::Trap::UnreachableCodeReached) => "panic".to_string(),
         Some(wasmtime::Trap::OutOfFuel) => "out of fuel".to_string(),
         Some(trap) => trap.to_string(),
-        None if past_deadline => "deadline".to_string(),
+        None if past_deadline => DEADLINE.to_string(),
         None => "error".to_string(),
     };
     SinkFailure::Trap { kind, detail }
