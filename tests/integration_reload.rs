@@ -208,6 +208,14 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
     assert!(before >= 1, "the refusal is counted");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(load_failures(&d, "hook").await, before, "the folder is rescanned without a change");
+    // A change elsewhere in the folder rescans it: the refused file, unchanged,
+    // is still refused, but not loaded, logged or counted again.
+    plugins.write("notes.txt", b"unrelated");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(load_failures(&d, "hook").await, before, "an unchanged refusal is counted again");
+    let (_, ready) = d.get("/ready").await;
+    assert!(ready["checks"]["plugins"]["refused"].to_string().contains("broken.wasm"), "{ready}");
+    assert_eq!(sink_state(&d, "hook").await, "loaded");
 
     // The old version still delivers.
     post_events(&d, "during", 5, 1, 5).await;

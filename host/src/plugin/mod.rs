@@ -31,6 +31,8 @@ pub use runtime::{Plugin, Runtime, SinkFailure};
 pub struct LoadFailure {
     /// The manifest or component file at fault.
     pub file: PathBuf,
+    /// The manifest the plugin was loaded from.
+    pub manifest: PathBuf,
     /// Sink name, when the manifest could be read.
     pub name: Option<String>,
     pub reason: String,
@@ -92,6 +94,7 @@ pub fn load_dir(runtime: &Runtime, dir: &Path) -> Plugins {
                     tracing::error!(file = %path.display(), "plugin refused: {reason}");
                     plugins.failed.push(LoadFailure {
                         file: path.clone(),
+                        manifest: path.clone(),
                         name: None,
                         reason,
                     });
@@ -122,6 +125,7 @@ pub fn load_dir(runtime: &Runtime, dir: &Path) -> Plugins {
 pub fn load_one(runtime: &Runtime, manifest_path: &Path) -> Result<Plugin, LoadFailure> {
     let manifest = Manifest::load(manifest_path).map_err(|e| LoadFailure {
         file: manifest_path.to_path_buf(),
+        manifest: manifest_path.to_path_buf(),
         name: None,
         reason: e.to_string(),
     })?;
@@ -135,6 +139,7 @@ pub fn load_one(runtime: &Runtime, manifest_path: &Path) -> Result<Plugin, LoadF
         .to_path_buf();
     let fail = |reason: String| LoadFailure {
         file: component_path.clone(),
+        manifest: manifest_path.to_path_buf(),
         name: name.clone(),
         reason,
     };
@@ -145,6 +150,7 @@ pub fn load_one(runtime: &Runtime, manifest_path: &Path) -> Result<Plugin, LoadF
         .prepare(manifest, &component)
         .map_err(|reason| LoadFailure {
             file: component_path.clone(),
+            manifest: manifest_path.to_path_buf(),
             name: name.clone(),
             reason,
         })

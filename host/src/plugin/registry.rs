@@ -69,6 +69,11 @@ struct Entry {
 struct State {
     sinks: BTreeMap<String, Entry>,
     failed: Vec<LoadFailure>,
+    /// Manifests refused for what their own files hold (unreadable, not a
+    /// component, not the world, ...), by fingerprint: a rescan that finds
+    /// them unchanged reports the same refusal without loading, logging or
+    /// counting it again.
+    refused: BTreeMap<PathBuf, [u8; 32]>,
 }
 
 /// The sinks of a running daemon.
@@ -100,15 +105,16 @@ impl Registry {
             metrics,
             state: Mutex::new(State::default()),
         });
-        let mut state = State {
-            failed: plugins.failed,
-            ..State::default()
-        };
+        let mut state = State::default();
+        for failure in plugins.failed {
+            state
+                .refused
+                .insert(failure.manifest.clone(), fingerprint(&failure.manifest));
+            state.failed.push(failure);
+        }
         for (name, plugin) in plugins.loaded {
             let manifest_path = plugin.manifest().file.clone();
-            // A file unreadable just after the load gets a hash no file
-            // has: the sink counts as loaded, and the next rescan reloads it.
-            let fingerprint = Some(fingerprint(&manifest_path, plugin.manifest()).unwrap_or([0; 32]));
+            let fingerprint = Some(fingerprint(&manifest_path));
             let (tx, rx) = watch::channel(Some(plugin.clone()));
             (registry.start_sink)(&name, rx);
             state.sinks.insert(
@@ -282,16 +288,37 @@ impl Registry {
         // is already serving, the new file is the duplicate.
         let mut files = manifest_files(&self.dir);
         files.sort_by_key(|path| !before.values().any(|(p, fp)| p == path && fp.is_some()));
+        let (refused_before, failed_before) = {
+            let state = self.state.lock().unwrap();
+            (state.refused.clone(), state.failed.clone())
+        };
+        let mut refused: BTreeMap<PathBuf, [u8; 32]> = BTreeMap::new();
         for path in files {
             let serving_here = before
                 .iter()
                 .find(|(_, (p, fp))| p == &path && fp.is_some())
                 .map(|(n, _)| n.clone());
+            let fp = fingerprint(&path);
+            if refused_before.get(&path) == Some(&fp) {
+                // Refused before and unchanged: the same refusal, quietly.
+                for f in failed_before.iter().filter(|f| f.manifest == path) {
+                    if let Some(name) = &f.name {
+                        if before.get(name).is_some_and(|(_, fp)| fp.is_some()) {
+                            present.insert(name.clone());
+                        }
+                    }
+                    failed.push(f.clone());
+                }
+                present.extend(serving_here);
+                refused.insert(path, fp);
+                continue;
+            }
             let manifest = match Manifest::load(&path) {
                 Ok(m) => m,
                 Err(e) => {
                     failed.push(self.refused(&path, serving_here.clone(), true, e.to_string()));
                     present.extend(serving_here);
+                    refused.insert(path, fp);
                     continue;
                 }
             };
@@ -305,14 +332,6 @@ impl Registry {
                 ));
                 continue;
             }
-            let fp = match fingerprint(&path, &manifest) {
-                Ok(fp) => fp,
-                Err(reason) => {
-                    let serving = before.get(&name).is_some_and(|(_, fp)| fp.is_some());
-                    failed.push(self.refused(&path, Some(name), serving, reason));
-                    continue;
-                }
-            };
             if let Some((old_path, Some(old_fp))) = before.get(&name) {
                 if *old_fp == fp {
                     if *old_path != path {
@@ -324,20 +343,25 @@ impl Registry {
             if !known.contains(&name) {
                 known.push(name.clone());
             }
-            let plugin = load_one(&self.runtime, &path).and_then(|plugin| {
-                (self.admit)(&plugin, &known)
-                    .map(|()| plugin)
-                    .map_err(|reason| LoadFailure {
-                        file: path.clone(),
-                        name: Some(name.clone()),
-                        reason,
-                    })
-            });
-            match plugin {
-                Ok(plugin) => loaded.push((name, path, fp, plugin)),
+            let serving = before.get(&name).is_some_and(|(_, fp)| fp.is_some());
+            let plugin = match load_one(&self.runtime, &path) {
+                Ok(plugin) => plugin,
                 Err(f) => {
-                    let serving = before.get(&name).is_some_and(|(_, fp)| fp.is_some());
-                    failed.push(self.refused(&f.file, Some(name), serving, f.reason));
+                    // Refused for its own files: not tried again until they change.
+                    let mut failure = self.refused(&f.file, Some(name), serving, f.reason);
+                    failure.manifest = path.clone();
+                    failed.push(failure);
+                    refused.insert(path, fp);
+                    continue;
+                }
+            };
+            // Admission depends on the other sinks too: tried at every rescan.
+            match (self.admit)(&plugin, &known) {
+                Ok(()) => loaded.push((name, path, fp, plugin)),
+                Err(reason) => {
+                    let mut failure = self.refused(&path, Some(name), serving, reason);
+                    failure.manifest = path.clone();
+                    failed.push(failure);
                 }
             }
         }
@@ -393,6 +417,7 @@ impl Registry {
             }
         }
         state.failed = failed;
+        state.refused = refused;
     }
 
     /// Record and log a refused plugin file of sink `name` (when known).
@@ -422,6 +447,7 @@ impl Registry {
         };
         LoadFailure {
             file: file.to_path_buf(),
+            manifest: file.to_path_buf(),
             name,
             reason,
         }
@@ -441,16 +467,23 @@ pub(super) fn manifest_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// SHA-256 over the manifest's bytes and its component's bytes: what
-/// decides whether a plugin changed.
-fn fingerprint(manifest_path: &Path, manifest: &Manifest) -> Result<[u8; 32], String> {
+/// SHA-256 over a manifest's bytes and, when it parses and names one, its
+/// component's bytes: what decides whether a plugin changed. A file that
+/// cannot be read hashes as its error, so it changes when the error does.
+fn fingerprint(manifest_path: &Path) -> [u8; 32] {
     let mut hash = Sha256::new();
-    let text = std::fs::read(manifest_path).map_err(|e| format!("cannot read manifest: {e}"))?;
-    hash.update((text.len() as u64).to_le_bytes());
-    hash.update(&text);
-    if let Some(path) = manifest.component_path() {
-        let component = std::fs::read(path).map_err(|e| format!("cannot read component: {e}"))?;
-        hash.update(&component);
+    let mut file = |path: &Path| match std::fs::read(path) {
+        Ok(bytes) => {
+            hash.update((bytes.len() as u64).to_le_bytes());
+            hash.update(&bytes);
+        }
+        Err(e) => hash.update(format!("unreadable: {:?}", e.kind())),
+    };
+    file(manifest_path);
+    if let Ok(manifest) = Manifest::load(manifest_path) {
+        if let Some(component) = manifest.component_path() {
+            file(component);
+        }
     }
-    Ok(hash.finalize().into())
+    hash.finalize().into()
 }
