@@ -614,8 +614,10 @@ def summarise(ctx):
 
 
 def raw_commits(r):
-    """Transactions per event of the raw run: one per insert batch of 100,
-    two per claim (claim, complete; an empty claim commits once)."""
+    """Transactions per event of the raw run, from the program's own
+    structure (not counted): one per insert batch of 100 and two per claim
+    (claim, complete; the few empty claims, which commit once, are counted
+    as two)."""
     if not r.get("n"):
         return None
     return (r["n"] / 100 + 2 * r["claims"]) / r["n"]

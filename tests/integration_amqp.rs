@@ -354,13 +354,7 @@ async fn an_unroutable_event_gets_the_configured_outcome_with_the_reason() {
     );
     let d = TestDaemon::start(plugins.path()).await;
 
-    let (status, body) = d
-        .post(
-            "application/cloudevents+json",
-            serde_json::to_vec(&event("lost-1", "s", "person", json!({}))).unwrap(),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    d.post_event(&event("lost-1", "s", "person", json!({}))).await;
 
     let dead = d
         .wait_sink("lost-1", "rejecting", Duration::from_secs(20), |x| {
@@ -419,11 +413,7 @@ async fn an_exchange_the_manifest_does_not_grant_is_rejected_and_nothing_is_publ
     );
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post(
-        "application/cloudevents+json",
-        serde_json::to_vec(&event("deny-1", "s", "person", json!({}))).unwrap(),
-    )
-    .await;
+    d.post_event(&event("deny-1", "s", "person", json!({}))).await;
     let dead = d
         .wait_delivery("deny-1", Duration::from_secs(20), |x| x["status"] == "dead")
         .await;
@@ -457,16 +447,8 @@ async fn a_granted_exchange_that_does_not_exist_is_retried_with_the_brokers_reas
     );
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post(
-        "application/cloudevents+json",
-        serde_json::to_vec(&event("nx-1", "s", "t", json!({}))).unwrap(),
-    )
-    .await;
-    d.post(
-        "application/cloudevents+json",
-        serde_json::to_vec(&event("nx-2", "s", "t", json!({}))).unwrap(),
-    )
-    .await;
+    d.post_event(&event("nx-1", "s", "t", json!({}))).await;
+    d.post_event(&event("nx-2", "s", "t", json!({}))).await;
     let state = d
         .wait_delivery("nx-1", Duration::from_secs(20), |x| {
             x["attempts"].as_u64().unwrap_or(0) >= 2

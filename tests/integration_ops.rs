@@ -57,11 +57,12 @@ async fn metrics_parse_and_move_as_events_flow() {
         .map(|i| event(&format!("m{i}"), "s", "t", json!({"i": i})))
         .collect();
     d.post_batch(&batch).await;
-    d.post(
-        "application/cloudevents+json",
-        serde_json::to_vec(&batch[0]).unwrap(),
-    )
-    .await; // duplicate
+    // The same event again: a duplicate, answered 200.
+    let (status, body) = d
+        .post("application/cloudevents+json", serde_json::to_vec(&batch[0]).unwrap())
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["duplicate"], true, "{body}");
     d.post("application/cloudevents+json", "{").await; // rejected
     assert!(eventually(Duration::from_secs(20), || receiver.seen().len() >= 5).await);
     d.wait_delivery("m4", Duration::from_secs(10), |x| {
@@ -149,11 +150,7 @@ async fn a_paused_sink_delivers_nothing_until_resumed() {
     // Every loop reads the pause within 1 s (PAUSE_RECHECK) plus one idle sleep.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     for i in 0..3 {
-        d.post(
-            "application/cloudevents+json",
-            serde_json::to_vec(&event(&format!("p{i}"), "s", "t", json!({}))).unwrap(),
-        )
-        .await;
+        d.post_event(&event(&format!("p{i}"), "s", "t", json!({}))).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(receiver.seen().is_empty(), "nothing delivered while paused");
@@ -189,11 +186,7 @@ async fn a_replayed_dead_letter_is_delivered() {
         "",
     );
     let d = TestDaemon::start(plugins.path()).await;
-    d.post(
-        "application/cloudevents+json",
-        serde_json::to_vec(&event("dl", "s", "t", json!({}))).unwrap(),
-    )
-    .await;
+    d.post_event(&event("dl", "s", "t", json!({}))).await;
     d.wait_delivery("dl", Duration::from_secs(20), |x| x["status"] == "dead")
         .await;
     let listed: serde_json::Value = d
@@ -241,13 +234,7 @@ async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_repla
     std::fs::write(&manifest, text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n")).unwrap();
     let d = TestDaemon::start(plugins.path()).await;
     for id in ["b1", "b2"] {
-        let (status, body) = d
-            .post(
-                "application/cloudevents+json",
-                serde_json::to_vec(&event(id, "s", "t", json!({}))).unwrap(),
-            )
-            .await;
-        assert_eq!(status, 201, "{body}");
+        d.post_event(&event(id, "s", "t", json!({}))).await;
     }
     d.wait_delivery("b1", Duration::from_secs(20), |x| x["status"] == "dead")
         .await;
@@ -352,11 +339,7 @@ async fn ready_is_503_while_every_claim_fails() {
         "",
     );
     let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
-    d.post(
-        "application/cloudevents+json",
-        serde_json::to_vec(&event("r1", "s", "t", json!({}))).unwrap(),
-    )
-    .await;
+    d.post_event(&event("r1", "s", "t", json!({}))).await;
     assert!(eventually(Duration::from_secs(10), || !receiver.seen().is_empty()).await);
     let (status, body) = d.get("/ready").await;
     assert_eq!(status, 200, "{body}");
@@ -365,11 +348,7 @@ async fn ready_is_503_while_every_claim_fails() {
         .execute(&mut admin)
         .await
         .unwrap();
-    d.post(
-        "application/cloudevents+json",
-        serde_json::to_vec(&event("r2", "s", "t", json!({}))).unwrap(),
-    )
-    .await;
+    d.post_event(&event("r2", "s", "t", json!({}))).await;
     let start = std::time::Instant::now();
     loop {
         let (status, body) = d.get("/ready").await;

@@ -440,6 +440,19 @@ impl TestDaemon {
             .unwrap()
     }
 
+    /// Post one event in the CloudEvents JSON format; it must be accepted
+    /// (201). Returns the answer's body.
+    pub async fn post_event(&self, event: &serde_json::Value) -> serde_json::Value {
+        let (status, body) = self
+            .post(
+                "application/cloudevents+json",
+                serde_json::to_vec(event).unwrap(),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body
+    }
+
     /// Post `events` as one CloudEvents JSON batch; it must be accepted
     /// (201). Returns the answer's body.
     pub async fn post_batch(&self, events: &[serde_json::Value]) -> serde_json::Value {
