@@ -649,7 +649,7 @@ def markdown(ctx):
                 "processes on one database, one delivery loop per process, ingest over HTTP with 2·P requests in "
                 "flight; *e2e* = N / (first ingest request → last arrival at the receiver). *Commits per event*: "
                 "PostgreSQL transactions committed in the run's database (`pg_stat_database.xact_commit`; raw: "
-                "counted by the program) divided by N — each commit waits for an fsync. A claim of 100 takes up to 100 "
+                "worked out from the program's transactions: one per insert batch, two per claim) divided by N — each commit waits for an fsync. A claim of 100 takes up to 100 "
                 "heads, so with S streams more than about S / 100 workers find nothing due: extra workers or "
                 "processes only help when there are many more streams than 100 × W.", "",
                 "| W / P | raw insert ev/s | raw claim+complete ev/s | raw pipeline ev/s | outboxd ingest ev/s | "
