@@ -108,7 +108,7 @@ impl Daemon {
         for plugin in plugins.loaded.values() {
             admit(plugin, &known, config.delivery.lease).map_err(StartError::Config)?;
         }
-        let routes = Arc::new(Routes::new(config.routes.clone(), plugins.known_sinks())?);
+        let routes = Arc::new(Routes::new(config.routes.clone(), known)?);
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let wake = Arc::new(Notify::new());

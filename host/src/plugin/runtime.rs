@@ -197,8 +197,10 @@ impl Runtime {
     /// pre-instantiate. Errors say which import is not granted or which
     /// export is missing.
     pub fn prepare(&self, manifest: Manifest, component: &Component) -> Result<Plugin, String> {
-        let policy = EgressPolicy::new(&manifest.capabilities.http)
-            .map_err(|e| format!("capabilities.http: {e}"))?;
+        let policy = Arc::new(
+            EgressPolicy::new(&manifest.capabilities.http)
+                .map_err(|e| format!("capabilities.http: {e}"))?,
+        );
         let grants_http = !manifest.capabilities.http.is_empty();
         let linker = self
             .linker(grants_http)
@@ -222,8 +224,8 @@ impl Runtime {
             manifest,
             body: Body::Component(pre),
             config,
-            client: super::egress::http_client(Arc::new(policy.clone())),
-            policy: Arc::new(policy),
+            client: super::egress::http_client(policy.clone()),
+            policy,
             amqp,
             runtime: self.clone(),
         })
