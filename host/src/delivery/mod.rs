@@ -169,6 +169,7 @@ pub async fn run_sink(
     // Set when a wait below saw `current` change (which marks it seen).
     let mut swapped = true;
     tracing::info!(sink = %sink, lease = ?lease, "delivery loop started");
+    shared.metrics.sink_started(&sink);
     loop {
         if *shutdown.borrow() {
             break;
@@ -412,7 +413,7 @@ async fn turn(
         }
     }
     // Every outcome of the batch in one transaction: one commit, not one
-    // per delivery (each commit is an fsync, DESIGN §8).
+    // per delivery (each commit is an fsync, docs/measurements.md).
     let items: Vec<(i64, &str, &Finish)> = claimed
         .iter()
         .zip(&finishes)

@@ -7,7 +7,7 @@
 //! translation of everything a guest can do wrong into a [`SinkFailure`].
 //!
 //! Every batch gets a fresh `Store` instantiated from the plugin's
-//! `InstancePre` (about 19 µs here, DESIGN §8): after a trap an instance
+//! `InstancePre` (about 19 µs here, docs/measurements.md): after a trap an instance
 //! only answers `CannotEnterComponent`, and a fresh store also means no
 //! state leaks between batches.
 //!
@@ -109,7 +109,7 @@ impl Runtime {
     /// As [`Runtime::new`], with wasmtime's pooling allocator: `slots`
     /// instances' memories, tables and fiber stacks reserved up front,
     /// each memory at most `max_memory` bytes. Instantiation is cheaper
-    /// (about 6.6 µs against 19 µs, DESIGN §8); the reservation is virtual
+    /// (about 6.6 µs against 19 µs, docs/measurements.md); the reservation is virtual
     /// memory whether used or not. Used by the plugin benchmark.
     pub fn with_pooling(max_memory: usize, slots: u32) -> wasmtime::Result<Runtime> {
         let mut pool = wasmtime::PoolingAllocationConfig::default();
@@ -321,7 +321,7 @@ impl bindings::outboxd::sink::log::Host for HostState {
 impl bindings::outboxd::sink::types::Host for HostState {}
 
 /// Memory cap that remembers a refused growth, so a guest that dies of it
-/// (a Rust guest then hits `unreachable`, DESIGN §8) is reported as out of
+/// (a Rust guest then hits `unreachable`, docs/measurements.md) is reported as out of
 /// memory.
 struct MemoryCap {
     max_bytes: usize,
