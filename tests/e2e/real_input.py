@@ -79,7 +79,7 @@ import events as e
 import receivers as r
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CASES = REPO_ROOT.parent / "shared" / "cases" / "github-webhooks"
+DEFAULT_CASES = REPO_ROOT / "tests" / "cases" / "github-webhooks"
 SINKS = ("webhook", "amqp")
 
 
