@@ -394,6 +394,16 @@ async fn plugins_that_trap_fast_are_quarantined_after_the_configured_number_of_b
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        if component == "exitzero" {
+            let state = d.delivery(&ids[0], component).await.unwrap();
+            assert!(
+                state["last_error"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("plugin trap: exit (status 0)"),
+                "exit(0) has a kind of its own: {state}"
+            );
+        }
         // Quarantined: it stops trying (the quarantine lasts a minute).
         let attempts = d.delivery(&ids[0], component).await.unwrap()["attempts"].clone();
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -543,5 +553,41 @@ async fn the_first_batch_is_sized_by_bytes_as_well_as_by_count() {
             .contains("outboxd_plugin_traps_total{"),
         "no trap at all"
     );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it() {
+    init_logs();
+    let receiver = Receiver::start().await;
+    // Room for the guest to build 3,000,000 outcomes (about 96 MB as a
+    // canonical-ABI list, more as its own vector).
+    let manifest = format!("[limits]\nmemory-mib = 512\n{FAST_RETRY}");
+    let plugins = plugins_with(&receiver, "manyoutcomes", &manifest);
+    let d = TestDaemon::start(plugins.path()).await;
+    let ids: Vec<String> = (0..2).map(|i| format!("many-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))
+            .await;
+    }
+    for id in &ids {
+        let state = d
+            .wait_sink(id, "bad", Duration::from_secs(30), |x| {
+                x["attempts"].as_u64() >= Some(2) && x["last_error"].is_string()
+            })
+            .await;
+        // outboxd::plugin::runtime::hostcall_fuel: at most 16 MiB for a
+        // batch of one or two, charged before the host allocates; the
+        // answer is refused as too large, not copied and then counted.
+        assert_eq!(
+            state["last_error"], "plugin trap: answer too large",
+            "{state}"
+        );
+        assert!(
+            ["pending", "retrying", "leased"].contains(&state["status"].as_str().unwrap_or("")),
+            "{state}"
+        );
+    }
+    healthy_sink_delivered_each_once(&receiver, &ids).await;
     d.stop().await;
 }

@@ -58,6 +58,16 @@ const MAX_INSTANCES: usize = 100;
 const MAX_RESOURCES: usize = 10_000;
 /// Most bytes one `wasi:random` call may ask for.
 const MAX_RANDOM_BYTES: u64 = 1 << 20;
+/// Fewest bytes the host copies out of one guest call (wasmtime's hostcall
+/// fuel, see [`hostcall_fuel`]): room for an AMQP message or an HTTP body
+/// chunk whatever the batch.
+const MIN_GUEST_TRANSFER: usize = 16 << 20;
+/// Bytes of reason allowed per outcome when sizing [`hostcall_fuel`] (the
+/// host keeps [`guest_text::MAX_REASON_BYTES`] of each).
+const REASON_TRANSFER_PER_OUTCOME: usize = 64 << 10;
+/// The trap kind of a guest that handed the host more than it copies.
+const TOO_MUCH_DATA: &str = "answer too large";
+
 /// Fewest backtrace frames (wasmtime captures up to 20, innermost first)
 /// for an out-of-bounds trap to count as the end of a recursion.
 const RECURSION_MIN_FRAMES: usize = 16;
@@ -459,6 +469,10 @@ impl Plugin {
         };
         let mut store = Store::new(self.runtime.engine(), state);
         store.limiter(|s| &mut s.limits);
+        store.set_hostcall_fuel(hostcall_fuel(
+            batch.len(),
+            (self.manifest.limits.memory_mib as usize) << 20,
+        ));
         let started = Instant::now();
         store.set_epoch_deadline(1);
         // Every tick: stop the guest past its deadline, else let the worker
@@ -511,6 +525,24 @@ impl Plugin {
     }
 }
 
+/// How many bytes the host may copy out of one guest call — a host call's
+/// arguments, or `deliver`'s answer — for a batch of `events` from a guest
+/// capped at `memory_bytes`: room for one outcome per event with a reason of
+/// [`REASON_TRANSFER_PER_OUTCOME`], at least [`MIN_GUEST_TRANSFER`], never
+/// more than the guest's own memory cap.
+///
+/// wasmtime charges this fuel while it lifts: a list's length times the
+/// host size of its elements *before* it allocates the host vector, and
+/// each string's length before it copies it. An answer past it fails the
+/// call (`answer too large`) with nothing allocated for it, so a guest
+/// returning millions of outcomes, or one string aliased by every outcome,
+/// cannot make the host allocate past this bound.
+fn hostcall_fuel(events: usize, memory_bytes: usize) -> usize {
+    let answer =
+        events.saturating_mul(std::mem::size_of::<Outcome>() + REASON_TRANSFER_PER_OUTCOME);
+    answer.max(MIN_GUEST_TRANSFER).min(memory_bytes)
+}
+
 /// An outcome whose reason passed [`guest_text::clean`].
 fn clean_outcome(outcome: Outcome) -> Outcome {
     match outcome {
@@ -534,6 +566,13 @@ fn classify_trap(
     // The error text carries the guest's own function names (its name
     // section), which are guest-supplied text like any other.
     let detail = guest_text::clean(&format!("{e:#}"), guest_text::MAX_LOG_BYTES);
+    if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        // `wasi:cli/exit`: the guest ended itself instead of answering.
+        return SinkFailure::Trap {
+            kind: format!("exit (status {})", exit.0),
+            detail,
+        };
+    }
     let kind = match e.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => DEADLINE.to_string(),
         Some(wasmtime::Trap::StackOverflow) => "stack overflow".to_string(),
@@ -547,6 +586,13 @@ fn classify_trap(
         }) =>
         {
             format!("too many resources (more than {MAX_RESOURCES} live)")
+        }
+        _ if e.chain().any(|c| {
+            c.to_string()
+                .contains("fuel allocated for hostcalls has been exhausted")
+        }) =>
+        {
+            TOO_MUCH_DATA.to_string()
         }
         Some(wasmtime::Trap::UnreachableCodeReached) => "panic".to_string(),
         Some(wasmtime::Trap::OutOfFuel) => "out of fuel".to_string(),
