@@ -468,6 +468,52 @@ async fn a_quarantined_sink_says_so_in_the_admin_api_and_in_ready() {
     let shown = &ready["checks"]["plugins"]["quarantined"]["bad"];
     assert_eq!(shown["reason"], "plugin trap: panic", "{ready}");
     assert_eq!(shown["until_ms"], q["until_ms"], "{ready}");
+    // The CLI asks the daemon at its configured address.
+    let cli = tokio::task::spawn_blocking({
+        let listen = d.base.trim_start_matches("http://").to_string();
+        let data = d.data.path().to_path_buf();
+        let plugins = plugins.path().to_path_buf();
+        move || {
+            let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+            for (key, _) in std::env::vars_os() {
+                if key.to_string_lossy().starts_with("OUTBOXD_") {
+                    command.env_remove(key);
+                }
+            }
+            command
+                .args(["sinks", "list"])
+                .env("OUTBOXD_LISTEN", listen)
+                .env("OUTBOXD_DATA_DIR", data)
+                .env("OUTBOXD_PLUGINS_DIR", plugins)
+                .env("RUST_LOG", "error")
+                .output()
+                .expect("run outboxd sinks list")
+        }
+    })
+    .await
+    .unwrap();
+    let out = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("bad\t"))
+        .unwrap_or_default();
+    assert!(
+        line.contains(&format!(
+            "quarantined until {}",
+            q["until"].as_str().unwrap()
+        )) && line.contains("plugin trap: panic"),
+        "outboxd sinks list: {out}"
+    );
+    let webhook_line = out
+        .lines()
+        .find(|l| l.starts_with("webhook\t"))
+        .unwrap_or_default();
+    assert!(!webhook_line.contains("quarantined"), "{out}");
     // The healthy sink is not quarantined, and delivered everything.
     let (_, sinks) = d.get("/v1/admin/sinks").await;
     let webhook = sinks["sinks"]

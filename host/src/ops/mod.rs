@@ -11,6 +11,7 @@
 //! a probe time out.
 
 pub mod admin;
+pub mod daemon_client;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
