@@ -113,6 +113,7 @@ impl Daemon {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let wake = Arc::new(Notify::new());
         let heartbeats = Arc::new(Heartbeats::default());
+        let quarantines = Arc::new(crate::delivery::Quarantines::default());
         store.forward_wakeups(wake.clone(), shutdown_rx.clone());
         let shared = Shared {
             store: store.clone(),
@@ -120,6 +121,7 @@ impl Daemon {
             wake: wake.clone(),
             heartbeats: heartbeats.clone(),
             metrics: metrics.clone(),
+            quarantines: quarantines.clone(),
         };
         let mut tasks = Vec::new();
         let route_table = routes.clone();
@@ -173,6 +175,7 @@ impl Daemon {
             plugins: registry.clone(),
             heartbeats,
             metrics,
+            quarantines,
             admin_token: config.admin.token.clone(),
             amqp: runtime.amqp().clone(),
             routes,

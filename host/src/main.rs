@@ -322,6 +322,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     let runtime =
                         outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
                     let plugins = outboxd::plugin::load_dir(&runtime, &config.plugins_dir);
+                    // Quarantines live in the daemon's process: ask it.
+                    let quarantines = outboxd::ops::daemon_client::quarantines(
+                        config.listen,
+                        config.admin.token.as_deref(),
+                    )
+                    .await;
+                    if let Err(e) = &quarantines {
+                        eprintln!("quarantine state unknown: {e}");
+                    }
                     for sink in plugins.known_sinks() {
                         let state = if paused.contains(&sink) {
                             "paused"
@@ -333,7 +342,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                         } else {
                             "refused"
                         };
-                        println!("{sink}\t{state}\t{loaded}");
+                        let quarantine = match quarantines.as_ref().map(|q| q.get(&sink)) {
+                            Ok(Some(q)) => format!(
+                                "\tquarantined until {} ({})",
+                                q["until"].as_str().unwrap_or("?"),
+                                q["reason"].as_str().unwrap_or("?")
+                            ),
+                            _ => String::new(),
+                        };
+                        println!("{sink}\t{state}\t{loaded}{quarantine}");
                     }
                 }
                 SinksCommand::Pause { sink } => {

@@ -11,6 +11,7 @@
 //! a probe time out.
 
 pub mod admin;
+pub mod daemon_client;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,6 +42,8 @@ pub struct OpsState {
     pub plugins: Arc<crate::plugin::registry::Registry>,
     pub heartbeats: Arc<Heartbeats>,
     pub metrics: Arc<Metrics>,
+    /// Sinks quarantined after failing batch after batch.
+    pub quarantines: Arc<crate::delivery::Quarantines>,
     pub admin_token: Option<String>,
     /// The AMQP brokers plugins publish to (readiness shows an outage).
     pub amqp: crate::plugin::amqp::AmqpPool,
@@ -144,6 +147,11 @@ async fn ready(State(state): State<OpsState>) -> Response {
     } else {
         Err("database unavailable".into())
     };
+    // Shown, not failed on: a quarantine ends by itself, ingest (what
+    // readiness gates) is unaffected, and failing every replica's /ready
+    // for one sink's plugin would stop ingest for every sink (README,
+    // Operations).
+    let quarantined = state.quarantines.current();
     let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok && brokers_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
@@ -160,6 +168,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
                 "loaded": state.plugins.loaded(),
                 "removed": removed,
                 "refused": refused,
+                "quarantined": quarantined,
             },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
         },

@@ -80,6 +80,11 @@ pub struct Limits {
     pub deadline: Duration,
     /// Most events per batch. Default 100.
     pub max_batch: u32,
+    /// Most bytes of event data per batch (the first event of a batch goes
+    /// out whatever its size). Default: [`DEFAULT_BATCH_BYTES_SHARE`] of
+    /// `memory-mib` (8 MiB of the default 64 MiB), since a guest holds the
+    /// whole batch in its memory, usually with a copy or two of its own.
+    pub max_batch_bytes: Option<u64>,
     /// Most outbound HTTP requests one batch may send; past it a request
     /// is refused (`HTTP-request-denied`) without leaving the host.
     /// Default 1000 (ten per event of a full default batch).
@@ -95,9 +100,22 @@ impl Default for Limits {
             memory_mib: 64,
             deadline: Duration::from_secs(30),
             max_batch: 100,
+            max_batch_bytes: None,
             max_requests: 1000,
             max_response_bytes: 1 << 20,
         }
+    }
+}
+
+/// The default batch byte budget, as a fraction 1/N of the memory cap.
+pub const DEFAULT_BATCH_BYTES_SHARE: u64 = 8;
+
+impl Limits {
+    /// The batch byte budget: `max-batch-bytes`, else 1/[`DEFAULT_BATCH_BYTES_SHARE`]
+    /// of the memory cap.
+    pub fn batch_bytes(&self) -> u64 {
+        self.max_batch_bytes
+            .unwrap_or((self.memory_mib << 20) / DEFAULT_BATCH_BYTES_SHARE)
     }
 }
 
@@ -268,6 +286,9 @@ impl Manifest {
         if m.limits.max_batch == 0 {
             return Err(invalid("limits.max-batch: must be at least 1".into()));
         }
+        if m.limits.max_batch_bytes == Some(0) {
+            return Err(invalid("limits.max-batch-bytes: must be at least 1".into()));
+        }
         if m.limits.max_requests == 0 {
             return Err(invalid("limits.max-requests: must be at least 1".into()));
         }
@@ -318,7 +339,12 @@ impl Manifest {
                 present.then(|| invalid(format!("{key}: a builtin sink has none")))
             };
             if let Some(e) = has(m.component.is_some(), "component")
-                .or_else(|| has(!m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(), "capabilities"))
+                .or_else(|| {
+                    has(
+                        !m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(),
+                        "capabilities",
+                    )
+                })
                 .or_else(|| has(!m.config.is_empty(), "config"))
             {
                 return Err(e);
@@ -459,8 +485,11 @@ mod tests {
             let e = Manifest::parse(&format!("{text}{extra}"), Path::new("s.toml")).unwrap_err();
             assert!(e.to_string().contains("a builtin sink has none"), "{e}");
         }
-        let e = Manifest::parse(&format!("{MINIMAL}builtin = \"echo\"\n"), Path::new("s.toml"))
-            .unwrap_err();
+        let e = Manifest::parse(
+            &format!("{MINIMAL}builtin = \"echo\"\n"),
+            Path::new("s.toml"),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("discard"), "{e}");
     }
 
