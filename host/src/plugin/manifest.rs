@@ -279,15 +279,16 @@ impl Manifest {
         if m.retry.factor < 1.0 || !m.retry.factor.is_finite() {
             return Err(invalid("retry.factor: must be at least 1".into()));
         }
-        let mut resolve = |key: String, value: &str, placeholder: &str| {
-            match (interpolate_checked(value), unresolved.as_deref_mut()) {
-                (Ok(v), _) => Ok(v),
-                (Err(Interpolation::Unset(var)), Some(list)) => {
-                    list.push(Unresolved { key, var });
-                    Ok(placeholder.to_string())
-                }
-                (Err(e), _) => Err(invalid(format!("{key}: {e}"))),
+        let mut resolve = |key: String, value: &str, placeholder: &str| match (
+            interpolate_checked(value),
+            unresolved.as_deref_mut(),
+        ) {
+            (Ok(v), _) => Ok(v),
+            (Err(Interpolation::Unset(var)), Some(list)) => {
+                list.push(Unresolved { key, var });
+                Ok(placeholder.to_string())
             }
+            (Err(e), _) => Err(invalid(format!("{key}: {e}"))),
         };
         for (key, value) in m.config.iter_mut() {
             *value = resolve(format!("config.{key}"), value, "")?;
@@ -318,7 +319,12 @@ impl Manifest {
                 present.then(|| invalid(format!("{key}: a builtin sink has none")))
             };
             if let Some(e) = has(m.component.is_some(), "component")
-                .or_else(|| has(!m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(), "capabilities"))
+                .or_else(|| {
+                    has(
+                        !m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(),
+                        "capabilities",
+                    )
+                })
                 .or_else(|| has(!m.config.is_empty(), "config"))
             {
                 return Err(e);
@@ -459,8 +465,11 @@ mod tests {
             let e = Manifest::parse(&format!("{text}{extra}"), Path::new("s.toml")).unwrap_err();
             assert!(e.to_string().contains("a builtin sink has none"), "{e}");
         }
-        let e = Manifest::parse(&format!("{MINIMAL}builtin = \"echo\"\n"), Path::new("s.toml"))
-            .unwrap_err();
+        let e = Manifest::parse(
+            &format!("{MINIMAL}builtin = \"echo\"\n"),
+            Path::new("s.toml"),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("discard"), "{e}");
     }
 

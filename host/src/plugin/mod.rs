@@ -19,6 +19,9 @@ pub mod egress;
 pub mod manifest;
 pub mod registry;
 pub mod runtime;
+pub mod scaffold;
+pub mod trial;
+pub mod wit;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
