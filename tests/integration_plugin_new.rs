@@ -60,7 +60,12 @@ fn cargo(project: &Path, target: &Path, args: &[&str]) {
 fn plugin_wit_writes_the_wit_the_binary_speaks() {
     let dir = tempfile::tempdir().unwrap();
     let out = outboxd(
-        &["plugin", "wit", "--out", dir.path().join("w").to_str().unwrap()],
+        &[
+            "plugin",
+            "wit",
+            "--out",
+            dir.path().join("w").to_str().unwrap(),
+        ],
         &[],
     );
     assert!(out.status.success(), "{}", text(&out));
@@ -74,23 +79,44 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     init_logs();
     let dir = tempfile::tempdir().unwrap();
     let out = outboxd(
-        &["plugin", "new", "my-sink", "--lang", "rust", "--dir", dir.path().to_str().unwrap()],
+        &[
+            "plugin",
+            "new",
+            "my-sink",
+            "--lang",
+            "rust",
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ],
         &[],
     );
     assert!(out.status.success(), "{}", text(&out));
     let project = dir.path().join("my-sink");
-    for file in ["Cargo.toml", "src/lib.rs", "my-sink.toml", "README.md", "wit/sink.wit"] {
+    for file in [
+        "Cargo.toml",
+        "src/lib.rs",
+        "my-sink.toml",
+        "README.md",
+        "wit/sink.wit",
+    ] {
         assert!(project.join(file).is_file(), "plugin new wrote no {file}");
     }
 
     // The README's one build command (output kept across runs, outside the
     // temporary folder, so a rerun builds incrementally).
     let target = repo_root().join("target/wasm-plugin-new");
-    cargo(&project, &target, &["build", "--release", "--target", "wasm32-wasip2"]);
+    cargo(
+        &project,
+        &target,
+        &["build", "--release", "--target", "wasm32-wasip2"],
+    );
     cargo(&project, &target, &["test"]);
     let wasm: PathBuf = target.join("wasm32-wasip2/release/my_sink.wasm");
     let size = std::fs::metadata(&wasm).unwrap().len();
-    assert!(size < 500_000, "the size-oriented profile was not applied: {size} bytes");
+    assert!(
+        size < 500_000,
+        "the size-oriented profile was not applied: {size} bytes"
+    );
 
     let receiver = Receiver::start().await;
     let env = [
@@ -99,12 +125,21 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     ];
     let manifest = project.join("my-sink.toml");
     let out = outboxd(
-        &["plugin", "check", wasm.to_str().unwrap(), "--manifest", manifest.to_str().unwrap()],
+        &[
+            "plugin",
+            "check",
+            wasm.to_str().unwrap(),
+            "--manifest",
+            manifest.to_str().unwrap(),
+        ],
         &env,
     );
     let report = text(&out);
     assert!(out.status.success(), "{report}");
-    assert!(report.contains("init: ok") && report.contains("verdict: ok"), "{report}");
+    assert!(
+        report.contains("init: ok") && report.contains("verdict: ok"),
+        "{report}"
+    );
 
     // `plugin run`: no database; each outcome and the plugin's log lines.
     let events = dir.path().join("events.jsonl");
@@ -115,7 +150,12 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     };
     std::fs::write(
         &events,
-        format!("{}\n{}\n{}\n", line("e1", "s1"), line("e2", "s1"), line("e3", "s2")),
+        format!(
+            "{}\n{}\n{}\n",
+            line("e1", "s1"),
+            line("e2", "s1"),
+            line("e3", "s2")
+        ),
     )
     .unwrap();
     receiver.script(200, &[], "");
@@ -125,9 +165,13 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     let (out, receiver) = tokio::task::spawn_blocking(move || {
         let out = outboxd(
             &[
-                "plugin", "run", wasm.to_str().unwrap(),
-                "--manifest", manifest.to_str().unwrap(),
-                "--events", events.to_str().unwrap(),
+                "plugin",
+                "run",
+                wasm.to_str().unwrap(),
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--events",
+                events.to_str().unwrap(),
             ],
             &env,
         );
@@ -138,9 +182,15 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     let shown = text(&out);
     assert!(out.status.success(), "{shown}");
     assert!(shown.contains("e1 s1#1: delivered"), "{shown}");
-    assert!(shown.contains("e2 s1#2: retry after 7000 ms: HTTP 503"), "{shown}");
+    assert!(
+        shown.contains("e2 s1#2: retry after 7000 ms: HTTP 503"),
+        "{shown}"
+    );
     assert!(shown.contains("e3 s2#1: delivered"), "{shown}");
-    assert!(shown.contains("2 of 3 events delivered"), "the plugin's log line:\n{shown}");
+    assert!(
+        shown.contains("2 of 3 events delivered"),
+        "the plugin's log line:\n{shown}"
+    );
     let bodies: Vec<serde_json::Value> = receiver
         .seen()
         .iter()
@@ -158,18 +208,24 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
         plugins.path().join("my-sink.wasm"),
     )
     .unwrap();
-    std::fs::copy(project.join("my-sink.toml"), plugins.path().join("my-sink.toml")).unwrap();
+    std::fs::copy(
+        project.join("my-sink.toml"),
+        plugins.path().join("my-sink.toml"),
+    )
+    .unwrap();
     std::env::set_var("MY_SINK_URL", format!("{}/events", receiver.origin()));
     std::env::set_var("MY_SINK_ALLOW", receiver.origin());
     let before = receiver.count();
     let d = TestDaemon::start(plugins.path()).await;
-    d.post_event(&event("d1", "s9", "demo.created", json!({"k": 1}))).await;
+    d.post_event(&event("d1", "s9", "demo.created", json!({"k": 1})))
+        .await;
     let done = d
-        .wait_sink("d1", "my-sink", Duration::from_secs(30), |x| x["status"] == "delivered")
+        .wait_sink("d1", "my-sink", Duration::from_secs(30), |x| {
+            x["status"] == "delivered"
+        })
         .await;
     assert_eq!(done["attempts"], 1, "{done}");
-    let last: serde_json::Value =
-        serde_json::from_slice(&receiver.seen()[before].body).unwrap();
+    let last: serde_json::Value = serde_json::from_slice(&receiver.seen()[before].body).unwrap();
     assert_eq!(last["id"], "d1");
     assert_eq!(last["data"], json!({"k": 1}));
     d.stop().await;
