@@ -505,6 +505,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             tracing_subscriber::fmt()
                 .with_env_filter(filter)
                 .with_writer(std::io::stdout)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
                 .without_time()
                 .init();
             let tally = outboxd::plugin::trial::run(
