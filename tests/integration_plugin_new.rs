@@ -230,3 +230,102 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     assert_eq!(last["data"], json!({"k": 1}));
     d.stop().await;
 }
+
+/// Run `npm <args>` in `project`, from npm's cache when it holds the
+/// packages (offline-friendly).
+fn npm(project: &Path, args: &[&str]) -> String {
+    let out = Command::new("npm")
+        .args(args)
+        .current_dir(project)
+        .output()
+        .expect("run npm (Node.js 18 or newer)");
+    assert!(
+        out.status.success(),
+        "npm {args:?} failed in {}:\n{}",
+        project.display(),
+        text(&out)
+    );
+    text(&out)
+}
+
+#[test]
+fn a_new_javascript_project_builds_checks_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = outboxd(
+        &[
+            "plugin",
+            "new",
+            "js-sink",
+            "--lang",
+            "js",
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let project = dir.path().join("js-sink");
+    npm(
+        &project,
+        &[
+            "install",
+            "--prefer-offline",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+        ],
+    );
+    npm(&project, &["run", "build"]);
+    let tests = npm(&project, &["test"]);
+    assert!(
+        tests.contains("# pass 3") && tests.contains("# fail 0"),
+        "{tests}"
+    );
+    let wasm = project.join("js-sink.wasm");
+
+    let out = outboxd(&["plugin", "check", wasm.to_str().unwrap()], &[]);
+    let report = text(&out);
+    assert!(out.status.success(), "{report}");
+    assert!(
+        report.contains("init: ok") && report.contains("verdict: ok"),
+        "{report}"
+    );
+    assert!(
+        !report.contains("wasi:http"),
+        "the component must not import wasi:http:\n{report}"
+    );
+
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(
+        &events,
+        format!(
+            "{}\n{}\n",
+            event("j1", "s", "t", json!({"n": 1})),
+            json!({"specversion": "1.0", "id": "j2", "source": "s", "type": "t",
+                   "partitionkey": "s", "datacontenttype": "application/json",
+                   "data_base64": "bm90IGpzb24="})
+        ),
+    )
+    .unwrap();
+    let out = outboxd(
+        &[
+            "plugin",
+            "run",
+            wasm.to_str().unwrap(),
+            "--events",
+            events.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains("j1 s#1: delivered"), "{shown}");
+    assert!(
+        shown.contains("j2 s#2: reject: data is not valid JSON"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\\\"id\\\":\\\"j1\\\"") || shown.contains("{\"id\":\"j1\""),
+        "the plugin's log line for j1:\n{shown}"
+    );
+}

@@ -188,6 +188,7 @@ enum PluginCommand {
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum NewLang {
     Rust,
+    Js,
 }
 
 /// `plugin run --log-level`: the levels of the WIT's `log` interface.
@@ -470,10 +471,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let lang = match lang {
                 NewLang::Rust => outboxd::plugin::scaffold::Lang::Rust,
+                NewLang::Js => outboxd::plugin::scaffold::Lang::Js,
             };
             let project = outboxd::plugin::scaffold::create(&name, lang, &dir)?;
+            let build = match lang {
+                outboxd::plugin::scaffold::Lang::Rust => {
+                    "cargo build --release --target wasm32-wasip2"
+                }
+                outboxd::plugin::scaffold::Lang::Js => "npm install && npm run build",
+            };
             println!(
-                "created {}: build it with `cargo build --release --target wasm32-wasip2` there (see its README.md)",
+                "created {}: build it with `{build}` there (see its README.md)",
                 project.display()
             );
             Ok(ExitCode::SUCCESS)

@@ -3,7 +3,8 @@
 //!
 //! Owns: the project templates (`template/<lang>/`, embedded at build
 //! time) and writing one out: the WIT this binary speaks ([`super::wit`]),
-//! the build settings (for Rust, the size-oriented release profile), a
+//! the build settings (for Rust, the size-oriented release profile; for
+//! JavaScript, componentize-js pinned in `package.json`), a
 //! manifest the daemon accepts, a README and unit tests. The Rust project
 //! builds with `cargo build --release --target wasm32-wasip2` into a
 //! component `outboxd plugin check` accepts (tests/integration_plugin_new.rs
@@ -21,6 +22,8 @@ use super::manifest::WIT_VERSION;
 pub enum Lang {
     /// Rust, built for `wasm32-wasip2` with `wit-bindgen` and `wasip2`.
     Rust,
+    /// JavaScript (an ES module), built with componentize-js through npm.
+    Js,
 }
 
 /// Why no project was written.
@@ -51,6 +54,30 @@ const RUST: &[(&str, &str)] = &[
     ),
     ("README.md", include_str!("template/rust/README.md.tmpl")),
     (".gitignore", "/target\n"),
+];
+
+/// JavaScript project files.
+const JS: &[(&str, &str)] = &[
+    (
+        "package.json",
+        include_str!("template/js/package.json.tmpl"),
+    ),
+    ("sink.js", include_str!("template/js/sink.js.tmpl")),
+    (
+        "sink.test.js",
+        include_str!("template/js/sink.test.js.tmpl"),
+    ),
+    (
+        "support/resolve.js",
+        include_str!("template/js/resolve.js.tmpl"),
+    ),
+    ("support/log.js", include_str!("template/js/log.js.tmpl")),
+    (
+        "@NAME@.toml",
+        include_str!("template/js/manifest.toml.tmpl"),
+    ),
+    ("README.md", include_str!("template/js/README.md.tmpl")),
+    (".gitignore", "/node_modules\n/*.wasm\n"),
 ];
 
 /// Write a new `lang` project for the sink `name` into `parent/name`.
@@ -86,6 +113,7 @@ pub fn create(name: &str, lang: Lang, parent: &Path) -> Result<PathBuf, NewError
     };
     let files = match lang {
         Lang::Rust => RUST,
+        Lang::Js => JS,
     };
     for (path, text) in files {
         write(dir.join(fill(path)), &fill(text))?;
