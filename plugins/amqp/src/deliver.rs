@@ -22,9 +22,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::bindings::outboxd::sink::amqp::{Message, PublishError};
-use crate::bindings::outboxd::sink::types::RetryInfo;
-use crate::bindings::{Event, Outcome};
+use outboxd_sink::amqp::{Message, PublishError};
+use outboxd_sink::RetryInfo;
+use outboxd_sink::{Event, Outcome};
 use crate::config::{Config, Ordering, Unroutable};
 use crate::message;
 

@@ -13,8 +13,8 @@
 //! and the `mandatory` flag, so an unroutable event comes back instead of
 //! being dropped.
 
-use crate::bindings::outboxd::sink::amqp::Message;
-use crate::bindings::Event;
+use outboxd_sink::amqp::Message;
+use outboxd_sink::Event;
 use crate::config::Config;
 
 /// Attributes this sink writes itself; an extension of the same name is

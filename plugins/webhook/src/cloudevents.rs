@@ -9,7 +9,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use hmac::Mac as _;
 
-use crate::bindings::Event;
+use outboxd_sink::Event;
 use crate::config::SigningKey;
 
 /// A header as `wasi:http/types.fields.from-list` takes it.

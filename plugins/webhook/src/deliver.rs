@@ -13,11 +13,11 @@ use std::collections::{BTreeMap, VecDeque};
 
 use wasip2::io::poll::{self, Pollable};
 
-use crate::bindings::outboxd::sink::types::RetryInfo;
-use crate::bindings::{Event, Outcome};
+use outboxd_sink::RetryInfo;
+use outboxd_sink::{Event, Outcome};
 use crate::cloudevents;
 use crate::config::Config;
-use crate::outcome;
+use outboxd_sink::outcome;
 use crate::send::{self, Progress, Request};
 
 /// POSTs every event of `batch`; `outcomes[i]` answers `batch[i]`.
