@@ -27,7 +27,11 @@ async fn run(dir: &Path, url: &str, allow: &str, events: &[serde_json::Value]) -
     let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
     std::fs::write(&file, lines.join("\n")).unwrap();
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    command.args(["plugin", "run"]).arg(&wasm).arg("--events").arg(&file);
+    command
+        .args(["plugin", "run"])
+        .arg(&wasm)
+        .arg("--events")
+        .arg(&file);
     tokio::task::spawn_blocking(move || command.output().unwrap())
         .await
         .unwrap()
@@ -56,15 +60,27 @@ async fn the_sdk_posts_and_maps_each_answer_to_its_outcome() {
     let text = shown(&out);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("e1 s1#1: delivered"), "{text}");
-    assert!(text.contains("e2 s2#1: retry after 4000 ms: HTTP 503"), "{text}");
+    assert!(
+        text.contains("e2 s2#1: retry after 4000 ms: HTTP 503"),
+        "{text}"
+    );
     // An HTTP-date in the past: retry at once (0 ms), not never.
-    assert!(text.contains("e3 s3#1: retry after 0 ms: HTTP 429"), "{text}");
-    assert!(text.contains("e4 s4#1: reject: HTTP 422: field x is wrong"), "{text}");
+    assert!(
+        text.contains("e3 s3#1: retry after 0 ms: HTTP 429"),
+        "{text}"
+    );
+    assert!(
+        text.contains("e4 s4#1: reject: HTTP 422: field x is wrong"),
+        "{text}"
+    );
     let seen = receiver.seen();
     assert_eq!(seen.len(), 4);
     let body: serde_json::Value = serde_json::from_slice(&seen[0].body).unwrap();
     assert_eq!(body, json!({ "i": 1 }));
-    assert_eq!(seen[0].header("content-type").as_deref(), Some("application/json"));
+    assert_eq!(
+        seen[0].header("content-type").as_deref(),
+        Some("application/json")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,5 +101,9 @@ async fn a_request_the_allow_list_refuses_is_a_named_retry_not_a_trap() {
         text.contains("d1 s#1: retry: request denied by host policy"),
         "{text}"
     );
-    assert_eq!(receiver.count(), 0, "the denied request reached the receiver");
+    assert_eq!(
+        receiver.count(),
+        0,
+        "the denied request reached the receiver"
+    );
 }
