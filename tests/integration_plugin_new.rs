@@ -1,13 +1,16 @@
 //! A plugin author's way, outside the repository: `outboxd plugin new`
-//! writes a Rust project into a temporary folder, it builds with one cargo
-//! command (its unit tests pass natively), `outboxd plugin check` accepts
-//! the component, `outboxd plugin run` delivers sample events to a real
-//! receiver on loopback with no database, and a daemon loads the component
-//! and delivers to that receiver.
+//! writes a project into a temporary folder, it builds with one command
+//! (its unit tests pass natively), `outboxd plugin check` accepts the
+//! component and `outboxd plugin run` shows each outcome and the plugin's
+//! log lines with no database. The Rust project also delivers to a real
+//! receiver on loopback, through `plugin run` and through a daemon that
+//! loads it; the JavaScript and Python ones deliver and reject.
 //!
-//! The build is offline-friendly: cargo runs with `--offline`, from the
+//! The builds are offline-friendly: cargo runs with `--offline`, from the
 //! registry cache the shipped plugins filled (the same `wit-bindgen`,
-//! `wasip2` and `httpdate` versions as plugins/).
+//! `wasip2` and `httpdate` versions as plugins/); npm prefers its cache;
+//! the Python build uses the componentize-py the shipped Python sink is
+//! built with.
 
 mod common;
 
@@ -327,5 +330,81 @@ fn a_new_javascript_project_builds_checks_and_runs() {
     assert!(
         shown.contains("\\\"id\\\":\\\"j1\\\"") || shown.contains("{\"id\":\"j1\""),
         "the plugin's log line for j1:\n{shown}"
+    );
+}
+
+#[test]
+fn a_new_python_project_builds_checks_and_runs() {
+    // The pinned componentize-py, installed by the project's own script
+    // (the one the shipped Python sink is built with).
+    built_py_plugins();
+    let componentize = repo_root().join("target/py-venv/bin/componentize-py");
+    let dir = tempfile::tempdir().unwrap();
+    let out = outboxd(
+        &[
+            "plugin",
+            "new",
+            "py-sink",
+            "--lang",
+            "python",
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let project = dir.path().join("py-sink");
+    let out = Command::new(project.join("build.sh"))
+        .env("COMPONENTIZE_PY", &componentize)
+        .output()
+        .expect("run build.sh");
+    let built = text(&out);
+    assert!(out.status.success(), "build.sh failed:\n{built}");
+    assert!(
+        built.contains("Ran 3 tests") && built.contains("OK"),
+        "{built}"
+    );
+    let wasm = project.join("py-sink.wasm");
+
+    let out = outboxd(&["plugin", "check", wasm.to_str().unwrap()], &[]);
+    let report = text(&out);
+    assert!(out.status.success(), "{report}");
+    assert!(
+        report.contains("init: ok") && report.contains("verdict: ok"),
+        "{report}"
+    );
+
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(
+        &events,
+        format!(
+            "{}\n{}\n",
+            event("p1", "s", "t", json!({"n": 1})),
+            json!({"specversion": "1.0", "id": "p2", "source": "s", "type": "t",
+                   "partitionkey": "s", "datacontenttype": "application/json",
+                   "data_base64": "bm90IGpzb24="})
+        ),
+    )
+    .unwrap();
+    let out = outboxd(
+        &[
+            "plugin",
+            "run",
+            wasm.to_str().unwrap(),
+            "--events",
+            events.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains("p1 s#1: delivered"), "{shown}");
+    assert!(
+        shown.contains("p2 s#2: reject: data is not valid JSON"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("{\"id\":\"p1\""),
+        "the plugin's log line for p1:\n{shown}"
     );
 }

@@ -189,6 +189,7 @@ enum PluginCommand {
 enum NewLang {
     Rust,
     Js,
+    Python,
 }
 
 /// `plugin run --log-level`: the levels of the WIT's `log` interface.
@@ -472,6 +473,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let lang = match lang {
                 NewLang::Rust => outboxd::plugin::scaffold::Lang::Rust,
                 NewLang::Js => outboxd::plugin::scaffold::Lang::Js,
+                NewLang::Python => outboxd::plugin::scaffold::Lang::Python,
             };
             let project = outboxd::plugin::scaffold::create(&name, lang, &dir)?;
             let build = match lang {
@@ -479,6 +481,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     "cargo build --release --target wasm32-wasip2"
                 }
                 outboxd::plugin::scaffold::Lang::Js => "npm install && npm run build",
+                outboxd::plugin::scaffold::Lang::Python => "./build.sh",
             };
             println!(
                 "created {}: build it with `{build}` there (see its README.md)",

@@ -4,7 +4,8 @@
 //! Owns: the project templates (`template/<lang>/`, embedded at build
 //! time) and writing one out: the WIT this binary speaks ([`super::wit`]),
 //! the build settings (for Rust, the size-oriented release profile; for
-//! JavaScript, componentize-js pinned in `package.json`), a
+//! JavaScript, componentize-js pinned in `package.json`; for Python,
+//! componentize-py pinned in `requirements.txt` and a `build.sh`), a
 //! manifest the daemon accepts, a README and unit tests. The Rust project
 //! builds with `cargo build --release --target wasm32-wasip2` into a
 //! component `outboxd plugin check` accepts (tests/integration_plugin_new.rs
@@ -24,6 +25,8 @@ pub enum Lang {
     Rust,
     /// JavaScript (an ES module), built with componentize-js through npm.
     Js,
+    /// Python, built with componentize-py (`build.sh`).
+    Python,
 }
 
 /// Why no project was written.
@@ -80,6 +83,26 @@ const JS: &[(&str, &str)] = &[
     (".gitignore", "/node_modules\n/*.wasm\n"),
 ];
 
+/// Python project files.
+const PYTHON: &[(&str, &str)] = &[
+    ("app.py", include_str!("template/python/app.py.tmpl")),
+    (
+        "test_app.py",
+        include_str!("template/python/test_app.py.tmpl"),
+    ),
+    ("build.sh", include_str!("template/python/build.sh.tmpl")),
+    (
+        "requirements.txt",
+        include_str!("template/python/requirements.txt.tmpl"),
+    ),
+    (
+        "@NAME@.toml",
+        include_str!("template/python/manifest.toml.tmpl"),
+    ),
+    ("README.md", include_str!("template/python/README.md.tmpl")),
+    (".gitignore", "/gen\n/*.wasm\n__pycache__/\n"),
+];
+
 /// Write a new `lang` project for the sink `name` into `parent/name`.
 /// Returns the project folder.
 pub fn create(name: &str, lang: Lang, parent: &Path) -> Result<PathBuf, NewError> {
@@ -114,9 +137,21 @@ pub fn create(name: &str, lang: Lang, parent: &Path) -> Result<PathBuf, NewError
     let files = match lang {
         Lang::Rust => RUST,
         Lang::Js => JS,
+        Lang::Python => PYTHON,
     };
     for (path, text) in files {
-        write(dir.join(fill(path)), &fill(text))?;
+        let file = dir.join(fill(path));
+        write(file.clone(), &fill(text))?;
+        #[cfg(unix)]
+        if path.ends_with(".sh") {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).map_err(
+                |source| NewError::Write {
+                    file: file.clone(),
+                    source,
+                },
+            )?;
+        }
     }
     for (file, text) in super::wit::FILES {
         write(dir.join("wit").join(file), text)?;
@@ -153,5 +188,14 @@ mod tests {
             create("my-sink", Lang::Rust, dir.path()),
             Err(NewError::Exists(_))
         ));
+        for (lang, name) in [(Lang::Js, "js-sink"), (Lang::Python, "py-sink")] {
+            let project = create(name, lang, dir.path()).unwrap();
+            let manifest = std::fs::read_to_string(project.join(format!("{name}.toml"))).unwrap();
+            assert!(
+                manifest.contains(&format!("name = \"{name}\"")),
+                "{manifest}"
+            );
+            assert!(project.join("wit/sink.wit").is_file());
+        }
     }
 }
