@@ -23,8 +23,8 @@ mod template;
 
 use std::sync::{Mutex, PoisonError};
 
-use outboxd_sink::{log, Event, Level, Outcome, RetryInfo};
 use config::Config;
+use outboxd_sink::{log, Event, Level, Outcome, RetryInfo};
 
 /// The configuration `init` accepted, for this instance's `deliver` call.
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
@@ -52,8 +52,7 @@ impl outboxd_sink::Guest for Amqp {
                 })
                 .collect();
         };
-        let outcomes =
-            deliver::deliver(config, &batch, outboxd_sink::amqp::publish_batch);
+        let outcomes = deliver::deliver(config, &batch, outboxd_sink::amqp::publish_batch);
         log(Level::Debug, &summary(&outcomes));
         outcomes
     }

@@ -13,9 +13,9 @@
 //! and the `mandatory` flag, so an unroutable event comes back instead of
 //! being dropped.
 
+use crate::config::Config;
 use outboxd_sink::amqp::Message;
 use outboxd_sink::Event;
-use crate::config::Config;
 
 /// Attributes this sink writes itself; an extension of the same name is
 /// skipped (the event's own field wins).

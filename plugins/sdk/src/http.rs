@@ -157,7 +157,11 @@ pub fn send(request: &Request) -> Result<Response, ErrorCode> {
     let response = match answer {
         Ok(Ok(response)) => response,
         Ok(Err(code)) => return Err(code),
-        Err(()) => return Err(ErrorCode::InternalError(Some("response already taken".into()))),
+        Err(()) => {
+            return Err(ErrorCode::InternalError(Some(
+                "response already taken".into(),
+            )))
+        }
     };
     let status = response.status();
     let headers = response.headers().entries();
@@ -206,7 +210,9 @@ mod tests {
         );
         assert_eq!(Url::parse("https://h?q").unwrap().path_with_query, "/?q");
         assert!(Url::parse("ftp://h").is_err());
-        assert!(Url::parse("http://u:p@h/").unwrap_err().contains("credentials"));
+        assert!(Url::parse("http://u:p@h/")
+            .unwrap_err()
+            .contains("credentials"));
         assert!(Url::parse("http:///x").is_err());
     }
 }

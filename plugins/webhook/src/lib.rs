@@ -23,8 +23,8 @@ use outboxd_sink::outcome;
 
 use std::sync::{Mutex, PoisonError};
 
-use outboxd_sink::{log, Event, Level, Outcome};
 use config::Config;
+use outboxd_sink::{log, Event, Level, Outcome};
 
 /// The configuration `init` accepted, for this instance's `deliver` call.
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
