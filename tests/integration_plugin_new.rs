@@ -2,9 +2,10 @@
 //! writes a project into a temporary folder, it builds with one command
 //! (its unit tests pass natively), `outboxd plugin check` accepts the
 //! component and `outboxd plugin run` shows each outcome and the plugin's
-//! log lines with no database. The Rust project also delivers to a real
-//! receiver on loopback, through `plugin run` and through a daemon that
-//! loads it; the JavaScript and Python ones deliver and reject.
+//! log lines with no database, and a daemon loads it and delivers. The
+//! Rust project delivers to a real receiver on loopback; the JavaScript
+//! and Python ones (log sinks) deliver and dead-letter data that is not
+//! JSON.
 //!
 //! The builds are offline-friendly: cargo runs with `--offline`, from the
 //! registry cache the shipped plugins filled (the same `wit-bindgen`,
@@ -251,8 +252,9 @@ fn npm(project: &Path, args: &[&str]) -> String {
     text(&out)
 }
 
-#[test]
-fn a_new_javascript_project_builds_checks_and_runs() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_javascript_project_builds_checks_runs_and_loads() {
+    init_logs();
     let dir = tempfile::tempdir().unwrap();
     let out = outboxd(
         &[
@@ -331,10 +333,12 @@ fn a_new_javascript_project_builds_checks_and_runs() {
         shown.contains("\\\"id\\\":\\\"j1\\\"") || shown.contains("{\"id\":\"j1\""),
         "the plugin's log line for j1:\n{shown}"
     );
+    loads_and_delivers(&project, "js-sink").await;
 }
 
-#[test]
-fn a_new_python_project_builds_checks_and_runs() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_python_project_builds_checks_runs_and_loads() {
+    init_logs();
     // The pinned componentize-py, installed by the project's own script
     // (the one the shipped Python sink is built with).
     built_py_plugins();
@@ -407,4 +411,40 @@ fn a_new_python_project_builds_checks_and_runs() {
         shown.contains("{\"id\":\"p1\""),
         "the plugin's log line for p1:\n{shown}"
     );
+}
+
+/// A daemon loads `project`'s `NAME.wasm` and `NAME.toml` from its plugins
+/// folder, delivers a JSON event and dead-letters one whose data is not JSON.
+async fn loads_and_delivers(project: &Path, name: &str) {
+    let plugins = PluginsDir::new();
+    for file in [format!("{name}.wasm"), format!("{name}.toml")] {
+        std::fs::copy(project.join(&file), plugins.path().join(&file)).unwrap();
+    }
+    let d = TestDaemon::start(plugins.path()).await;
+    d.post_batch(&[
+        event("d-ok", "d", "t", json!({"k": 1})),
+        json!({"specversion": "1.0", "id": "d-bad", "source": "s", "type": "t",
+               "partitionkey": "e", "datacontenttype": "application/json",
+               "data_base64": "bm90IGpzb24="}),
+    ])
+    .await;
+    let done = d
+        .wait_sink("d-ok", name, Duration::from_secs(60), |x| {
+            x["status"] == "delivered"
+        })
+        .await;
+    assert_eq!(done["attempts"], 1, "{done}");
+    let dead = d
+        .wait_sink("d-bad", name, Duration::from_secs(60), |x| {
+            x["status"] == "dead"
+        })
+        .await;
+    assert!(
+        dead["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("data is not valid JSON"),
+        "{dead}"
+    );
+    d.stop().await;
 }
