@@ -149,7 +149,10 @@ impl Daemon {
             Box::new(move |plugin, known| admit(plugin, known, lease)),
             Box::new(move |sink, current| {
                 if !sink_routes.add_sink(sink) {
-                    tracing::warn!(sink, "no route names this sink: it gets no events until the routes do");
+                    tracing::warn!(
+                        sink,
+                        "no route names this sink: it gets no events until the routes do"
+                    );
                 }
                 let task = tokio::spawn(crate::delivery::run_sink(
                     sink_shared.clone(),
@@ -238,6 +241,24 @@ impl Daemon {
 /// ([`crate::delivery::minimum_lease`]) and its `after` must name another
 /// known sink. `Err` says what to change.
 fn admit(plugin: &Plugin, known: &[String], lease: std::time::Duration) -> Result<(), String> {
+    admit_lease(plugin, lease)?;
+    if let Some(after) = &plugin.manifest().after {
+        if !known.contains(after) || after == plugin.name() {
+            return Err(format!(
+                "sink {:?}: `after = {after:?}` names no other sink (known: {})",
+                plugin.name(),
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The lease half of [`admit`]: whether a daemon whose delivery lease is
+/// `lease` can serve `plugin`, whose deadline the lease must outlast
+/// ([`crate::delivery::minimum_lease`]). `Err` says which setting to
+/// change and to what. `outboxd plugin check` applies this same rule.
+pub fn admit_lease(plugin: &Plugin, lease: std::time::Duration) -> Result<(), String> {
     let deadline = plugin.manifest().limits.deadline;
     let needed = crate::delivery::minimum_lease(deadline);
     if lease < needed {
@@ -249,15 +270,6 @@ fn admit(plugin: &Plugin, known: &[String], lease: std::time::Duration) -> Resul
             humantime::format_duration(deadline),
             humantime::format_duration(needed),
         ));
-    }
-    if let Some(after) = &plugin.manifest().after {
-        if !known.contains(after) || after == plugin.name() {
-            return Err(format!(
-                "sink {:?}: `after = {after:?}` names no other sink (known: {})",
-                plugin.name(),
-                known.join(", ")
-            ));
-        }
     }
     Ok(())
 }

@@ -61,6 +61,24 @@ pub fn built_js_plugins() -> PathBuf {
         .clone()
 }
 
+/// Build the sinks written in Python (`plugins/py-*`, once per test
+/// process, with componentize-py) and return the folder holding
+/// `<name>.wasm` and `<name>.toml`.
+pub fn built_py_plugins() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = repo_root();
+            let status = std::process::Command::new("bash")
+                .arg(root.join("scripts/build-py-plugins.sh"))
+                .status()
+                .expect("run scripts/build-py-plugins.sh");
+            assert!(status.success(), "building the Python plugins failed");
+            root.join("target/plugins-py")
+        })
+        .clone()
+}
+
 /// Build the test components of `tests/components/` (once per test process)
 /// and return the path of component `name` (`spin`, `membomb`, `panic`,
 /// `stackoverflow`, `wrongcount`, `ok`).
