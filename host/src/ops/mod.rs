@@ -46,6 +46,8 @@ pub struct OpsState {
     pub amqp: crate::plugin::amqp::AmqpPool,
     /// The routing table (backfill routes past events with it).
     pub routes: Arc<crate::ingest::routes::Router>,
+    /// The configured sources' status (readiness shows each).
+    pub sources: Arc<crate::sources::Statuses>,
 }
 
 /// The ops routes.
@@ -144,7 +146,13 @@ async fn ready(State(state): State<OpsState>) -> Response {
     } else {
         Err("database unavailable".into())
     };
-    let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok && brokers_ok;
+    let (sources_ok, sources) = state.sources.snapshot();
+    let ok = database.is_ok()
+        && migrations.is_ok()
+        && workers_ok
+        && plugins_ok
+        && brokers_ok
+        && sources_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
         Err(e) => json!({ "ok": false, "error": e }),
@@ -162,6 +170,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
                 "refused": refused,
             },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
+            "sources": { "ok": sources_ok, "sources": sources },
         },
         "queue": match queue {
             Ok(q) => json!(q),

@@ -1,0 +1,103 @@
+//! One blocking HTTP request through `wasi:http/outgoing-handler`.
+//!
+//! Host resources are dropped children first (pollable, stream, body,
+//! response): the host refuses to drop a resource whose children live.
+
+use wasip2::http::outgoing_handler;
+use wasip2::http::types::{
+    ErrorCode, Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest, RequestOptions, Scheme,
+};
+
+use crate::config::Config;
+
+/// Largest response body read; a document over this is an error.
+pub const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// An answer: status and body.
+pub struct Response {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// `method` `path` (under the server's prefix) with a JSON `body`.
+/// `Err` is a transport failure, worded for a retry reason.
+pub fn send(config: &Config, method: Method, path: &str, body: Option<&[u8]>) -> Result<Response, String> {
+    let mut headers: Vec<(String, Vec<u8>)> = vec![("accept".into(), b"application/json".to_vec())];
+    if body.is_some() {
+        headers.push(("content-type".into(), b"application/json".to_vec()));
+    }
+    if let Some(auth) = &config.authorization {
+        headers.push(("authorization".into(), auth.as_bytes().to_vec()));
+    }
+    let fields = Fields::from_list(&headers).map_err(|e| format!("request headers refused: {e:?}"))?;
+    let request = OutgoingRequest::new(fields);
+    let scheme = if config.https { Scheme::Https } else { Scheme::Http };
+    let full_path = format!("{}{path}", config.prefix);
+    let accepted = request.set_method(&method).is_ok()
+        && request.set_scheme(Some(&scheme)).is_ok()
+        && request.set_authority(Some(&config.authority)).is_ok()
+        && request.set_path_with_query(Some(&full_path)).is_ok();
+    if !accepted {
+        return Err("the host refused the configured url".into());
+    }
+    let outgoing = request.body().map_err(|_| "the host gave the request no body".to_string())?;
+    let options = RequestOptions::new();
+    let _ = options.set_connect_timeout(Some(config.timeout_ns));
+    let _ = options.set_first_byte_timeout(Some(config.timeout_ns));
+    let _ = options.set_between_bytes_timeout(Some(config.timeout_ns));
+    let future = outgoing_handler::handle(request, Some(options)).map_err(|e| transport(&e))?;
+    if let Some(bytes) = body {
+        if let Ok(stream) = outgoing.write() {
+            for chunk in bytes.chunks(4096) {
+                if stream.blocking_write_and_flush(chunk).is_err() {
+                    break; // the response says why
+                }
+            }
+            drop(stream);
+        }
+    }
+    let _ = OutgoingBody::finish(outgoing, None);
+    let response = {
+        let ready = future.subscribe();
+        ready.block();
+        drop(ready);
+        match future.get() {
+            Some(Ok(Ok(r))) => r,
+            Some(Ok(Err(code))) => return Err(transport(&code)),
+            _ => return Err("no response".into()),
+        }
+    };
+    drop(future);
+    let status = response.status();
+    let incoming = response.consume().map_err(|_| "response body unavailable".to_string())?;
+    drop(response);
+    let body = read_all(&incoming)?;
+    drop(incoming);
+    Ok(Response { status, body })
+}
+
+fn read_all(incoming: &IncomingBody) -> Result<Vec<u8>, String> {
+    let stream = incoming.stream().map_err(|_| "response body unavailable".to_string())?;
+    let mut body = Vec::new();
+    loop {
+        match stream.blocking_read(64 * 1024) {
+            Ok(bytes) => {
+                body.extend_from_slice(&bytes);
+                if body.len() > MAX_BODY {
+                    return Err(format!("response body over {MAX_BODY} bytes"));
+                }
+            }
+            Err(_) => break, // closed: complete
+        }
+    }
+    Ok(body)
+}
+
+fn transport(code: &ErrorCode) -> String {
+    match code {
+        ErrorCode::ConnectionRefused => "connection refused".into(),
+        ErrorCode::ConnectionTimeout => "connection timed out".into(),
+        ErrorCode::HttpRequestDenied => "request denied by the host (capabilities.http)".into(),
+        other => format!("HTTP transport error: {other:?}"),
+    }
+}
