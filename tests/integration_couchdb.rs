@@ -306,6 +306,7 @@ async fn a_new_entry_waits_for_its_exchange_then_is_published_once_and_marked(ba
         .await;
     // The exchange does not exist: the publish is refused and retried, the
     // entry stays pending.
+    wait_event(&d, "evt-new-1").await;
     d.wait_sink("evt-new-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(2))
         .await;
     assert_eq!(entry_of(&couch, "person-1", "evt-new-1").await["status"], json!("pending"));
@@ -349,7 +350,9 @@ async fn per_document_order_holds_through_a_restart(backend: Backend) {
     let b1 = entry("b-1", "doc-b", 1, "new", "person");
     let rev_a = couch.save(DB, "doc-a", &document("person", json!({}), &[a1.clone()])).await;
     let rev_b = couch.save(DB, "doc-b", &document("person", json!({}), &[b1.clone()])).await;
+    wait_event(&d, "a-1").await;
     d.wait_sink("a-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(1)).await;
+    wait_event(&d, "b-1").await;
     d.wait_sink("b-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(1)).await;
     d.stop().await;
 
@@ -653,6 +656,19 @@ async fn the_feed_relays_new_work_and_keeps_its_checkpoint_in_the_store() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     d.stop().await;
+}
+
+/// Wait until event `id` is stored.
+async fn wait_event(d: &TestDaemon, id: &str) -> Value {
+    let start = std::time::Instant::now();
+    loop {
+        let (status, body) = d.get(&format!("/v1/events/{id}")).await;
+        if status == 200 {
+            return body;
+        }
+        assert!(start.elapsed() < WAIT, "event {id} never relayed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn wait_ready(d: &TestDaemon) -> (u16, Value) {
