@@ -34,7 +34,10 @@ fn amqp_url() -> String {
 }
 
 fn unique(prefix: &str) -> String {
-    format!("outboxd-test-{prefix}-{}", hex::encode(rand::random::<[u8; 4]>()))
+    format!(
+        "outboxd-test-{prefix}-{}",
+        hex::encode(rand::random::<[u8; 4]>())
+    )
 }
 
 /// One consumed message.
@@ -61,9 +64,14 @@ async fn declare_exchange(exchange: &str) {
         durable: true,
         ..Default::default()
     };
-    ch.exchange_declare(exchange.into(), ExchangeKind::Topic, opts, FieldTable::default())
-        .await
-        .unwrap();
+    ch.exchange_declare(
+        exchange.into(),
+        ExchangeKind::Topic,
+        opts,
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
     let _ = conn.close(200, "declared".into()).await;
 }
 
@@ -252,7 +260,10 @@ async fn wait_published(couch: &CouchServer, id: &str, event_id: &str) -> Value 
         if e["status"] == json!("published") {
             return e;
         }
-        assert!(start.elapsed() < WAIT, "entry {event_id} of {id} not marked: {e}");
+        assert!(
+            start.elapsed() < WAIT,
+            "entry {event_id} of {id} not marked: {e}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -302,16 +313,34 @@ async fn a_new_entry_waits_for_its_exchange_then_is_published_once_and_marked(ba
 
     let e = entry("evt-new-1", "person-1", 1, "new", "person");
     couch
-        .save(DB, "person-1", &document("person", json!({"name": "Ada"}), &[e]))
+        .save(
+            DB,
+            "person-1",
+            &document("person", json!({"name": "Ada"}), &[e]),
+        )
         .await;
     // The exchange does not exist: the publish is refused and retried, the
     // entry stays pending.
     wait_event(&d, "evt-new-1").await;
-    d.wait_sink("evt-new-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(2))
-        .await;
-    assert_eq!(entry_of(&couch, "person-1", "evt-new-1").await["status"], json!("pending"));
+    d.wait_sink("evt-new-1", "amqp", WAIT, |x| {
+        x["attempts"].as_u64() >= Some(2)
+    })
+    .await;
+    assert_eq!(
+        entry_of(&couch, "person-1", "evt-new-1").await["status"],
+        json!("pending")
+    );
     let mark = d.delivery("evt-new-1", "couchdb-mark").await.unwrap();
-    assert_eq!(mark["attempts"], json!(0), "not marked before the publish: {mark}");
+    assert_eq!(
+        mark["attempts"],
+        json!(0),
+        "not marked before the publish: {mark}"
+    );
+    // The scans see it pending (created_at lies in the past).
+    wait_metric(&d, "oldest pending age shown", |t| {
+        gauge(t, "outboxd_source_oldest_pending_age_seconds").is_some_and(|v| v > 1.0)
+    })
+    .await;
 
     declare_exchange(&exchange).await;
     let queue = Queue::bind(&exchange, "documents.new.#").await;
@@ -329,7 +358,27 @@ async fn a_new_entry_waits_for_its_exchange_then_is_published_once_and_marked(ba
     assert_eq!(queue.seen().len(), 1, "{:?}", queue.seen());
     let doc = couch.get(DB, "person-1").await.unwrap();
     assert_eq!(doc["body"]["name"], json!("Ada"), "the document is kept");
-    assert_eq!(doc["extensions"]["_server_outbox"].as_array().unwrap().len(), 1);
+    let rev = doc["_rev"].as_str().unwrap();
+    assert!(rev.starts_with("2-"), "saved once, marked once: {rev}");
+    let text = wait_metric(&d, "nothing pending after the mark", |t| {
+        gauge(t, "outboxd_source_oldest_pending_age_seconds") == Some(0.0)
+    })
+    .await;
+    assert!(
+        gauge(&text, "outboxd_source_checkpoint_lag_seconds").is_some(),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"outboxd_source_entries_total{source="docs",outcome="relayed"} 1"#),
+        "{text}"
+    );
+    assert_eq!(
+        doc["extensions"]["_server_outbox"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 
     d.stop().await;
     queue.delete().await;
@@ -348,12 +397,18 @@ async fn per_document_order_holds_through_a_restart(backend: Backend) {
     // Entry 1 of two documents, while the exchange is missing.
     let a1 = entry("a-1", "doc-a", 1, "new", "person");
     let b1 = entry("b-1", "doc-b", 1, "new", "person");
-    let rev_a = couch.save(DB, "doc-a", &document("person", json!({}), &[a1.clone()])).await;
-    let rev_b = couch.save(DB, "doc-b", &document("person", json!({}), &[b1.clone()])).await;
+    let rev_a = couch
+        .save(DB, "doc-a", &document("person", json!({}), &[a1.clone()]))
+        .await;
+    let rev_b = couch
+        .save(DB, "doc-b", &document("person", json!({}), &[b1.clone()]))
+        .await;
     wait_event(&d, "a-1").await;
-    d.wait_sink("a-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(1)).await;
+    d.wait_sink("a-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(1))
+        .await;
     wait_event(&d, "b-1").await;
-    d.wait_sink("b-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(1)).await;
+    d.wait_sink("b-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(1))
+        .await;
     d.stop().await;
 
     // While outboxd is down, entries 2 and 3 are added, interleaved.
@@ -373,13 +428,22 @@ async fn per_document_order_holds_through_a_restart(backend: Backend) {
     declare_exchange(&exchange).await;
     let queue = Queue::bind(&exchange, "documents.#").await;
     let d = start(&plugins, &db, source(&couch, json!({}))).await;
-    for (doc, id) in [("doc-a", "a-1"), ("doc-a", "a-2"), ("doc-a", "a-3"), ("doc-b", "b-1"), ("doc-b", "b-2")] {
+    for (doc, id) in [
+        ("doc-a", "a-1"),
+        ("doc-a", "a-2"),
+        ("doc-a", "a-3"),
+        ("doc-b", "b-1"),
+        ("doc-b", "b-2"),
+    ] {
         wait_published(&couch, doc, id).await;
     }
     let got = queue.wait_for(5).await;
     let order = |stream: &str| -> Vec<String> {
         let mut ids: Vec<String> = Vec::new();
-        for g in got.iter().filter(|g| g.headers["cloudEvents_partitionkey"] == stream) {
+        for g in got
+            .iter()
+            .filter(|g| g.headers["cloudEvents_partitionkey"] == stream)
+        {
             let id = g.message_id.clone().unwrap();
             if !ids.contains(&id) {
                 ids.push(id);
@@ -415,7 +479,11 @@ async fn an_update_is_published_with_its_routing_key_and_ingress_routes_never_mi
     first["status"] = json!("published");
     let second = entry("u-2", "p-9", 2, "updated", "person");
     couch
-        .save(DB, "p-9", &document("person", json!({"v": 2}), &[first, second]))
+        .save(
+            DB,
+            "p-9",
+            &document("person", json!({"v": 2}), &[first, second]),
+        )
         .await;
     wait_published(&couch, "p-9", "u-2").await;
     let got = downstream.wait_for(1).await;
@@ -428,7 +496,11 @@ async fn an_update_is_published_with_its_routing_key_and_ingress_routes_never_mi
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(downstream.seen().len(), 1);
     assert!(ingress.seen().is_empty(), "{:?}", ingress.seen());
-    assert!(update_ingress.seen().is_empty(), "{:?}", update_ingress.seen());
+    assert!(
+        update_ingress.seen().is_empty(),
+        "{:?}",
+        update_ingress.seen()
+    );
 
     d.stop().await;
     for q in [downstream, ingress, update_ingress] {
@@ -477,15 +549,26 @@ async fn a_409_storm_while_marking_keeps_the_other_writers_changes() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (saved, _) = writer.await.unwrap();
     let doc = couch.get(DB, "busy").await.unwrap();
-    assert_eq!(doc["body"]["counter"], json!(saved), "the writer's last save is kept: {doc}");
+    assert_eq!(
+        doc["body"]["counter"],
+        json!(saved),
+        "the writer's last save is kept: {doc}"
+    );
     let e = &doc["extensions"]["_server_outbox"][0];
     assert_eq!(e["status"], json!("published"), "{doc}");
     assert!(saved > 3, "the writer kept writing ({saved} saves)");
     // The mark met conflicts (the writer's saves) and still finished.
     let mark = d.delivery("storm-1", "couchdb-mark").await.unwrap();
     assert_eq!(mark["status"], json!("delivered"), "{mark}");
-    let ids: Vec<_> = queue.seen().iter().filter_map(|g| g.message_id.clone()).collect();
-    assert!(ids.iter().all(|i| i == "storm-1") && !ids.is_empty(), "{ids:?}");
+    let ids: Vec<_> = queue
+        .seen()
+        .iter()
+        .filter_map(|g| g.message_id.clone())
+        .collect();
+    assert!(
+        ids.iter().all(|i| i == "storm-1") && !ids.is_empty(),
+        "{ids:?}"
+    );
 
     d.stop().await;
     queue.delete().await;
@@ -510,10 +593,23 @@ async fn the_pending_view_lists_exactly_the_pending_entries_and_an_outdated_one_
     let mut no_status = entry("n", "d3", 1, "new", "person");
     no_status.as_object_mut().unwrap().remove("status");
     let docs = vec![
-        ("d1", document("person", json!({}), &[pending("a", "d1", 1), published, pending("c", "d1", 3)])),
-        ("d2", document("person", json!({}), &[pending("x", "d2", 7)])),
+        (
+            "d1",
+            document(
+                "person",
+                json!({}),
+                &[pending("a", "d1", 1), published, pending("c", "d1", 3)],
+            ),
+        ),
+        (
+            "d2",
+            document("person", json!({}), &[pending("x", "d2", 7)]),
+        ),
         ("d3", document("person", json!({}), &[no_status])),
-        ("d4", json!({ "extensions": { "_server_outbox": "not a list" } })),
+        (
+            "d4",
+            json!({ "extensions": { "_server_outbox": "not a list" } }),
+        ),
         ("d5", json!({ "type": "no outbox" })),
     ];
     for (id, doc) in &docs {
@@ -537,16 +633,30 @@ async fn the_pending_view_lists_exactly_the_pending_entries_and_an_outdated_one_
     let d = start(&plugins, &db, source(&couch, json!({}))).await;
     let start = std::time::Instant::now();
     let rows = loop {
-        let (status, body) = couch.get_path(&format!("{DB}/_design/outboxd/_view/pending")).await;
-        if status == 200 && body["rows"].as_array().is_some_and(|r| r.iter().all(|r| r["key"].is_array())) {
+        let (status, body) = couch
+            .get_path(&format!("{DB}/_design/outboxd/_view/pending"))
+            .await;
+        if status == 200
+            && body["rows"]
+                .as_array()
+                .is_some_and(|r| r.iter().all(|r| r["key"].is_array()))
+        {
             break body["rows"].as_array().unwrap().clone();
         }
-        assert!(start.elapsed() < WAIT, "view not installed: {status} {body}");
+        assert!(
+            start.elapsed() < WAIT,
+            "view not installed: {status} {body}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let got: Vec<(String, u64)> = rows
         .iter()
-        .map(|r| (r["key"][0].as_str().unwrap().to_string(), r["key"][1].as_u64().unwrap()))
+        .map(|r| {
+            (
+                r["key"][0].as_str().unwrap().to_string(),
+                r["key"][1].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(got, expected);
     assert!(rows.iter().all(|r| r["id"] == r["key"][0]));
@@ -569,11 +679,25 @@ async fn malformed_entries_are_counted_and_never_ingested_and_the_rest_is_relaye
     zero["sequence"] = json!(0);
     let mut text = entry("bad-3", "bad3", 1, "new", "person");
     text["payload"] = json!("{not json");
-    couch.save(DB, "bad", &document("person", json!({}), &[no_id])).await;
-    couch.save(DB, "bad2", &document("person", json!({}), &[zero])).await;
-    couch.save(DB, "bad3", &document("person", json!({}), &[text])).await;
     couch
-        .save(DB, "good", &document("person", json!({}), &[entry("good-1", "good", 1, "new", "person")]))
+        .save(DB, "bad", &document("person", json!({}), &[no_id]))
+        .await;
+    couch
+        .save(DB, "bad2", &document("person", json!({}), &[zero]))
+        .await;
+    couch
+        .save(DB, "bad3", &document("person", json!({}), &[text]))
+        .await;
+    couch
+        .save(
+            DB,
+            "good",
+            &document(
+                "person",
+                json!({}),
+                &[entry("good-1", "good", 1, "new", "person")],
+            ),
+        )
         .await;
     let d = start(&plugins, &db, source(&couch, json!({}))).await;
     wait_published(&couch, "good", "good-1").await;
@@ -581,15 +705,29 @@ async fn malformed_entries_are_counted_and_never_ingested_and_the_rest_is_relaye
         t.contains(r#"outboxd_source_entries_total{source="docs",outcome="malformed"} 3"#)
     })
     .await;
-    assert!(text.contains(r#"outboxd_source_entries_total{source="docs",outcome="relayed"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"outboxd_source_entries_total{source="docs",outcome="relayed"} 1"#),
+        "{text}"
+    );
     for id in ["bad-2", "bad-3"] {
-        assert_eq!(d.get(&format!("/v1/events/{id}")).await.0, 404, "{id} ingested");
+        assert_eq!(
+            d.get(&format!("/v1/events/{id}")).await.0,
+            404,
+            "{id} ingested"
+        );
     }
-    assert_eq!(entry_of(&couch, "bad2", "bad-2").await["status"], json!("pending"));
+    assert_eq!(
+        entry_of(&couch, "bad2", "bad-2").await["status"],
+        json!("pending")
+    );
     // Scans and the feed read them again: still counted once per revision.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(d.metrics_text().await.contains(r#"outcome="malformed"} 3"#));
-    let ids: Vec<_> = queue.seen().iter().filter_map(|g| g.message_id.clone()).collect();
+    let ids: Vec<_> = queue
+        .seen()
+        .iter()
+        .filter_map(|g| g.message_id.clone())
+        .collect();
     assert_eq!(ids, ["good-1"]);
 
     d.stop().await;
@@ -602,13 +740,24 @@ async fn a_checkpoint_past_an_entry_never_skips_it() {
     let couch = CouchServer::start().await;
     couch.create_db(DB).await;
     couch
-        .save(DB, "old", &document("person", json!({}), &[entry("old-1", "old", 1, "new", "person")]))
+        .save(
+            DB,
+            "old",
+            &document(
+                "person",
+                json!({}),
+                &[entry("old-1", "old", 1, "new", "person")],
+            ),
+        )
         .await;
     let db = TestDb::new(Backend::Sqlite).await;
     // A checkpoint far past everything the database holds.
     let store = db.store().await;
     let checkpoint = json!({ "database": format!("{}/{DB}", couch.url), "since": 1_000_000 });
-    store.save_source_checkpoint("docs", &checkpoint.to_string()).await.unwrap();
+    store
+        .save_source_checkpoint("docs", &checkpoint.to_string())
+        .await
+        .unwrap();
     drop(store);
     let plugins = PluginsDir::new();
     let d = start(&plugins, &db, source(&couch, json!({}))).await;
@@ -632,15 +781,35 @@ async fn the_feed_relays_new_work_and_keeps_its_checkpoint_in_the_store() {
     let db = TestDb::new(Backend::Sqlite).await;
     let plugins = PluginsDir::new();
     // A scan interval far longer than the test: only the feed can find it.
-    let d = start(&plugins, &db, source(&couch, json!({ "scan-interval": "1h" }))).await;
+    let d = start(
+        &plugins,
+        &db,
+        source(&couch, json!({ "scan-interval": "1h" })),
+    )
+    .await;
     let (_, ready) = wait_ready(&d).await;
-    assert_eq!(ready["checks"]["sources"]["sources"]["docs"]["ok"], json!(true), "{ready}");
+    assert_eq!(
+        ready["checks"]["sources"]["sources"]["docs"]["ok"],
+        json!(true),
+        "{ready}"
+    );
     couch
-        .save(DB, "fresh", &document("person", json!({}), &[entry("fresh-1", "fresh", 1, "new", "person")]))
+        .save(
+            DB,
+            "fresh",
+            &document(
+                "person",
+                json!({}),
+                &[entry("fresh-1", "fresh", 1, "new", "person")],
+            ),
+        )
         .await;
     let start = std::time::Instant::now();
     while d.get("/v1/events/fresh-1").await.0 != 200 {
-        assert!(start.elapsed() < WAIT, "fresh-1 never relayed from the feed");
+        assert!(
+            start.elapsed() < WAIT,
+            "fresh-1 never relayed from the feed"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let store = db.store().await;
@@ -656,6 +825,14 @@ async fn the_feed_relays_new_work_and_keeps_its_checkpoint_in_the_store() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     d.stop().await;
+}
+
+/// The value of gauge `name{source="docs"}` in a metrics text.
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    let prefix = format!("{name}{{source=\"docs\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Wait until event `id` is stored.
@@ -698,12 +875,21 @@ async fn readiness_shows_couchdb_unreachable_and_recovers() {
         if status == 503 {
             break body;
         }
-        assert!(start.elapsed() < WAIT, "still ready with CouchDB gone: {body}");
+        assert!(
+            start.elapsed() < WAIT,
+            "still ready with CouchDB gone: {body}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let docs = &body["checks"]["sources"]["sources"]["docs"];
     assert_eq!(docs["ok"], json!(false), "{body}");
-    assert!(docs["last_error"].as_str().unwrap_or("").contains("CouchDB"), "{body}");
+    assert!(
+        docs["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("CouchDB"),
+        "{body}"
+    );
     assert_eq!(d.get("/health").await.0, 200, "the daemon itself is fine");
     d.stop().await;
 }
@@ -714,7 +900,10 @@ fn a_bad_source_key_is_refused_at_start_naming_it() {
     let file = dir.path().join("outboxd.toml");
     let load = |text: &str| {
         std::fs::write(&file, text).unwrap();
-        outboxd::config::Config::load(Some(&file), json!({})).map(|_| ()).unwrap_err().to_string()
+        outboxd::config::Config::load(Some(&file), json!({}))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
     };
     let base = "[sources.docs]\nkind = \"couchdb\"\nurl = \"http://127.0.0.1:5984\"\ndatabase = \"documents\"\n";
     let e = load(&format!("{base}scan-intervall = \"5s\"\n"));
@@ -723,11 +912,42 @@ fn a_bad_source_key_is_refused_at_start_naming_it() {
     assert!(e.contains("event_id"), "{e}");
     let e = load("[sources.docs]\nkind = \"couchbase\"\n");
     assert!(e.contains("couchbase"), "{e}");
-    let e = load(&base.replace("http://127.0.0.1:5984", "http://admin:secret@127.0.0.1:5984"));
-    assert!(e.contains("sources.docs.url") && !e.contains("secret"), "{e}");
+    let e = load(&base.replace(
+        "http://127.0.0.1:5984",
+        "http://admin:secret@127.0.0.1:5984",
+    ));
+    assert!(
+        e.contains("sources.docs.url") && !e.contains("secret"),
+        "{e}"
+    );
     let e = load(&format!("{base}scan-interval = \"0s\"\n"));
     assert!(e.contains("sources.docs.scan-interval"), "{e}");
     let e = load(&format!("{base}username-env = \"COUCH_USER\"\n"));
     assert!(e.contains("sources.docs.password-env"), "{e}");
-    assert!(outboxd::config::Config::load(Some(&{ std::fs::write(&file, base).unwrap(); file.clone() }), json!({})).is_ok());
+    assert!(outboxd::config::Config::load(
+        Some(&{
+            std::fs::write(&file, base).unwrap();
+            file.clone()
+        }),
+        json!({})
+    )
+    .is_ok());
+}
+
+#[test]
+fn the_shipped_example_configuration_loads() {
+    let file = repo_root().join("deploy/couchdb-outbox/outboxd.toml");
+    let config =
+        outboxd::config::Config::load(Some(&file), json!({})).expect("deploy example loads");
+    assert_eq!(config.sources["documents"].kind(), "couchdb");
+    for manifest in ["amqp.toml", "couchdb-mark.toml"] {
+        let text =
+            std::fs::read_to_string(repo_root().join("deploy/couchdb-outbox").join(manifest))
+                .unwrap();
+        let value: toml::Value = toml::from_str(&text).unwrap();
+        assert!(value.get("name").is_some(), "{manifest}");
+    }
+    let mark = std::fs::read_to_string(repo_root().join("deploy/couchdb-outbox/couchdb-mark.toml"))
+        .unwrap();
+    assert!(mark.contains("after = \"amqp\""));
 }

@@ -38,7 +38,11 @@ fn server_script() -> PathBuf {
                     .expect("run npm ci in tests/couchdb (Node 20 and npm are needed)");
                 assert!(status.success(), "npm ci in tests/couchdb failed");
             }
-            assert!(script.is_file(), "{} missing after npm ci", script.display());
+            assert!(
+                script.is_file(),
+                "{} missing after npm ci",
+                script.display()
+            );
             script
         })
         .clone()
@@ -128,7 +132,10 @@ impl CouchServer {
     /// `PUT` that must succeed (201); returns the new `_rev`.
     pub async fn save(&self, db: &str, id: &str, doc: &Value) -> String {
         let (status, body) = self.put(db, id, doc).await;
-        assert!(status == 201 || status == 202, "PUT {db}/{id}: {status} {body}");
+        assert!(
+            status == 201 || status == 202,
+            "PUT {db}/{id}: {status} {body}"
+        );
         body["rev"].as_str().unwrap().to_string()
     }
 

@@ -85,7 +85,8 @@ pub async fn run(
         reported: HashSet::new(),
     };
     let live = config.feed_timeout + config.request_timeout * 2 + CHECK_SLACK;
-    let scan_fresh = config.scan_interval * 2 + config.feed_timeout + config.request_timeout + CHECK_SLACK;
+    let scan_fresh =
+        config.scan_interval * 2 + config.feed_timeout + config.request_timeout + CHECK_SLACK;
 
     let info = client.db_info().await?;
     status.check("couchdb_reachable", true, None, Some(live));
@@ -190,7 +191,9 @@ impl Relay<'_> {
                 )
                 .await?;
             let more = rows.len() > page as usize;
-            start = rows.get(page as usize).map(|r| (r.key.clone(), r.id.clone()));
+            start = rows
+                .get(page as usize)
+                .map(|r| (r.key.clone(), r.id.clone()));
             let mut docs = Vec::new();
             for row in rows.into_iter().take(page as usize) {
                 if last_doc.as_deref() == Some(row.id.as_str()) {
@@ -247,7 +250,12 @@ impl Relay<'_> {
                 }
                 if self.reported.insert((id.to_string(), rev.to_string())) {
                     for reason in &out.malformed {
-                        tracing::warn!(source = self.name, document = id, rev, "malformed outbox entry, not relayed: {reason}");
+                        tracing::warn!(
+                            source = self.name,
+                            document = id,
+                            rev,
+                            "malformed outbox entry, not relayed: {reason}"
+                        );
                     }
                     if out.held > 0 {
                         tracing::warn!(source = self.name, document = id, rev, held = out.held,
@@ -287,13 +295,17 @@ impl Relay<'_> {
         let ctx = self.ctx;
         let call = crate::ingest::submit(&*ctx.store, &ctx.routes, &ctx.wake, &ctx.metrics, events);
         match tokio::time::timeout(ctx.db_timeout, call).await {
-            Err(_) => Err(SubmitError::Failed(SourceError::StoreTimeout(ctx.db_timeout))),
+            Err(_) => Err(SubmitError::Failed(SourceError::StoreTimeout(
+                ctx.db_timeout,
+            ))),
             Ok(Err(IngestError::Store(e))) => Err(SubmitError::Failed(e.into())),
             Ok(Err(e)) => Err(SubmitError::Refused(e)),
             Ok(Ok(results)) => {
                 let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
-                ctx.metrics.source_entries(self.name, "relayed", results.len() as u64 - duplicates);
-                ctx.metrics.source_entries(self.name, "duplicate", duplicates);
+                ctx.metrics
+                    .source_entries(self.name, "relayed", results.len() as u64 - duplicates);
+                ctx.metrics
+                    .source_entries(self.name, "duplicate", duplicates);
                 Ok(())
             }
         }

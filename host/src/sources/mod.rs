@@ -164,7 +164,13 @@ pub struct StatusHandle {
 impl StatusHandle {
     /// Set check `check`; with `stale_after`, it turns not-ok unless set
     /// again within that time.
-    pub fn check(&self, check: &str, ok: bool, detail: Option<String>, stale_after: Option<Duration>) {
+    pub fn check(
+        &self,
+        check: &str,
+        ok: bool,
+        detail: Option<String>,
+        stale_after: Option<Duration>,
+    ) {
         self.statuses.with(&self.name, |s| {
             s.checks.insert(
                 check.to_string(),
@@ -187,7 +193,8 @@ impl StatusHandle {
     }
 
     fn error(&self, error: String) {
-        self.statuses.with(&self.name, |s| s.last_error = Some(error));
+        self.statuses
+            .with(&self.name, |s| s.last_error = Some(error));
     }
 }
 
@@ -244,11 +251,9 @@ async fn supervise(
         }
         let started = Instant::now();
         let result = match &config {
-            SourceConfig::Couchdb(c) => {
-                couchdb::run(&name, c, &ctx, &status, shutdown.clone())
-                    .await
-                    .map_err(|e| e.to_string())
-            }
+            SourceConfig::Couchdb(c) => couchdb::run(&name, c, &ctx, &status, shutdown.clone())
+                .await
+                .map_err(|e| e.to_string()),
         };
         match result {
             Ok(()) => return, // shutdown

@@ -338,8 +338,11 @@ pub trait Store: Send + Sync + 'static {
     async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError>;
 
     /// Save `checkpoint` as source `source`'s, replacing the previous one.
-    async fn save_source_checkpoint(&self, source: &str, checkpoint: &str)
-        -> Result<(), StoreError>;
+    async fn save_source_checkpoint(
+        &self,
+        source: &str,
+        checkpoint: &str,
+    ) -> Result<(), StoreError>;
 }
 
 /// Open the store named by a database URL: `postgres://…` /

@@ -75,7 +75,9 @@ impl Config {
                         .parse()
                         .ok()
                         .filter(|n| (1..=600_000).contains(n))
-                        .ok_or("timeout-ms: must be a whole number of milliseconds from 1 to 600000")?
+                        .ok_or(
+                            "timeout-ms: must be a whole number of milliseconds from 1 to 600000",
+                        )?
                 }
                 other => return Err(format!("unknown key `{other}` (known: {KNOWN_KEYS})")),
             }
@@ -93,17 +95,25 @@ impl Config {
             None => (rest, ""),
         };
         if authority.is_empty() || authority.contains('@') {
-            return Err("url: needs a host and no user:password@ (use username and password)".into());
+            return Err(
+                "url: needs a host and no user:password@ (use username and password)".into(),
+            );
         }
         if prefix.contains(['?', '#']) {
             return Err("url: must not carry a query or fragment".into());
         }
-        let database = database.filter(|d| !d.is_empty()).ok_or("database: required")?;
+        let database = database
+            .filter(|d| !d.is_empty())
+            .ok_or("database: required")?;
         if username.is_empty() != password.is_empty() {
             return Err("username and password: give both or neither".into());
         }
-        let authorization = (!username.is_empty())
-            .then(|| format!("Basic {}", base64(format!("{username}:{password}").as_bytes())));
+        let authorization = (!username.is_empty()).then(|| {
+            format!(
+                "Basic {}",
+                base64(format!("{username}:{password}").as_bytes())
+            )
+        });
         let entries: Vec<String> = path.split('.').map(str::to_string).collect();
         if entries.iter().any(String::is_empty) {
             return Err(format!("entries: {path:?} is not a dotted field path"));
@@ -153,7 +163,10 @@ fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
         for i in 0..4 {
             if i <= chunk.len() {
                 out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -170,20 +183,37 @@ mod tests {
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Config, String> {
-        let owned: Vec<(String, String)> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let owned: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::parse(&owned)
     }
 
     #[test]
     fn parses_and_refuses_naming_the_key() {
-        let c = parse(&[("url", "http://127.0.0.1:5984/"), ("database", "docs/a"), ("username", "Aladdin"), ("password", "open sesame")]).unwrap();
+        let c = parse(&[
+            ("url", "http://127.0.0.1:5984/"),
+            ("database", "docs/a"),
+            ("username", "Aladdin"),
+            ("password", "open sesame"),
+        ])
+        .unwrap();
         assert_eq!(c.authority, "127.0.0.1:5984");
         assert_eq!(c.prefix, "");
         assert_eq!(c.database, "docs%2Fa");
-        assert_eq!(c.authorization.as_deref(), Some("Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="));
-        assert!(parse(&[("url", "http://h"), ("database", "d"), ("colour", "x")]).unwrap_err().contains("`colour`"));
+        assert_eq!(
+            c.authorization.as_deref(),
+            Some("Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==")
+        );
+        assert!(
+            parse(&[("url", "http://h"), ("database", "d"), ("colour", "x")])
+                .unwrap_err()
+                .contains("`colour`")
+        );
         assert!(parse(&[("database", "d")]).unwrap_err().starts_with("url"));
-        assert!(parse(&[("url", "http://u:p@h"), ("database", "d")]).unwrap_err().starts_with("url"));
+        assert!(parse(&[("url", "http://u:p@h"), ("database", "d")])
+            .unwrap_err()
+            .starts_with("url"));
     }
 }

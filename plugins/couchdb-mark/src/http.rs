@@ -21,7 +21,12 @@ pub struct Response {
 
 /// `method` `path` (under the server's prefix) with a JSON `body`.
 /// `Err` is a transport failure, worded for a retry reason.
-pub fn send(config: &Config, method: Method, path: &str, body: Option<&[u8]>) -> Result<Response, String> {
+pub fn send(
+    config: &Config,
+    method: Method,
+    path: &str,
+    body: Option<&[u8]>,
+) -> Result<Response, String> {
     let mut headers: Vec<(String, Vec<u8>)> = vec![("accept".into(), b"application/json".to_vec())];
     if body.is_some() {
         headers.push(("content-type".into(), b"application/json".to_vec()));
@@ -29,9 +34,14 @@ pub fn send(config: &Config, method: Method, path: &str, body: Option<&[u8]>) ->
     if let Some(auth) = &config.authorization {
         headers.push(("authorization".into(), auth.as_bytes().to_vec()));
     }
-    let fields = Fields::from_list(&headers).map_err(|e| format!("request headers refused: {e:?}"))?;
+    let fields =
+        Fields::from_list(&headers).map_err(|e| format!("request headers refused: {e:?}"))?;
     let request = OutgoingRequest::new(fields);
-    let scheme = if config.https { Scheme::Https } else { Scheme::Http };
+    let scheme = if config.https {
+        Scheme::Https
+    } else {
+        Scheme::Http
+    };
     let full_path = format!("{}{path}", config.prefix);
     let accepted = request.set_method(&method).is_ok()
         && request.set_scheme(Some(&scheme)).is_ok()
@@ -40,7 +50,9 @@ pub fn send(config: &Config, method: Method, path: &str, body: Option<&[u8]>) ->
     if !accepted {
         return Err("the host refused the configured url".into());
     }
-    let outgoing = request.body().map_err(|_| "the host gave the request no body".to_string())?;
+    let outgoing = request
+        .body()
+        .map_err(|_| "the host gave the request no body".to_string())?;
     let options = RequestOptions::new();
     let _ = options.set_connect_timeout(Some(config.timeout_ns));
     let _ = options.set_first_byte_timeout(Some(config.timeout_ns));
@@ -69,7 +81,9 @@ pub fn send(config: &Config, method: Method, path: &str, body: Option<&[u8]>) ->
     };
     drop(future);
     let status = response.status();
-    let incoming = response.consume().map_err(|_| "response body unavailable".to_string())?;
+    let incoming = response
+        .consume()
+        .map_err(|_| "response body unavailable".to_string())?;
     drop(response);
     let body = read_all(&incoming)?;
     drop(incoming);
@@ -77,7 +91,9 @@ pub fn send(config: &Config, method: Method, path: &str, body: Option<&[u8]>) ->
 }
 
 fn read_all(incoming: &IncomingBody) -> Result<Vec<u8>, String> {
-    let stream = incoming.stream().map_err(|_| "response body unavailable".to_string())?;
+    let stream = incoming
+        .stream()
+        .map_err(|_| "response body unavailable".to_string())?;
     let mut body = Vec::new();
     loop {
         match stream.blocking_read(64 * 1024) {

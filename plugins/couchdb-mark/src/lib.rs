@@ -49,7 +49,10 @@ impl bindings::Guest for CouchdbMark {
         let guard = CONFIG.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(config) = guard.as_ref() else {
             log(Level::Error, "deliver called before a successful init");
-            return batch.iter().map(|_| retry("sink not initialised".into())).collect();
+            return batch
+                .iter()
+                .map(|_| retry("sink not initialised".into()))
+                .collect();
         };
         let now = wasip2::clocks::wall_clock::now();
         let now = mark::rfc3339(now.seconds, now.nanoseconds);
@@ -73,7 +76,10 @@ impl bindings::Guest for CouchdbMark {
 }
 
 fn retry(reason: String) -> Outcome {
-    Outcome::Retry(RetryInfo { reason, after_ms: None })
+    Outcome::Retry(RetryInfo {
+        reason,
+        after_ms: None,
+    })
 }
 
 bindings::export!(CouchdbMark with_types_in bindings);

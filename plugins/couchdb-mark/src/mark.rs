@@ -25,11 +25,18 @@ use crate::http;
 const QUOTE: usize = 200;
 
 fn retry(reason: String) -> Outcome {
-    Outcome::Retry(RetryInfo { reason, after_ms: None })
+    Outcome::Retry(RetryInfo {
+        reason,
+        after_ms: None,
+    })
 }
 
 fn quote(body: &[u8]) -> String {
-    String::from_utf8_lossy(body).chars().take(QUOTE).map(|c| if c.is_control() { ' ' } else { c }).collect()
+    String::from_utf8_lossy(body)
+        .chars()
+        .take(QUOTE)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// Whether `status` is worth another attempt later.
@@ -50,11 +57,22 @@ pub fn mark(config: &Config, event: &Event, now: &str) -> Outcome {
         match got.status {
             200 => {}
             404 => {
-                log(Level::Warn, &format!("event {}: document {doc_id:?} no longer exists; nothing to mark", event.id));
+                log(
+                    Level::Warn,
+                    &format!(
+                        "event {}: document {doc_id:?} no longer exists; nothing to mark",
+                        event.id
+                    ),
+                );
                 return Outcome::Delivered;
             }
             s if transient(s) => return retry(format!("GET document {doc_id:?}: HTTP {s}")),
-            s => return Outcome::Reject(format!("GET document {doc_id:?}: HTTP {s}: {}", quote(&got.body))),
+            s => {
+                return Outcome::Reject(format!(
+                    "GET document {doc_id:?}: HTTP {s}: {}",
+                    quote(&got.body)
+                ))
+            }
         }
         let mut doc: Value = match serde_json::from_slice(&got.body) {
             Ok(d) => d,
@@ -78,7 +96,12 @@ pub fn mark(config: &Config, event: &Event, now: &str) -> Outcome {
             201 | 202 => return Outcome::Delivered,
             409 => continue, // another writer saved a newer revision: read it again
             s if transient(s) => return retry(format!("PUT document {doc_id:?}: HTTP {s}")),
-            s => return Outcome::Reject(format!("PUT document {doc_id:?}: HTTP {s}: {}", quote(&put.body))),
+            s => {
+                return Outcome::Reject(format!(
+                    "PUT document {doc_id:?}: HTTP {s}: {}",
+                    quote(&put.body)
+                ))
+            }
         }
     }
     retry(format!(
@@ -117,7 +140,10 @@ fn set_published(config: &Config, doc: &mut Value, event_id: &str, now: &str) ->
     let Some(object) = entry.as_object_mut() else {
         return Found::Missing;
     };
-    object.insert(config.status.clone(), Value::String(config.published.clone()));
+    object.insert(
+        config.status.clone(),
+        Value::String(config.published.clone()),
+    );
     object.insert(config.published_at.clone(), Value::String(now.to_string()));
     Found::Marked
 }
@@ -153,20 +179,39 @@ mod tests {
     #[test]
     fn formats_rfc3339() {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(1_796_117_400, 5_000_000), "2026-12-01T10:10:00.005Z");
+        assert_eq!(
+            rfc3339(1_796_117_400, 5_000_000),
+            "2026-12-01T10:10:00.005Z"
+        );
         assert_eq!(rfc3339(951_782_400, 0), "2000-02-29T00:00:00.000Z");
     }
 
     #[test]
     fn marks_only_the_entry_and_keeps_the_rest() {
-        let config = Config::parse(&[("url".into(), "http://h".into()), ("database".into(), "d".into())]).unwrap();
+        let config = Config::parse(&[
+            ("url".into(), "http://h".into()),
+            ("database".into(), "d".into()),
+        ])
+        .unwrap();
         let mut doc: Value = serde_json::from_str(
             r#"{"z":1.50,"extensions":{"_server_outbox":[{"event_id":"a","status":"pending"},{"event_id":"b","status":"pending"}]}}"#,
         ).unwrap();
-        assert!(matches!(set_published(&config, &mut doc, "b", "T"), Found::Marked));
+        assert!(matches!(
+            set_published(&config, &mut doc, "b", "T"),
+            Found::Marked
+        ));
         let text = serde_json::to_string(&doc).unwrap();
-        assert_eq!(text, r#"{"z":1.50,"extensions":{"_server_outbox":[{"event_id":"a","status":"pending"},{"event_id":"b","status":"published","published_at":"T"}]}}"#);
-        assert!(matches!(set_published(&config, &mut doc, "b", "T"), Found::AlreadyPublished));
-        assert!(matches!(set_published(&config, &mut doc, "c", "T"), Found::Missing));
+        assert_eq!(
+            text,
+            r#"{"z":1.50,"extensions":{"_server_outbox":[{"event_id":"a","status":"pending"},{"event_id":"b","status":"published","published_at":"T"}]}}"#
+        );
+        assert!(matches!(
+            set_published(&config, &mut doc, "b", "T"),
+            Found::AlreadyPublished
+        ));
+        assert!(matches!(
+            set_published(&config, &mut doc, "c", "T"),
+            Found::Missing
+        ));
     }
 }

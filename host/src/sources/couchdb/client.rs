@@ -142,7 +142,10 @@ impl Client {
     ) -> Result<(u16, Value), CouchError> {
         let response = r.send().await.map_err(|e| self.unreachable(what, e))?;
         let status = response.status().as_u16();
-        let text = response.text().await.map_err(|e| self.unreachable(what, e))?;
+        let text = response
+            .text()
+            .await
+            .map_err(|e| self.unreachable(what, e))?;
         if !(200..300).contains(&status) && status != 404 && status != 409 {
             return Err(CouchError::Status {
                 what: what.to_string(),
@@ -172,7 +175,9 @@ impl Client {
     /// `GET /{db}`: the database's information (`update_seq` among it).
     pub async fn db_info(&self) -> Result<Value, CouchError> {
         let what = "GET /{db}";
-        let (status, body) = self.send(what, self.request(reqwest::Method::GET, "")).await?;
+        let (status, body) = self
+            .send(what, self.request(reqwest::Method::GET, ""))
+            .await?;
         Self::expect(what, status, &body)?;
         Ok(body)
     }
@@ -181,7 +186,9 @@ impl Client {
     pub async fn design(&self, name: &str) -> Result<Option<Value>, CouchError> {
         let what = "GET /{db}/_design/{ddoc}";
         let path = format!("_design/{}", segment(name));
-        let (status, body) = self.send(what, self.request(reqwest::Method::GET, &path)).await?;
+        let (status, body) = self
+            .send(what, self.request(reqwest::Method::GET, &path))
+            .await?;
         if status == 404 {
             return Ok(None);
         }
@@ -224,7 +231,10 @@ impl Client {
             query.push(("startkey_docid".into(), docid.to_string()));
         }
         let (status, body) = self
-            .send(what, self.request(reqwest::Method::GET, &path).query(&query))
+            .send(
+                what,
+                self.request(reqwest::Method::GET, &path).query(&query),
+            )
             .await?;
         Self::expect(what, status, &body)?;
         let bad = |problem: &str| CouchError::Answer {

@@ -47,7 +47,7 @@ pub struct CouchdbConfig {
     #[serde(default)]
     pub event_source: Option<String>,
     /// CloudEvents `type`: a template over the entry's fields, `{name}`
-    /// replaced by the field's value (`{routing_key}` → 
+    /// replaced by the field's value (`{routing_key}` →
     /// `documents.new.person`). Default `{routing_key}`.
     #[serde(default = "default_type")]
     pub event_type: String,
@@ -145,7 +145,10 @@ impl CouchdbConfig {
             Err(e) => return bad("url", format!("{:?} is not a URL: {e}", self.url)),
         };
         if url.scheme() != "http" && url.scheme() != "https" {
-            return bad("url", format!("scheme must be http or https, got {:?}", url.scheme()));
+            return bad(
+                "url",
+                format!("scheme must be http or https, got {:?}", url.scheme()),
+            );
         }
         if !url.username().is_empty() || url.password().is_some() {
             return bad(
@@ -154,7 +157,10 @@ impl CouchdbConfig {
             );
         }
         if self.database.is_empty() || self.database.starts_with('_') {
-            return bad("database", format!("{:?} is not a database name", self.database));
+            return bad(
+                "database",
+                format!("{:?} is not a database name", self.database),
+            );
         }
         if self.username_env.is_some() != self.password_env.is_some() {
             return bad(
@@ -163,7 +169,10 @@ impl CouchdbConfig {
             );
         }
         if self.design_document.is_empty() || self.design_document.contains('/') {
-            return bad("design-document", format!("{:?} is not a design document name", self.design_document));
+            return bad(
+                "design-document",
+                format!("{:?} is not a design document name", self.design_document),
+            );
         }
         for (key, d) in [
             ("scan-interval", self.scan_interval),
@@ -175,7 +184,10 @@ impl CouchdbConfig {
             }
         }
         if self.page_size == 0 || self.page_size > 10_000 {
-            return bad("page-size", format!("{} is not within 1..=10000", self.page_size));
+            return bad(
+                "page-size",
+                format!("{} is not within 1..=10000", self.page_size),
+            );
         }
         let p = &self.paths;
         for (key, v) in [

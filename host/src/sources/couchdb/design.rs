@@ -52,7 +52,11 @@ pub async fn ensure(client: &Client, config: &CouchdbConfig) -> Result<bool, Cou
     for _ in 0..INSTALL_ATTEMPTS {
         let current = client.design(name).await?;
         let mut doc = match &current {
-            Some(d) if d.pointer(&format!("/views/{VIEW}/map")).and_then(Value::as_str) == Some(map.as_str()) => {
+            Some(d)
+                if d.pointer(&format!("/views/{VIEW}/map"))
+                    .and_then(Value::as_str)
+                    == Some(map.as_str()) =>
+            {
                 return Ok(false)
             }
             Some(d) => d.clone(),
@@ -70,6 +74,8 @@ pub async fn ensure(client: &Client, config: &CouchdbConfig) -> Result<bool, Cou
     }
     Err(CouchError::Answer {
         what: "PUT /{db}/_design/{ddoc}".into(),
-        problem: format!("409 conflict {INSTALL_ATTEMPTS} times in a row: another writer keeps changing it"),
+        problem: format!(
+            "409 conflict {INSTALL_ATTEMPTS} times in a row: another writer keeps changing it"
+        ),
     })
 }

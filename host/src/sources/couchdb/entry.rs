@@ -117,7 +117,10 @@ fn entry_event(
         Some(s) if s == p.pending => {}
         Some(s) => {
             return Read::Malformed(
-                format!("{} {s:?} is neither {:?} nor {:?}", p.status, p.pending, p.published),
+                format!(
+                    "{} {s:?} is neither {:?} nor {:?}",
+                    p.status, p.pending, p.published
+                ),
                 false,
             )
         }
@@ -126,7 +129,12 @@ fn entry_event(
     let malformed = |reason: String| Read::Malformed(reason, true);
     let event_id = match field(&p.event_id).and_then(Value::as_str) {
         Some(id) if !id.is_empty() => id,
-        _ => return malformed(format!("{} is missing or not a non-empty string", p.event_id)),
+        _ => {
+            return malformed(format!(
+                "{} is missing or not a non-empty string",
+                p.event_id
+            ))
+        }
     };
     let sequence = match field(&p.sequence) {
         Some(v) => match v.as_u64() {
@@ -139,7 +147,12 @@ fn entry_event(
         None => return malformed(format!("{} is missing", p.payload)),
         Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
             Ok(v) => v,
-            Err(e) => return malformed(format!("{} is a string that is not JSON text: {e}", p.payload)),
+            Err(e) => {
+                return malformed(format!(
+                    "{} is a string that is not JSON text: {e}",
+                    p.payload
+                ))
+            }
         },
         Some(v) => v.clone(),
     };
@@ -164,9 +177,10 @@ fn entry_event(
             return malformed(format!("{} is not a string", p.created_at));
         };
         ce["time"] = json!(text);
-        created_ms = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-            .ok()
-            .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
+        created_ms =
+            time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+                .ok()
+                .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
     }
     for (name, path) in [("routingkey", &p.routing_key), ("operation", &p.operation)] {
         match field(path) {
@@ -245,7 +259,8 @@ mod tests {
     use super::*;
 
     fn config() -> CouchdbConfig {
-        serde_json::from_value(json!({ "url": "http://127.0.0.1:5984", "database": "docs" })).unwrap()
+        serde_json::from_value(json!({ "url": "http://127.0.0.1:5984", "database": "docs" }))
+            .unwrap()
     }
 
     fn entry(id: &str, seq: Value, status: &str) -> Value {
@@ -292,7 +307,10 @@ mod tests {
             entry("e8", json!(8), "pending"),
         ]);
         assert_eq!(out.published, 1);
-        assert_eq!(out.events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["e2"]);
+        assert_eq!(
+            out.events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            ["e2"]
+        );
         assert_eq!(out.malformed.len(), 5, "{:?}", out.malformed);
         assert_eq!(out.held, 1, "e8 waits behind the malformed entries");
     }
@@ -304,7 +322,10 @@ mod tests {
             entry("e1", json!(1), "pending"),
             entry("e1b", json!(1), "pending"),
         ]);
-        assert_eq!(out.events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["e1", "e3"]);
+        assert_eq!(
+            out.events.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            ["e1", "e3"]
+        );
         assert_eq!(out.malformed.len(), 1);
     }
 }
