@@ -204,13 +204,18 @@ fn source(couch: &CouchServer, extra: Value) -> SourceConfig {
 /// The `amqp` sink (routing key from the entry) and the `couchdb-mark`
 /// sink chained after it.
 fn plugins(couch: &CouchServer, exchange: &str) -> PluginsDir {
+    plugins_with(couch, exchange, "10s")
+}
+
+/// [`plugins`] with both sinks' deadline `deadline`.
+fn plugins_with(couch: &CouchServer, exchange: &str, deadline: &str) -> PluginsDir {
     let plugins = PluginsDir::new();
     let built = built_plugins();
     plugins.add_component(
         "amqp",
         &built.join("amqp.wasm"),
         &format!(
-            "[limits]\ndeadline = \"10s\"\nmax-batch = 100\n\
+            "[limits]\ndeadline = {deadline:?}\nmax-batch = 100\n\
              [capabilities]\namqp = {{ url = {:?}, exchanges = [{exchange:?}] }}\n\
              [retry]\nbase = \"100ms\"\ncap = \"500ms\"\n\
              [config]\nexchange = {exchange:?}\nrouting-key = \"{{routingkey}}\"\nunroutable = \"retry\"\n",
@@ -222,7 +227,7 @@ fn plugins(couch: &CouchServer, exchange: &str) -> PluginsDir {
         &built.join("couchdb-mark.wasm"),
         &format!(
             "after = \"amqp\"\n\
-             [limits]\ndeadline = \"10s\"\nmax-batch = 50\n\
+             [limits]\ndeadline = {deadline:?}\nmax-batch = 50\n\
              [capabilities]\nhttp = [{url:?}]\n\
              [retry]\nbase = \"100ms\"\ncap = \"500ms\"\n\
              [config]\nurl = {url:?}\ndatabase = {DB:?}\n",
@@ -950,4 +955,181 @@ fn the_shipped_example_configuration_loads() {
     let mark = std::fs::read_to_string(repo_root().join("deploy/couchdb-outbox/couchdb-mark.toml"))
         .unwrap();
     assert!(mark.contains("after = \"amqp\""));
+}
+
+/// Lease of the crash tests' child daemons: the least the 2 s sink
+/// deadline allows (2 × 2 s + 5 s), so a killed daemon's leases run out
+/// soon after the restart.
+const CRASH_LEASE: &str = "9s";
+
+/// `outboxd` as a child process with the couchdb source configured by
+/// environment variables.
+fn child_config(
+    couch: &CouchServer,
+    plugins: &PluginsDir,
+    db: &TestDb,
+    data: &std::path::Path,
+    log: &str,
+) -> ChildConfig {
+    let env = [
+        ("OUTBOXD_DELIVERY__LEASE", CRASH_LEASE),
+        ("OUTBOXD_DELIVERY__MAX_POLL_INTERVAL", "200ms"),
+        ("OUTBOXD_SOURCES__DOCS__KIND", "couchdb"),
+        ("OUTBOXD_SOURCES__DOCS__URL", couch.url.as_str()),
+        ("OUTBOXD_SOURCES__DOCS__DATABASE", DB),
+        ("OUTBOXD_SOURCES__DOCS__SCAN_INTERVAL", "2s"),
+        ("OUTBOXD_SOURCES__DOCS__FEED_TIMEOUT", "1s"),
+        ("OUTBOXD_SOURCES__DOCS__REQUEST_TIMEOUT", "2s"),
+    ];
+    ChildConfig {
+        listen: free_loopback_addr(),
+        database_url: db.url.clone(),
+        plugins_dir: plugins.path().to_path_buf(),
+        data_dir: data.to_path_buf(),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        log: child_log(log),
+    }
+}
+
+/// `GET path` of a child daemon, as JSON.
+async fn child_get(base: &str, path: &str) -> (u16, Value) {
+    let r = reqwest::get(format!("{base}{path}")).await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Wait until `check` holds for the delivery of `id` to `sink`.
+async fn child_wait_sink(base: &str, id: &str, sink: &str, check: impl Fn(&Value) -> bool) {
+    let start = std::time::Instant::now();
+    loop {
+        let (_, body) = child_get(base, &format!("/v1/events/{id}")).await;
+        let d = body["deliveries"]
+            .as_array()
+            .and_then(|ds| ds.iter().find(|d| d["sink"] == json!(sink)).cloned());
+        if d.as_ref().is_some_and(&check) {
+            return;
+        }
+        assert!(start.elapsed() < WAIT, "delivery of {id} to {sink}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// After the restart: marked once (the document's second revision), and
+/// every message carries the one event id (a repeat publish is allowed).
+async fn assert_published_once_marked_once(
+    couch: &CouchServer,
+    queue: &Queue,
+    doc: &str,
+    id: &str,
+) {
+    wait_published(couch, doc, id).await;
+    let got = queue.wait_for(1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ids: Vec<_> = queue.seen().iter().map(|g| g.message_id.clone()).collect();
+    assert!(
+        !got.is_empty() && ids.iter().all(|m| m.as_deref() == Some(id)),
+        "{ids:?}"
+    );
+    let rev = couch.get(DB, doc).await.unwrap()["_rev"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(rev.starts_with("2-"), "saved once and marked once: {rev}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_between_relay_and_publish_the_entry_is_published_and_marked_after_restart() {
+    let couch = CouchServer::start().await;
+    couch.create_db(DB).await;
+    let exchange = unique("x");
+    let plugins = plugins_with(&couch, &exchange, "2s");
+    let db = TestDb::new(Backend::Sqlite).await;
+    let data = tempfile::tempdir().unwrap();
+    let config = child_config(&couch, &plugins, &db, data.path(), "couchdb-kill-relay");
+    let mut child = ChildDaemon::spawn(&config);
+    child.wait_healthy(WAIT).await;
+    couch
+        .save(
+            DB,
+            "k-1",
+            &document(
+                "person",
+                json!({}),
+                &[entry("kill-1", "k-1", 1, "new", "person")],
+            ),
+        )
+        .await;
+    // Relayed (stored), the publish failing: the exchange is missing.
+    child_wait_sink(&child.base, "kill-1", "amqp", |d| {
+        d["attempts"].as_u64() >= Some(1)
+    })
+    .await;
+    child.kill();
+    declare_exchange(&exchange).await;
+    let queue = Queue::bind(&exchange, "documents.#").await;
+    let mut child = ChildDaemon::spawn(&config);
+    child.wait_healthy(WAIT).await;
+    assert_published_once_marked_once(&couch, &queue, "k-1", "kill-1").await;
+    child.kill();
+    queue.delete().await;
+    delete_exchange(&exchange).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_between_publish_and_mark_the_entry_is_marked_once_after_restart() {
+    let couch = CouchServer::start().await;
+    couch.create_db(DB).await;
+    let exchange = unique("x");
+    declare_exchange(&exchange).await;
+    let queue = Queue::bind(&exchange, "documents.#").await;
+    let plugins = plugins_with(&couch, &exchange, "2s");
+    let db = TestDb::new(Backend::Sqlite).await;
+    let data = tempfile::tempdir().unwrap();
+    let config = child_config(&couch, &plugins, &db, data.path(), "couchdb-kill-mark");
+    let mut child = ChildDaemon::spawn(&config);
+    child.wait_healthy(WAIT).await;
+    // Hold the mark back (the pause is kept in the store) so the kill falls
+    // between the confirmed publish and the mark.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/admin/sinks/couchdb-mark/pause", child.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "pause: {}", r.status());
+    couch
+        .save(
+            DB,
+            "k-2",
+            &document(
+                "person",
+                json!({}),
+                &[entry("kill-2", "k-2", 1, "new", "person")],
+            ),
+        )
+        .await;
+    child_wait_sink(&child.base, "kill-2", "amqp", |d| {
+        d["status"] == json!("delivered")
+    })
+    .await;
+    queue.wait_for(1).await;
+    assert_eq!(
+        entry_of(&couch, "k-2", "kill-2").await["status"],
+        json!("pending")
+    );
+    child.kill();
+    let mut child = ChildDaemon::spawn(&config);
+    child.wait_healthy(WAIT).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/admin/sinks/couchdb-mark/resume", child.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "resume: {}", r.status());
+    assert_published_once_marked_once(&couch, &queue, "k-2", "kill-2").await;
+    child.kill();
+    queue.delete().await;
+    delete_exchange(&exchange).await;
 }
