@@ -403,10 +403,18 @@ async fn per_document_order_holds_through_a_restart(backend: Backend) {
     let a1 = entry("a-1", "doc-a", 1, "new", "person");
     let b1 = entry("b-1", "doc-b", 1, "new", "person");
     let rev_a = couch
-        .save(DB, "doc-a", &document("person", json!({}), &[a1.clone()]))
+        .save(
+            DB,
+            "doc-a",
+            &document("person", json!({}), std::slice::from_ref(&a1)),
+        )
         .await;
     let rev_b = couch
-        .save(DB, "doc-b", &document("person", json!({}), &[b1.clone()]))
+        .save(
+            DB,
+            "doc-b",
+            &document("person", json!({}), std::slice::from_ref(&b1)),
+        )
         .await;
     wait_event(&d, "a-1").await;
     d.wait_sink("a-1", "amqp", WAIT, |x| x["attempts"].as_u64() >= Some(1))

@@ -95,15 +95,11 @@ fn read_all(incoming: &IncomingBody) -> Result<Vec<u8>, String> {
         .stream()
         .map_err(|_| "response body unavailable".to_string())?;
     let mut body = Vec::new();
-    loop {
-        match stream.blocking_read(64 * 1024) {
-            Ok(bytes) => {
-                body.extend_from_slice(&bytes);
-                if body.len() > MAX_BODY {
-                    return Err(format!("response body over {MAX_BODY} bytes"));
-                }
-            }
-            Err(_) => break, // closed: complete
+    // An error is the stream closing: the body is complete.
+    while let Ok(bytes) = stream.blocking_read(64 * 1024) {
+        body.extend_from_slice(&bytes);
+        if body.len() > MAX_BODY {
+            return Err(format!("response body over {MAX_BODY} bytes"));
         }
     }
     Ok(body)
