@@ -1141,3 +1141,53 @@ async fn killed_between_publish_and_mark_the_entry_is_marked_once_after_restart(
     queue.delete().await;
     delete_exchange(&exchange).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_entry_published_meanwhile_or_a_deleted_document_is_success_without_a_write() {
+    let couch = CouchServer::start().await;
+    couch.create_db(DB).await;
+    let exchange = unique("x");
+    declare_exchange(&exchange).await;
+    let queue = Queue::bind(&exchange, "documents.#").await;
+    let plugins = plugins(&couch, &exchange);
+    let db = TestDb::new(Backend::Sqlite).await;
+    let d = start(&plugins, &db, source(&couch, json!({}))).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{}/v1/admin/sinks/couchdb-mark/pause", d.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let e1 = entry("meanwhile-1", "m-1", 1, "new", "person");
+    let e2 = entry("gone-1", "m-2", 1, "new", "person");
+    couch.save(DB, "m-1", &document("person", json!({}), &[e1])).await;
+    let rev2 = couch.save(DB, "m-2", &document("person", json!({}), &[e2])).await;
+    queue.wait_for(2).await;
+    // Meanwhile another marker publishes m-1's entry, and m-2 is deleted.
+    let mut doc = couch.get(DB, "m-1").await.unwrap();
+    doc["extensions"]["_server_outbox"][0]["status"] = json!("published");
+    doc["extensions"]["_server_outbox"][0]["published_at"] = json!("2026-12-01T11:00:00.000Z");
+    let rev1 = couch.save(DB, "m-1", &doc).await;
+    couch.delete(DB, "m-2", &rev2).await;
+    let r = http
+        .post(format!("{}/v1/admin/sinks/couchdb-mark/resume", d.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    for id in ["meanwhile-1", "gone-1"] {
+        d.wait_sink(id, "couchdb-mark", WAIT, |x| x["status"] == json!("delivered"))
+            .await;
+    }
+    let doc = couch.get(DB, "m-1").await.unwrap();
+    assert_eq!(doc["_rev"], json!(rev1), "not written again: {doc}");
+    assert_eq!(
+        doc["extensions"]["_server_outbox"][0]["published_at"],
+        json!("2026-12-01T11:00:00.000Z")
+    );
+    assert!(couch.get(DB, "m-2").await.is_none(), "the deleted document stays deleted");
+    d.stop().await;
+    queue.delete().await;
+    delete_exchange(&exchange).await;
+}
