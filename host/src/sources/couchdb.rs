@@ -103,7 +103,7 @@ pub async fn run(
         .unwrap_or_else(|| info.get("update_seq").cloned().unwrap_or(json!(0)));
     tracing::info!(source = name, database = %database, since = %client::since_param(&since), "couchdb source started");
 
-    relay.scan(&client).await?;
+    relay.scan(&client, &|| ()).await?;
     status.check("last_scan", true, None, Some(scan_fresh));
     status.cycle();
     let mut next_scan = Instant::now() + config.scan_interval;
@@ -115,7 +115,13 @@ pub async fn run(
         }
         let now = Instant::now();
         if now >= next_scan {
-            relay.scan(&client).await?;
+            // A long scan keeps the feed's checks fresh: the feed resumes
+            // right after it.
+            let renew = || {
+                status.check("couchdb_reachable", true, None, Some(live));
+                status.check("feed_following", true, None, Some(live));
+            };
+            relay.scan(&client, &renew).await?;
             status.check("last_scan", true, None, Some(scan_fresh));
             status.cycle();
             next_scan = Instant::now() + config.scan_interval;
@@ -176,7 +182,12 @@ impl Relay<'_> {
     /// Read the whole `pending` view, page by page (`limit` = page size + 1:
     /// the extra row is where the next page starts, CouchDB's documented
     /// paging), relaying each document once. Sets the oldest-pending gauge.
-    async fn scan(&mut self, client: &Client) -> Result<(), SourceError> {
+    /// `page_done` is called after each page.
+    async fn scan(
+        &mut self,
+        client: &Client,
+        page_done: &(dyn Fn() + Sync),
+    ) -> Result<(), SourceError> {
         let page = self.config.page_size;
         let mut start: Option<(Value, String)> = None;
         let mut last_doc: Option<String> = None;
@@ -207,6 +218,7 @@ impl Relay<'_> {
             if let Some(o) = self.documents(&docs).await? {
                 oldest = Some(oldest.map_or(o, |x| x.min(o)));
             }
+            page_done();
             if !more {
                 break;
             }
