@@ -6,8 +6,8 @@
 //! The event's stream is the document id and its id the entry's
 //! `event_id` (as the `couchdb` source relays them). The host creates a
 //! fresh instance per batch and calls `init` with the manifest's
-//! `[config]`, then `deliver` once; `deliver` marks the events one after
-//! the other with `wasi:http/outgoing-handler` (the only capability it
+//! `[config]`, then `deliver` once; `deliver` marks the events with
+//! `wasi:http/outgoing-handler`, different documents concurrently (the only capability it
 //! needs). See README.md.
 //!
 //! Modules: `config` (the `[config]` keys), `http` (one blocking request),
@@ -56,22 +56,7 @@ impl bindings::Guest for CouchdbMark {
         };
         let now = wasip2::clocks::wall_clock::now();
         let now = mark::rfc3339(now.seconds, now.nanoseconds);
-        // A stream whose event failed is not marked further in this batch
-        // (the world's order rule).
-        let mut failed: Vec<(String, String)> = Vec::new();
-        batch
-            .iter()
-            .map(|event| {
-                if let Some((_, id)) = failed.iter().find(|(s, _)| *s == event.stream) {
-                    return retry(format!("predecessor {id} not marked"));
-                }
-                let outcome = mark::mark(config, event, &now);
-                if !matches!(outcome, Outcome::Delivered) {
-                    failed.push((event.stream.clone(), event.id.clone()));
-                }
-                outcome
-            })
-            .collect()
+        mark::mark_batch(config, &batch, &now)
     }
 }
 

@@ -44,70 +44,183 @@ fn transient(status: u16) -> bool {
     matches!(status, 401 | 403 | 408 | 425 | 429 | 500..=599)
 }
 
-/// Mark `event`'s entry in document `event.stream` published at `now`
-/// (RFC 3339).
-pub fn mark(config: &Config, event: &Event, now: &str) -> Outcome {
+/// Most documents marked at once (requests in flight). Each holds a few
+/// host resources; the host caps the resource table.
+pub const IN_FLIGHT: usize = 32;
+
+/// What a document's answer leads to.
+enum Next {
+    Done(Outcome),
+    /// Save this body (the document as read, the entry marked).
+    Put(Vec<u8>),
+}
+
+/// After `GET` of `event`'s document.
+fn after_get(
+    config: &Config,
+    event: &Event,
+    got: Result<http::Response, String>,
+    now: &str,
+) -> Next {
     let doc_id = &event.stream;
-    let path = format!("/{}/{}", config.database, segment(doc_id));
-    for _ in 0..config.max_conflicts {
-        let got = match http::send(config, Method::Get, &path, None) {
-            Ok(r) => r,
-            Err(e) => return retry(format!("GET document {doc_id:?}: {e}")),
-        };
-        match got.status {
-            200 => {}
-            404 => {
-                log(
-                    Level::Warn,
-                    &format!(
-                        "event {}: document {doc_id:?} no longer exists; nothing to mark",
-                        event.id
-                    ),
-                );
-                return Outcome::Delivered;
-            }
-            s if transient(s) => return retry(format!("GET document {doc_id:?}: HTTP {s}")),
-            s => {
-                return Outcome::Reject(format!(
-                    "GET document {doc_id:?}: HTTP {s}: {}",
-                    quote(&got.body)
-                ))
-            }
+    let got = match got {
+        Ok(r) => r,
+        Err(e) => return Next::Done(retry(format!("GET document {doc_id:?}: {e}"))),
+    };
+    match got.status {
+        200 => {}
+        404 => {
+            log(
+                Level::Warn,
+                &format!(
+                    "event {}: document {doc_id:?} no longer exists; nothing to mark",
+                    event.id
+                ),
+            );
+            return Next::Done(Outcome::Delivered);
         }
-        let mut doc: Value = match serde_json::from_slice(&got.body) {
-            Ok(d) => d,
-            Err(e) => return Outcome::Reject(format!("document {doc_id:?} is not JSON: {e}")),
-        };
-        match set_published(config, &mut doc, &event.id, now) {
-            Found::AlreadyPublished => return Outcome::Delivered,
-            Found::Missing => {
-                log(Level::Warn, &format!(
-                    "event {}: document {doc_id:?} has no outbox entry with this event id; nothing to mark", event.id));
-                return Outcome::Delivered;
-            }
-            Found::Marked => {}
+        s if transient(s) => {
+            return Next::Done(retry(format!("GET document {doc_id:?}: HTTP {s}")))
         }
-        let body = serde_json::to_vec(&doc).expect("a JSON value serialises");
-        let put = match http::send(config, Method::Put, &path, Some(&body)) {
-            Ok(r) => r,
-            Err(e) => return retry(format!("PUT document {doc_id:?}: {e}")),
-        };
-        match put.status {
-            201 | 202 => return Outcome::Delivered,
-            409 => continue, // another writer saved a newer revision: read it again
-            s if transient(s) => return retry(format!("PUT document {doc_id:?}: HTTP {s}")),
-            s => {
-                return Outcome::Reject(format!(
-                    "PUT document {doc_id:?}: HTTP {s}: {}",
-                    quote(&put.body)
-                ))
+        s => {
+            return Next::Done(Outcome::Reject(format!(
+                "GET document {doc_id:?}: HTTP {s}: {}",
+                quote(&got.body)
+            )))
+        }
+    }
+    let mut doc: Value = match serde_json::from_slice(&got.body) {
+        Ok(d) => d,
+        Err(e) => {
+            return Next::Done(Outcome::Reject(format!(
+                "document {doc_id:?} is not JSON: {e}"
+            )))
+        }
+    };
+    match set_published(config, &mut doc, &event.id, now) {
+        Found::AlreadyPublished => Next::Done(Outcome::Delivered),
+        Found::Missing => {
+            log(
+                Level::Warn,
+                &format!(
+                    "event {}: document {doc_id:?} has no outbox entry with this event id; nothing to mark",
+                    event.id
+                ),
+            );
+            Next::Done(Outcome::Delivered)
+        }
+        Found::Marked => Next::Put(serde_json::to_vec(&doc).expect("a JSON value serialises")),
+    }
+}
+
+/// After `PUT` of `event`'s document: `None` on 409 (read it again).
+fn after_put(event: &Event, put: Result<http::Response, String>) -> Option<Outcome> {
+    let doc_id = &event.stream;
+    let put = match put {
+        Ok(r) => r,
+        Err(e) => return Some(retry(format!("PUT document {doc_id:?}: {e}"))),
+    };
+    match put.status {
+        201 | 202 => Some(Outcome::Delivered),
+        // Another writer saved a newer revision: read it again.
+        409 => None,
+        s if transient(s) => Some(retry(format!("PUT document {doc_id:?}: HTTP {s}"))),
+        s => Some(Outcome::Reject(format!(
+            "PUT document {doc_id:?}: HTTP {s}: {}",
+            quote(&put.body)
+        ))),
+    }
+}
+
+fn path(config: &Config, event: &Event) -> String {
+    format!("/{}/{}", config.database, segment(&event.stream))
+}
+
+/// Mark every event of `batch` (its entry in document `event.stream`)
+/// published at `now` (RFC 3339). Different documents are marked
+/// concurrently, at most [`IN_FLIGHT`] at once, in rounds of `GET` then
+/// `PUT`; the events of one document one after the other, and none after
+/// one that failed (it answers `retry`, unsent). A document that answers
+/// 409 is read again in the next round, at most `max-conflicts` times.
+pub fn mark_batch(config: &Config, batch: &[Event], now: &str) -> Vec<Outcome> {
+    let mut outcomes: Vec<Option<Outcome>> = batch.iter().map(|_| None).collect();
+    let mut conflicts = vec![0u32; batch.len()];
+    // Each document's events, in batch order.
+    let mut queues: Vec<std::collections::VecDeque<usize>> = Vec::new();
+    let mut streams: Vec<&str> = Vec::new();
+    for (i, event) in batch.iter().enumerate() {
+        match streams.iter().position(|s| *s == event.stream) {
+            Some(q) => queues[q].push_back(i),
+            None => {
+                streams.push(&event.stream);
+                queues.push([i].into());
             }
         }
     }
-    retry(format!(
-        "document {doc_id:?}: 409 conflict {} times in a row (other writers); trying again later",
-        config.max_conflicts
-    ))
+    let finish = |outcomes: &mut Vec<Option<Outcome>>,
+                  queue: &mut std::collections::VecDeque<usize>,
+                  outcome: Outcome| {
+        let i = queue.pop_front().expect("a head");
+        let failed = !matches!(outcome, Outcome::Delivered);
+        outcomes[i] = Some(outcome);
+        if failed {
+            for j in queue.drain(..) {
+                outcomes[j] = Some(retry(format!("predecessor {} not marked", batch[i].id)));
+            }
+        }
+    };
+    loop {
+        let heads: Vec<usize> = (0..queues.len())
+            .filter(|q| !queues[*q].is_empty())
+            .take(IN_FLIGHT)
+            .collect();
+        if heads.is_empty() {
+            break;
+        }
+        let gets: Vec<http::Request> = heads
+            .iter()
+            .map(|q| http::Request {
+                method: Method::Get,
+                path: path(config, &batch[queues[*q][0]]),
+                body: None,
+            })
+            .collect();
+        let (mut putting, mut puts): (Vec<usize>, Vec<http::Request>) = (Vec::new(), Vec::new());
+        for (q, got) in heads.iter().zip(http::send_all(config, &gets)) {
+            let event = &batch[queues[*q][0]];
+            match after_get(config, event, got, now) {
+                Next::Done(outcome) => finish(&mut outcomes, &mut queues[*q], outcome),
+                Next::Put(body) => {
+                    putting.push(*q);
+                    puts.push(http::Request {
+                        method: Method::Put,
+                        path: path(config, event),
+                        body: Some(body),
+                    });
+                }
+            }
+        }
+        for (q, put) in putting.iter().zip(http::send_all(config, &puts)) {
+            let i = queues[*q][0];
+            match after_put(&batch[i], put) {
+                Some(outcome) => finish(&mut outcomes, &mut queues[*q], outcome),
+                None => {
+                    conflicts[i] += 1;
+                    if conflicts[i] >= config.max_conflicts {
+                        let reason = format!(
+                            "document {:?}: 409 conflict {} times in a row (other writers); trying again later",
+                            batch[i].stream, config.max_conflicts
+                        );
+                        finish(&mut outcomes, &mut queues[*q], retry(reason));
+                    }
+                }
+            }
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| retry("not marked".into())))
+        .collect()
 }
 
 enum Found {
