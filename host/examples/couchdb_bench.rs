@@ -161,8 +161,6 @@ async fn plain(
         .send()
         .await?;
     let conn = Connection::connect(amqp, ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    ch.confirm_select(ConfirmSelectOptions::default()).await?;
     let started = Instant::now();
     let mut done = 0;
     loop {
@@ -179,6 +177,10 @@ async fn plain(
         if rows.is_empty() {
             break;
         }
+        // A channel per page: cheap next to the page's marks, and a broker
+        // that closes a channel (as RabbitMQ may) costs one page's retry.
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
         for chunk in rows.chunks(IN_FLIGHT) {
             let mut confirms = Vec::new();
             for row in chunk {
@@ -205,6 +207,7 @@ async fn plain(
                 anyhow::ensure!(c.await?.is_ack(), "nacked");
             }
         }
+        let _ = ch.close(200, "page done".into()).await;
         for row in &rows {
             let id = row["id"].as_str().unwrap();
             let url = format!("{}/{db}/{id}", couch.url);
