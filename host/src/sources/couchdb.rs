@@ -4,8 +4,8 @@
 //! One run: read the credentials, check the database answers, install the
 //! design document with the `pending` view when missing or outdated
 //! ([`design`]), scan the whole view, then follow `_changes` (longpoll,
-//! `include_docs`) from the saved checkpoint, scanning the view again every
-//! `scan-interval`. Each document read is turned into events ([`entry`])
+//! `include_docs`, `filter=_view` on the pending view) from the saved
+//! checkpoint, scanning the view again every `scan-interval`. Each document read is turned into events ([`entry`])
 //! and handed to [`crate::ingest::submit`] — idempotent on `event_id`, so
 //! finding an entry again (the next scan, the feed, a restart) is a
 //! duplicate success.
@@ -106,6 +106,7 @@ pub async fn run(
     relay.scan(&client, &|| ()).await?;
     status.check("last_scan", true, None, Some(scan_fresh));
     status.cycle();
+    let feed_view = format!("{}/{}", config.design_document, design::VIEW);
     let mut next_scan = Instant::now() + config.scan_interval;
     let mut caught_up_at = Instant::now();
 
@@ -129,7 +130,7 @@ pub async fn run(
         }
         let wait = (next_scan - now).min(config.feed_timeout);
         let answer = tokio::select! {
-            answer = client.changes(&since, config.page_size, wait) => answer?,
+            answer = client.changes(&since, config.page_size, wait, &feed_view) => answer?,
             _ = shutdown.changed() => return Ok(()),
         };
         status.check("couchdb_reachable", true, None, Some(live));

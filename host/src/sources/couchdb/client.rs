@@ -3,7 +3,7 @@
 //! `GET`/`PUT /{db}/_design/{ddoc}` (the design document),
 //! `GET /{db}/_design/{ddoc}/_view/{view}` (`startkey`, `startkey_docid`,
 //! `limit`, `include_docs`) and `GET /{db}/_changes` (`feed=longpoll`,
-//! `since`, `timeout`, `limit`, `include_docs`).
+//! `since`, `timeout`, `limit`, `include_docs`, `filter=_view` with `view`).
 //!
 //! Must never: log or put into an error the password, or use an endpoint
 //! CouchDB does not document (the test server, pouchdb-server, has some).
@@ -265,14 +265,22 @@ impl Client {
     /// results. A server that ignores `timeout` (pouchdb-server does) is
     /// cut off a request timeout later, which also means "nothing changed":
     /// `Ok(None)`.
+    ///
+    /// `view` (`ddoc/view`) is CouchDB's `filter=_view`: only documents
+    /// that emit a row in that view are returned — for the `pending` view,
+    /// documents holding a pending entry, so the revisions that mark
+    /// entries published are not read back.
     pub async fn changes(
         &self,
         since: &Value,
         limit: u32,
         timeout: Duration,
+        view: &str,
     ) -> Result<Option<Changes>, CouchError> {
         let what = "GET /{db}/_changes";
         let query = [
+            ("filter", "_view".to_string()),
+            ("view", view.to_string()),
             ("feed", "longpoll".to_string()),
             ("include_docs", "true".to_string()),
             ("since", since_param(since)),
