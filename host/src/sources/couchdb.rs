@@ -5,8 +5,9 @@
 //! design document with the `pending` view when missing or outdated
 //! ([`design`]), scan the whole view, then follow `_changes` (longpoll,
 //! `include_docs`, `filter=_view` on the pending view) from the saved
-//! checkpoint, scanning the view again every `scan-interval`. Each document read is turned into events ([`entry`])
-//! and handed to [`crate::ingest::submit`] — idempotent on `event_id`, so
+//! checkpoint, scanning the view again every `scan-interval`. Each document
+//! read is turned into events ([`entry`]) and handed to
+//! [`crate::ingest::submit`] — idempotent on `event_id`, so
 //! finding an entry again (the next scan, the feed, a restart) is a
 //! duplicate success.
 //!
