@@ -166,6 +166,20 @@ impl Daemon {
         );
         tasks.push(registry.clone().watch(shutdown_rx.clone()));
 
+        let sources = Arc::new(crate::sources::Statuses::default());
+        tasks.extend(crate::sources::spawn_all(
+            &config.sources,
+            crate::sources::SourceContext {
+                store: store.clone(),
+                routes: routes.clone(),
+                wake: wake.clone(),
+                metrics: metrics.clone(),
+                db_timeout: config.delivery.db_timeout,
+            },
+            sources.clone(),
+            shutdown_rx.clone(),
+        ));
+
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
             routes: routes.clone(),
@@ -182,6 +196,7 @@ impl Daemon {
             admin_token: config.admin.token.clone(),
             amqp: runtime.amqp().clone(),
             routes,
+            sources,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

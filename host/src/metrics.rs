@@ -68,6 +68,22 @@ pub struct PluginLabel {
     pub plugin: String,
 }
 
+/// Per configured source (`[sources.NAME]`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
+/// Per source and entry outcome: `relayed` (stored as a new event),
+/// `duplicate` (found again, already stored), `already_published`,
+/// `malformed`, `conflict` (its event id is stored with other content, or
+/// its sequence does not advance the stream).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceOutcomeLabel {
+    pub source: String,
+    pub outcome: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms … ~9 h, ×2 per bucket.
     Histogram::new(exponential_buckets(0.001, 2.0, 25))
@@ -90,6 +106,9 @@ pub struct Metrics {
     pub plugin_quarantines: Family<PluginLabel, Counter>,
     pub plugin_loads: Family<PluginLabel, Counter>,
     pub plugin_load_failures: Family<PluginLabel, Counter>,
+    pub source_entries: Family<SourceOutcomeLabel, Counter>,
+    pub source_checkpoint_lag: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub source_oldest_pending_age: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Metrics {
@@ -111,6 +130,9 @@ impl Metrics {
             plugin_quarantines: Family::default(),
             plugin_loads: Family::default(),
             plugin_load_failures: Family::default(),
+            source_entries: Family::default(),
+            source_checkpoint_lag: Family::default(),
+            source_oldest_pending_age: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -179,6 +201,21 @@ impl Metrics {
             "Plugins refused at load or reload",
             m.plugin_load_failures.clone(),
         );
+        registry.register(
+            "source_entries",
+            "Outbox entries a source found, by source and outcome",
+            m.source_entries.clone(),
+        );
+        registry.register(
+            "source_checkpoint_lag_seconds",
+            "Time since a source's change feed was last caught up with its database",
+            m.source_checkpoint_lag.clone(),
+        );
+        registry.register(
+            "source_oldest_pending_age_seconds",
+            "Age of the oldest entry still pending in a source's database, as of its last scan",
+            m.source_oldest_pending_age.clone(),
+        );
         for outcome in INGEST_OUTCOMES {
             drop(m.events_ingested.get_or_create(&OutcomeLabel {
                 outcome: outcome.to_string(),
@@ -210,6 +247,20 @@ impl Metrics {
     pub fn ingested(&self, outcome: &str, n: u64) {
         self.events_ingested
             .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// Count `n` entries of `source` with `outcome` (see
+    /// [`SourceOutcomeLabel`]).
+    pub fn source_entries(&self, source: &str, outcome: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.source_entries
+            .get_or_create(&SourceOutcomeLabel {
+                source: source.to_string(),
                 outcome: outcome.to_string(),
             })
             .inc_by(n);

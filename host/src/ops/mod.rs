@@ -49,6 +49,8 @@ pub struct OpsState {
     pub amqp: crate::plugin::amqp::AmqpPool,
     /// The routing table (backfill routes past events with it).
     pub routes: Arc<crate::ingest::routes::Router>,
+    /// The configured sources' status (readiness shows each).
+    pub sources: Arc<crate::sources::Statuses>,
 }
 
 /// The ops routes.
@@ -152,7 +154,13 @@ async fn ready(State(state): State<OpsState>) -> Response {
     // for one sink's plugin would stop ingest for every sink (README,
     // Operations).
     let quarantined = state.quarantines.current();
-    let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok && brokers_ok;
+    let (sources_ok, sources) = state.sources.snapshot();
+    let ok = database.is_ok()
+        && migrations.is_ok()
+        && workers_ok
+        && plugins_ok
+        && brokers_ok
+        && sources_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
         Err(e) => json!({ "ok": false, "error": e }),
@@ -171,6 +179,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
                 "quarantined": quarantined,
             },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
+            "sources": { "ok": sources_ok, "sources": sources },
         },
         "queue": match queue {
             Ok(q) => json!(q),

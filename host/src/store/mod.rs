@@ -333,6 +333,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Check that the database answers.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// The checkpoint source `source` (a `[sources.NAME]` name) last saved,
+    /// as it saved it; `None` before its first save. A checkpoint is a
+    /// shortcut for where to resume, never a reason to skip work.
+    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError>;
+
+    /// Save `checkpoint` as source `source`'s, replacing the previous one.
+    async fn save_source_checkpoint(
+        &self,
+        source: &str,
+        checkpoint: &str,
+    ) -> Result<(), StoreError>;
 }
 
 /// Open the store named by a database URL: `postgres://…` /

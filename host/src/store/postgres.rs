@@ -1016,6 +1016,31 @@ impl Store for PgStore {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
+
+    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT checkpoint FROM outboxd.source_checkpoints WHERE source = $1",
+        )
+        .bind(source)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn save_source_checkpoint(
+        &self,
+        source: &str,
+        checkpoint: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO outboxd.source_checkpoints (source, checkpoint, updated_at) VALUES ($1, $2, now()) \
+             ON CONFLICT (source) DO UPDATE SET checkpoint = EXCLUDED.checkpoint, updated_at = EXCLUDED.updated_at",
+        )
+        .bind(source)
+        .bind(checkpoint)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
 }
 
 fn push_dead_filter(q: &mut QueryBuilder<'_, Postgres>, f: &DeadFilter) {

@@ -669,6 +669,31 @@ impl Store for SqliteStore {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
     }
+
+    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT checkpoint FROM source_checkpoints WHERE source = ?")
+                .bind(source)
+                .fetch_optional(&self.reader)
+                .await?,
+        )
+    }
+
+    async fn save_source_checkpoint(
+        &self,
+        source: &str,
+        checkpoint: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO source_checkpoints (source, checkpoint, updated_at) VALUES (?, ?, {NOW_MS}) \
+             ON CONFLICT (source) DO UPDATE SET checkpoint = excluded.checkpoint, updated_at = excluded.updated_at"
+        ))
+        .bind(source)
+        .bind(checkpoint)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
 }
 
 fn push_dead_filter(q: &mut QueryBuilder<'_, Sqlite>, f: &DeadFilter) {

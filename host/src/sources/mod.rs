@@ -1,0 +1,274 @@
+//! Sources: relays that pull events out of an application's own outbox.
+//!
+//! Owns only what every source needs: the `[sources.NAME]` configuration
+//! dispatch ([`SourceConfig`], tagged by `kind = "..."`, one variant per
+//! kind, each variant's struct in its own file), starting each configured
+//! source as its own task supervised with backoff ([`spawn_all`]), and the
+//! per-source status (ready / last error / last cycle time / named checks)
+//! that `/ready` shows ([`Statuses`]).
+//!
+//! Each kind lives in `sources/<kind>.rs`. A source hands events to the
+//! store through [`crate::ingest::submit`], the path the HTTP ingest uses
+//! (idempotent on id), never by writing rows around it.
+//!
+//! Must never: let one source's failure stop the daemon or another source
+//! (each runs in its own task; an error is logged, shown, and retried after
+//! a backoff), or hold kind-specific logic here.
+
+pub mod couchdb;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::ingest::routes::Router as Routes;
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+/// One `[sources.NAME]` table: `kind` picks the variant, the other keys are
+/// the kind's own (unknown keys are refused, naming the key).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum SourceConfig {
+    /// Pending entries kept inside CouchDB documents ([`couchdb`]).
+    Couchdb(couchdb::CouchdbConfig),
+}
+
+impl SourceConfig {
+    /// The `kind` value.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceConfig::Couchdb(_) => "couchdb",
+        }
+    }
+
+    /// Check what types alone cannot. `Err((key, problem))` names the key
+    /// under `sources.NAME.`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        match self {
+            SourceConfig::Couchdb(c) => c.validate(),
+        }
+    }
+}
+
+/// First wait after a source's run failed; doubles per failure in a row up
+/// to [`BACKOFF_MAX`].
+pub const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+/// Longest wait between two runs of a failing source.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A run that lasted this long before failing resets the backoff.
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+
+/// What a running source may use: the ingest path and the metrics.
+#[derive(Clone)]
+pub struct SourceContext {
+    pub store: Arc<dyn Store>,
+    pub routes: Arc<Routes>,
+    /// Woken after an ingest that queued deliveries.
+    pub wake: Arc<Notify>,
+    pub metrics: Arc<Metrics>,
+    /// Timeout of each store call a source makes.
+    pub db_timeout: Duration,
+}
+
+/// A named readiness check of one source (e.g. `couchdb_reachable`).
+#[derive(Debug, Clone)]
+struct Check {
+    ok: bool,
+    detail: Option<String>,
+    at: Instant,
+    /// The check turns not-ok when not renewed within this long.
+    stale_after: Option<Duration>,
+}
+
+/// The state of one source.
+#[derive(Debug, Clone)]
+struct SourceStatus {
+    kind: &'static str,
+    last_error: Option<String>,
+    last_cycle_at: Option<SystemTime>,
+    checks: BTreeMap<String, Check>,
+}
+
+/// The status of every configured source, shared with `/ready`.
+#[derive(Debug, Default)]
+pub struct Statuses {
+    inner: Mutex<BTreeMap<String, SourceStatus>>,
+}
+
+impl Statuses {
+    fn with<R>(&self, name: &str, f: impl FnOnce(&mut SourceStatus) -> R) -> Option<R> {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.get_mut(name).map(f)
+    }
+
+    /// Every source as JSON (`ok`, `kind`, `last_error`, `last_cycle_at_ms`,
+    /// `checks`), and whether all are ready. A source is ready when its
+    /// last run has no error and every check is ok and fresh.
+    pub fn snapshot(&self) -> (bool, serde_json::Value) {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all_ok = true;
+        let mut out = serde_json::Map::new();
+        for (name, s) in map.iter() {
+            let mut ok = s.last_error.is_none();
+            let mut checks = serde_json::Map::new();
+            for (check, c) in &s.checks {
+                let age = c.at.elapsed();
+                let fresh = c.stale_after.is_none_or(|limit| age <= limit);
+                let check_ok = c.ok && fresh;
+                ok &= check_ok;
+                let mut v = serde_json::json!({ "ok": check_ok, "age_ms": age.as_millis() as u64 });
+                if let Some(d) = &c.detail {
+                    v["detail"] = serde_json::json!(d);
+                } else if !fresh {
+                    v["detail"] = serde_json::json!(format!(
+                        "not renewed for {:.0?} (limit {:?})",
+                        age,
+                        c.stale_after.unwrap_or_default()
+                    ));
+                }
+                checks.insert(check.clone(), v);
+            }
+            if s.checks.is_empty() {
+                ok = false; // not started yet
+            }
+            all_ok &= ok;
+            out.insert(
+                name.clone(),
+                serde_json::json!({
+                    "ok": ok,
+                    "kind": s.kind,
+                    "last_error": s.last_error,
+                    "last_cycle_at_ms": s.last_cycle_at
+                        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                        .map(|d| d.as_millis() as u64),
+                    "checks": checks,
+                }),
+            );
+        }
+        (all_ok, serde_json::Value::Object(out))
+    }
+}
+
+/// One source's handle on its own status.
+#[derive(Clone)]
+pub struct StatusHandle {
+    name: String,
+    statuses: Arc<Statuses>,
+}
+
+impl StatusHandle {
+    /// Set check `check`; with `stale_after`, it turns not-ok unless set
+    /// again within that time.
+    pub fn check(
+        &self,
+        check: &str,
+        ok: bool,
+        detail: Option<String>,
+        stale_after: Option<Duration>,
+    ) {
+        self.statuses.with(&self.name, |s| {
+            s.checks.insert(
+                check.to_string(),
+                Check {
+                    ok,
+                    detail,
+                    at: Instant::now(),
+                    stale_after,
+                },
+            );
+        });
+    }
+
+    /// A cycle (a poll, a scan page) finished without error.
+    pub fn cycle(&self) {
+        self.statuses.with(&self.name, |s| {
+            s.last_cycle_at = Some(SystemTime::now());
+            s.last_error = None;
+        });
+    }
+
+    fn error(&self, error: String) {
+        self.statuses
+            .with(&self.name, |s| s.last_error = Some(error));
+    }
+}
+
+/// Register and start every configured source, each in its own task that
+/// runs it again after a failure (backoff [`BACKOFF_INITIAL`] doubling to
+/// [`BACKOFF_MAX`]), until `shutdown` turns true.
+pub fn spawn_all(
+    sources: &BTreeMap<String, SourceConfig>,
+    ctx: SourceContext,
+    statuses: Arc<Statuses>,
+    shutdown: watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for (name, config) in sources {
+        statuses
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                name.clone(),
+                SourceStatus {
+                    kind: config.kind(),
+                    last_error: None,
+                    last_cycle_at: None,
+                    checks: BTreeMap::new(),
+                },
+            );
+        let status = StatusHandle {
+            name: name.clone(),
+            statuses: statuses.clone(),
+        };
+        tasks.push(tokio::spawn(supervise(
+            name.clone(),
+            config.clone(),
+            ctx.clone(),
+            status,
+            shutdown.clone(),
+        )));
+    }
+    tasks
+}
+
+async fn supervise(
+    name: String,
+    config: SourceConfig,
+    ctx: SourceContext,
+    status: StatusHandle,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = BACKOFF_INITIAL;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let started = Instant::now();
+        let result = match &config {
+            SourceConfig::Couchdb(c) => couchdb::run(&name, c, &ctx, &status, shutdown.clone())
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match result {
+            Ok(()) => return, // shutdown
+            Err(error) => {
+                if started.elapsed() >= BACKOFF_RESET_AFTER {
+                    backoff = BACKOFF_INITIAL;
+                }
+                tracing::warn!(source = %name, kind = config.kind(), retry_in = ?backoff, "source failed: {error}");
+                status.error(error);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.changed() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
