@@ -749,6 +749,14 @@ mod tests {
         is(r#""time":"2024-01-02T18:31:00+25:00""#, "time");
         is(r#""time":"2024-01-02T18:31:00+05""#, "time");
         ok(r#""time":"2024-01-02T18:31:00+05:30""#);
+        // An empty value is named as such, not as a malformed one.
+        for empty in ["datacontenttype", "dataschema", "subject"] {
+            let e = ev(&format!(
+                "{{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"t\",\"{empty}\":\"\"}}"
+            ))
+            .unwrap_err();
+            assert!(e.problem.contains("must not be empty"), "{e}");
+        }
     }
 
     #[test]
