@@ -107,7 +107,7 @@ check() {
 # sink B chained after A.
 one="-DNS=1"
 check move-on            safety   pass "$one"
-check move-on-live       liveness pass "$one"
+check move-on-live       liveness pass "$one" -DREPLAYS=0
 check block              safety   pass "$one" -DBLOCK_A=1
 check block-live         liveness pass "$one" -DBLOCK_A=1
 check three-workers      safety   pass "$one" -DNW=3 -DREPLAYS=0
@@ -115,6 +115,7 @@ check two-streams        safety   pass -DNS=2 -DNE=1
 if [[ "${MODEL_FULL:-0}" == 1 ]]; then
     # Larger searches, a few minutes more: MODEL_FULL=1 bash model/check.sh
     check three-workers-replay safety   pass "$one" -DNW=3
+    check move-on-replay-live  liveness pass "$one"
     check two-streams-live     liveness pass -DNS=2 -DNE=1
 fi
 check three-events       safety   pass "$one" -DNE=3 -DMAXCRASH=0 -DMAXSLOW=0 -DREPLAYS=0
