@@ -536,6 +536,57 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
     db.cleanup().await;
 }
 
+/// Found by the model (model/README.md, `NO_BLOCK_HEAD_CHECK`): a worker
+/// whose lease on a batch ran out finishes the follower of a head that
+/// another worker took over and dead-lettered, blocking. The follower must
+/// not take the blocked head (a replay of it alone would then let the
+/// stream pass the first dead letter): it is released and waits.
+async fn a_stale_follower_never_blocks_ahead_of_an_earlier_dead_letter(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let items: Vec<IngestItem> = ["e1", "e2"]
+        .iter()
+        .map(|id| item(id, "a", json!({}), &["x"]))
+        .collect();
+    store.ingest(&items).await.unwrap();
+    let block = Finish::Dead {
+        reason: "rejected: no".into(),
+        blocks_stream: true,
+    };
+    let old = store
+        .claim("x", 10, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(old.len(), 2, "head and its run");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The takeover claims only the head.
+    let new = store.claim("x", 1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(new.len(), 1);
+    assert_eq!(new[0].event.event.id, "e1");
+    assert!(store
+        .finish(new[0].delivery_id, &new[0].lease_token, &block)
+        .await
+        .unwrap());
+    // The stale worker's outcomes: e1 fenced off, e2 still under its token.
+    let stale: Vec<(i64, &str, &Finish)> = old
+        .iter()
+        .map(|c| (c.delivery_id, c.lease_token.as_str(), &block))
+        .collect();
+    assert_eq!(store.finish_many(&stale).await.unwrap(), vec![false, true]);
+    let (_, d) = store.event("e2").await.unwrap().unwrap();
+    assert_ne!(d[0].status, "dead", "e2 waits behind e1, it does not block");
+    assert_eq!(d[0].attempts, 0, "the release does not charge the attempt");
+    let event = |id: &str| outboxd::store::DeadFilter {
+        event_id: Some(id.into()),
+        ..Default::default()
+    };
+    assert_eq!(store.replay_dead(&event("e2"), 100).await.unwrap(), 0);
+    assert!(claim_ids(&store, "x").await.is_empty(), "e1 still blocks");
+    assert_eq!(store.replay_dead(&event("e1"), 100).await.unwrap(), 1);
+    assert_eq!(claim_ids(&store, "x").await, vec!["e1", "e2"]);
+    db.cleanup().await;
+}
+
 macro_rules! both_stores {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -565,6 +616,7 @@ both_stores!(
     a_retry_waits_its_delay,
     four_workers_never_claim_the_same_delivery,
     a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged,
+    a_stale_follower_never_blocks_ahead_of_an_earlier_dead_letter,
 );
 
 /// An application's own transaction enqueues with `outboxd.enqueue`: a

@@ -135,8 +135,10 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
             ),
         );
     }
+    // An empty batch is a valid batch (CloudEvents JSON format §4, "JSON
+    // Batch Format"): nothing to store, nothing stored.
     if batch && events.is_empty() {
-        return error(StatusCode::BAD_REQUEST, Some("body"), "batch is empty");
+        return (StatusCode::OK, Json(json!({ "events": [] }))).into_response();
     }
     match super::submit(
         &*state.store,

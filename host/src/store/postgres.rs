@@ -78,6 +78,16 @@ pub const MOVE_HEADS_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id,
                          ORDER BY sequence LIMIT 1) AS n \
      WHERE h.sink = m.sink AND h.stream = m.stream AND h.delivery_id = m.id";
 
+/// Of the deliveries `$1` (ids), those behind an undelivered earlier
+/// delivery of their (sink, stream): a pending one, or a dead letter
+/// blocking the head (due `infinity`).
+pub const BEHIND_EARLIER_SQL: &str = "SELECT c.id FROM outboxd.deliveries c WHERE c.id = ANY($1) AND ( \
+       EXISTS (SELECT 1 FROM outboxd.deliveries e WHERE e.sink = c.sink AND e.stream = c.stream \
+               AND e.status = 'pending' AND e.sequence < c.sequence) \
+       OR EXISTS (SELECT 1 FROM outboxd.heads h JOIN outboxd.deliveries hd ON hd.id = h.delivery_id \
+               WHERE h.sink = c.sink AND h.stream = c.stream AND h.due_at = 'infinity' \
+                 AND hd.sequence < c.sequence))";
+
 /// Point the head of (`$1` sink, `$2` stream) at its earliest live
 /// delivery (after a replay or a backfill added one that may sit before
 /// the current head).
@@ -1148,6 +1158,40 @@ async fn finish_batch(
         .await?;
         waiting.extend(rows);
     }
+
+    // A blocking dead letter must be its stream's first undelivered
+    // delivery (the delivered ones of this batch are already marked). When
+    // an earlier one is still pending or blocking (its lease was taken over
+    // after this batch was claimed, model/README.md `NO_BLOCK_HEAD_CHECK`),
+    // it is released to wait behind it instead.
+    let blocking_ids: Vec<i64> = items
+        .iter()
+        .filter(|(_, _, f)| {
+            matches!(
+                f,
+                Finish::Dead {
+                    blocks_stream: true,
+                    ..
+                }
+            )
+        })
+        .map(|(id, _, _)| *id)
+        .collect();
+    let mut rewritten: Vec<(i64, &str, &Finish)> = items.to_vec();
+    if !blocking_ids.is_empty() {
+        let behind: std::collections::HashSet<i64> = sqlx::query_scalar(BEHIND_EARLIER_SQL)
+            .bind(&blocking_ids)
+            .fetch_all(&mut **tx)
+            .await?
+            .into_iter()
+            .collect();
+        for item in rewritten.iter_mut() {
+            if behind.contains(&item.0) {
+                item.2 = &Finish::Release;
+            }
+        }
+    }
+    let items = &rewritten[..];
 
     let (ids, tokens, extra) = pick_with(items, |f| match f {
         Finish::Dead {

@@ -765,13 +765,42 @@ async fn reset_head(
     Ok(())
 }
 
-/// One fenced finish inside `tx` (see [`Store::finish`]).
+/// True (for the delivery `c`) when an earlier delivery of its (sink,
+/// stream) is still undelivered: pending, or a dead letter blocking the
+/// head (`?` = [`BLOCKED`]).
+const BEHIND_EARLIER: &str = "EXISTS (SELECT 1 FROM deliveries e WHERE e.sink = c.sink AND e.stream = c.stream \
+       AND e.status = 'pending' AND e.sequence < c.sequence) \
+     OR EXISTS (SELECT 1 FROM heads h JOIN deliveries hd ON hd.id = h.delivery_id \
+       WHERE h.sink = c.sink AND h.stream = c.stream AND h.due_at = ? AND hd.sequence < c.sequence)";
+
+/// One fenced finish inside `tx` (see [`Store::finish`]). A blocking dead
+/// letter behind an undelivered earlier delivery is released instead.
 async fn finish_in(
     tx: &mut sqlx::Transaction<'_, Sqlite>,
     delivery_id: i64,
     lease_token: &str,
     finish: &Finish,
 ) -> Result<bool, StoreError> {
+    if let Finish::Dead {
+        blocks_stream: true,
+        ..
+    } = finish
+    {
+        // A blocking dead letter must be its stream's first undelivered
+        // delivery. When an earlier one is still pending or blocking (its
+        // lease was taken over after this batch was claimed, model/README.md
+        // `NO_BLOCK_HEAD_CHECK`), this one is released to wait behind it.
+        let behind: bool = sqlx::query_scalar(&format!(
+            "SELECT EXISTS (SELECT 1 FROM deliveries c WHERE c.id = ? AND ({BEHIND_EARLIER})) "
+        ))
+        .bind(delivery_id)
+        .bind(BLOCKED)
+        .fetch_one(&mut **tx)
+        .await?;
+        if behind {
+            return Box::pin(finish_in(tx, delivery_id, lease_token, &Finish::Release)).await;
+        }
+    }
     let now = now_ms(&mut **tx).await?;
     let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending' RETURNING sink, stream, next_attempt_at";
     let (sql, reason) = match finish {
