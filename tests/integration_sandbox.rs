@@ -39,7 +39,14 @@ impl Scene {
     /// Start a daemon with sink `bad` running test component `component`
     /// (manifest tables `manifest`) beside a `webhook` sink, both loaded.
     async fn start(component: &str, manifest: &str) -> Scene {
-        Scene::start_many(&[("bad", component, manifest)]).await
+        // No quarantine: these scenes watch one misbehaving sink being
+        // retried, and a quarantine (after 5 failed batches, which several
+        // one-event streams reach quickly) would hold its attempts back for
+        // 30 s. Quarantine has tests of its own (integration_containment).
+        Scene::start_with(&[("bad", component, manifest)], |c| {
+            c.delivery.quarantine_after_traps = u32::MAX;
+        })
+        .await
     }
 
     /// As [`Scene::start`], with several test-component sinks:
