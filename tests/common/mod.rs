@@ -188,11 +188,14 @@ impl Received {
     }
 }
 
+/// A scripted answer: status, headers, body.
+type ScriptedAnswer = (u16, Vec<(String, String)>, String);
+
 #[derive(Default)]
 struct ReceiverInner {
     seen: Vec<Received>,
     /// Scripted answers, used in order; when empty, 200.
-    script: VecDeque<(u16, Vec<(String, String)>, String)>,
+    script: VecDeque<ScriptedAnswer>,
     /// How long each answer waits after the request is recorded (zero
     /// unless [`Receiver::set_delay`] is called).
     delay: Duration,

@@ -40,12 +40,15 @@ pub fn minimum_lease(deadline: Duration) -> Duration {
     deadline * 2 + Duration::from_secs(5)
 }
 
+/// Which sinks an event goes to, by the configured routes.
+pub type RouteFn = dyn Fn(&crate::event::NewEvent) -> Vec<String> + Send + Sync;
+
 /// Route events enqueued by SQL inside applications' transactions (see
 /// `outboxd.enqueue`) until `shutdown` turns true: create their deliveries
 /// by the configured routes, then wake the sink loops.
 pub async fn run_router(
     store: Arc<dyn Store>,
-    route: Arc<dyn Fn(&crate::event::NewEvent) -> Vec<String> + Send + Sync>,
+    route: Arc<RouteFn>,
     config: DeliveryConfig,
     wake: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,

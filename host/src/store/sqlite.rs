@@ -801,7 +801,7 @@ async fn finish_in(
             return Box::pin(finish_in(tx, delivery_id, lease_token, &Finish::Release)).await;
         }
     }
-    let now = now_ms(&mut **tx).await?;
+    let now = now_ms(tx).await?;
     let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending' RETURNING sink, stream, next_attempt_at";
     let (sql, reason) = match finish {
         Finish::Delivered => (
