@@ -60,6 +60,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Admin API settings.
     pub admin: AdminConfig,
+    /// Sources that relay an application's outbox into the store
+    /// (`[sources.NAME]`, chosen by `kind`; see `crate::sources`).
+    pub sources: std::collections::BTreeMap<String, crate::sources::SourceConfig>,
 }
 
 /// The admin API (`/v1/admin/...`).
@@ -84,6 +87,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             log_format: LogFormat::Text,
             admin: AdminConfig::default(),
+            sources: Default::default(),
         }
     }
 }
@@ -260,6 +264,11 @@ impl Config {
                     self.listen
                 ),
             );
+        }
+        for (name, source) in &self.sources {
+            if let Err((key, problem)) = source.validate() {
+                return value(&format!("sources.{name}.{key}"), &problem);
+            }
         }
         if let Some(routes) = &self.routes {
             for (i, route) in routes.iter().enumerate() {

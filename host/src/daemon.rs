@@ -161,6 +161,24 @@ impl Daemon {
         );
         tasks.push(registry.clone().watch(shutdown_rx.clone()));
 
+        let source_statuses = Arc::new(crate::sources::SourceStatuses::default());
+        tasks.extend(
+            crate::sources::start(
+                &config.sources,
+                crate::sources::SourceContext {
+                    ingest: crate::sources::SourceIngest {
+                        store: store.clone(),
+                        routes: routes.clone(),
+                        wake: wake.clone(),
+                        metrics: metrics.clone(),
+                    },
+                    statuses: source_statuses.clone(),
+                },
+                shutdown_rx.clone(),
+            )
+            .map_err(|e| StartError::Config(e.to_string()))?,
+        );
+
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
             routes: routes.clone(),
@@ -176,6 +194,7 @@ impl Daemon {
             admin_token: config.admin.token.clone(),
             amqp: runtime.amqp().clone(),
             routes,
+            sources: source_statuses,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

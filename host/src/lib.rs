@@ -16,4 +16,5 @@ pub mod ingest;
 pub mod metrics;
 pub mod ops;
 pub mod plugin;
+pub mod sources;
 pub mod store;

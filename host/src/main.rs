@@ -69,6 +69,14 @@ enum Command {
         #[command(flatten)]
         flags: Flags,
     },
+    /// Show the configured sources and their status, as the running daemon
+    /// (at `listen`) reports them.
+    Sources {
+        #[command(subcommand)]
+        command: SourcesCommand,
+        #[command(flatten)]
+        flags: Flags,
+    },
     /// Create deliveries for a (new) sink over past events, by the routes;
     /// running it twice creates nothing new.
     Backfill {
@@ -145,6 +153,12 @@ enum SinksCommand {
     Pause { sink: String },
     /// Resume a paused sink.
     Resume { sink: String },
+}
+
+#[derive(Subcommand)]
+enum SourcesCommand {
+    /// One line per source: name, kind, ready, last cycle age, last error.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -357,6 +371,30 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     store.set_paused(&sink, false).await?;
                     println!("{sink}: resumed");
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sources {
+            command: SourcesCommand::List,
+            flags,
+        } => {
+            let config = Config::load(cli.config.as_deref(), &flags)?;
+            let body = outboxd::ops::admin::remote_get(
+                config.listen,
+                "/v1/admin/sources",
+                config.admin.token.as_deref(),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
+            for s in body["sources"].as_array().cloned().unwrap_or_default() {
+                println!(
+                    "{}\t{}\t{}\tlast cycle {} ms ago\t{}",
+                    s["name"].as_str().unwrap_or(""),
+                    s["kind"].as_str().unwrap_or(""),
+                    if s["ready"] == true { "ready" } else { "not ready" },
+                    s["last_cycle_age_ms"],
+                    s["last_error"].as_str().unwrap_or("-"),
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

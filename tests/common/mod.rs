@@ -4,6 +4,8 @@
 //! SQLite database and plugins folder.
 #![allow(dead_code)]
 
+pub mod neo4j;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -30,11 +30,18 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/dead/replay", post(replay_dead))
         .route("/v1/admin/dead/purge", post(purge_dead))
         .route("/v1/admin/sinks", get(list_sinks))
+        .route("/v1/admin/sources", get(list_sources))
         .route("/v1/admin/backfill", post(backfill))
         .route("/v1/admin/sinks/{sink}/pause", post(pause))
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
+}
+
+/// Every configured source with its status (`outboxd sources list`
+/// prints the same).
+async fn list_sources(State(state): State<OpsState>) -> Response {
+    Json(json!({ "sources": state.sources.reports() })).into_response()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -256,4 +263,43 @@ pub async fn run_backfill(
             None => return Ok((scanned, created)),
         }
     }
+}
+
+/// `GET path` on the admin API of the daemon listening at `listen` (as the
+/// CLI's `outboxd sources list` does), with the bearer token when given.
+/// Returns the JSON body of a 200 answer. Errors say whether the daemon did
+/// not answer or what it answered.
+pub async fn remote_get(
+    listen: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> Result<serde_json::Value, String> {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let mut request = http::Request::get(format!("http://{listen}{path}"));
+    if let Some(token) = token.filter(|t| !t.is_empty()) {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
+        .body(http_body_util::Empty::new())
+        .map_err(|e| e.to_string())?;
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(request))
+        .await
+        .map_err(|_| format!("outboxd at {listen} did not answer within 10s"))?
+        .map_err(|e| format!("outboxd at {listen} is not reachable (is it running?): {e}"))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!(
+            "outboxd at {listen} answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("outboxd at {listen}: answer is not JSON: {e}"))
 }

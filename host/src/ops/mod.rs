@@ -46,6 +46,8 @@ pub struct OpsState {
     pub amqp: crate::plugin::amqp::AmqpPool,
     /// The routing table (backfill routes past events with it).
     pub routes: Arc<crate::ingest::routes::Router>,
+    /// Status of each configured source (`[sources.NAME]`).
+    pub sources: Arc<crate::sources::SourceStatuses>,
 }
 
 /// The ops routes.
@@ -144,7 +146,14 @@ async fn ready(State(state): State<OpsState>) -> Response {
     } else {
         Err("database unavailable".into())
     };
-    let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok && brokers_ok;
+    let sources = state.sources.reports();
+    let sources_ok = sources.iter().all(|s| s.ready);
+    let ok = database.is_ok()
+        && migrations.is_ok()
+        && workers_ok
+        && plugins_ok
+        && brokers_ok
+        && sources_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
         Err(e) => json!({ "ok": false, "error": e }),
@@ -162,6 +171,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
                 "refused": refused,
             },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
+            "sources": { "ok": sources_ok, "sources": sources },
         },
         "queue": match queue {
             Ok(q) => json!(q),
@@ -186,6 +196,12 @@ async fn metrics(State(state): State<OpsState>) -> Response {
         m.consecutive_failures
             .get_or_create(&label)
             .set(beat.consecutive_failures as i64);
+    }
+    for source in state.sources.reports() {
+        let label = crate::metrics::SourceLabel {
+            source: source.name.clone(),
+        };
+        m.source_ready.get_or_create(&label).set(source.ready as i64);
     }
     if let Ok(q) = queue(&*state.store).await {
         let (mut active, mut expired) = (0, 0);
