@@ -29,11 +29,40 @@ use crate::metrics::Metrics;
 use crate::store::{IngestError, IngestItem, Ingested, Store};
 
 /// One `[sources.NAME]` table, chosen by its `kind` key.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum SourceConfig {
     /// `kind = "neo4j"`: the Neo4j outbox relay ([`neo4j`]).
     Neo4j(neo4j::Neo4jSourceConfig),
+}
+
+/// The kinds `kind` may name.
+pub const KINDS: &[&str] = &["neo4j"];
+
+impl<'de> Deserialize<'de> for SourceConfig {
+    /// By `kind`, then the kind's own table; an error names the key inside
+    /// the table (`lease: invalid value ...`), which serde's tagged enums
+    /// would not.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table: serde_json::Map<String, serde_json::Value> = Deserialize::deserialize(d)?;
+        let kind = match table.remove("kind") {
+            Some(serde_json::Value::String(k)) => k,
+            Some(other) => return Err(D::Error::custom(format!("`kind` must be a string, got {other}"))),
+            None => return Err(D::Error::custom(format!("`kind` is required (one of: {})", KINDS.join(", ")))),
+        };
+        let value = serde_json::Value::Object(table);
+        let named = |e: serde_path_to_error::Error<serde_json::Error>| {
+            D::Error::custom(format!("`{}`: {}", e.path(), e.inner()))
+        };
+        match kind.as_str() {
+            "neo4j" => serde_path_to_error::deserialize(value).map(SourceConfig::Neo4j).map_err(named),
+            other => Err(D::Error::custom(format!(
+                "`kind = {other:?}` is not a source kind (one of: {})",
+                KINDS.join(", ")
+            ))),
+        }
+    }
 }
 
 impl SourceConfig {
