@@ -64,13 +64,22 @@ async fn add_nodes(graph: &neo4rs::Graph, label: &str, nodes: &[(&str, i64)]) {
 /// `{status: 'inflight', leaseExpiresAt: datetime() - duration('PT1M')}`.
 async fn set_node(graph: &neo4rs::Graph, label: &str, id: &str, map: &str) {
     graph
-        .run(query(&format!("MATCH (n:`{label}` {{eventId: $id}}) SET n += {map}")).param("id", id))
+        .run(
+            query(&format!(
+                "MATCH (n:`{label}` {{eventId: $id}}) SET n += {map}"
+            ))
+            .param("id", id),
+        )
         .await
         .unwrap();
 }
 
 /// (status, leaseToken, lastError) of node `id`.
-async fn node_state(graph: &neo4rs::Graph, label: &str, id: &str) -> (String, Option<String>, Option<String>) {
+async fn node_state(
+    graph: &neo4rs::Graph,
+    label: &str,
+    id: &str,
+) -> (String, Option<String>, Option<String>) {
     let mut rows = graph
         .execute(
             query(&format!(
@@ -81,7 +90,11 @@ async fn node_state(graph: &neo4rs::Graph, label: &str, id: &str) -> (String, Op
         .await
         .unwrap();
     let row = rows.next().await.unwrap().expect("the node exists");
-    (row.get("s").unwrap(), row.get("t").unwrap(), row.get("e").unwrap())
+    (
+        row.get("s").unwrap(),
+        row.get("t").unwrap(),
+        row.get("e").unwrap(),
+    )
 }
 
 fn ids(nodes: &[ClaimedNode]) -> Vec<String> {
@@ -93,7 +106,11 @@ fn ids(nodes: &[ClaimedNode]) -> Vec<String> {
 /// Two relays shortlist the same nodes; `first` claims and holds its
 /// transaction open for [`HOLD`] while `second` claims its shortlist; then
 /// both commit. Returns what each claimed.
-async fn race_two(first: &Arc<Outbox>, second: &Arc<Outbox>, limit: usize) -> (Vec<ClaimedNode>, Vec<ClaimedNode>) {
+async fn race_two(
+    first: &Arc<Outbox>,
+    second: &Arc<Outbox>,
+    limit: usize,
+) -> (Vec<ClaimedNode>, Vec<ClaimedNode>) {
     let a_ids = first.shortlist(limit).await.unwrap();
     let b_ids = second.shortlist(limit).await.unwrap();
     let open = first.claim_open(&a_ids).await.unwrap();
@@ -102,7 +119,13 @@ async fn race_two(first: &Arc<Outbox>, second: &Arc<Outbox>, limit: usize) -> (V
         if b_ids.is_empty() {
             return Vec::new();
         }
-        second.claim_open(&b_ids).await.unwrap().commit().await.unwrap()
+        second
+            .claim_open(&b_ids)
+            .await
+            .unwrap()
+            .commit()
+            .await
+            .unwrap()
     });
     tokio::time::sleep(HOLD).await;
     let a = open.commit().await.unwrap();
@@ -115,7 +138,12 @@ fn assert_disjoint(claims: &[Vec<ClaimedNode>]) -> Vec<String> {
     let mut seen = HashSet::new();
     for c in claims {
         for n in c {
-            assert!(seen.insert(n.event_id.clone()), "node {} was claimed twice: {:?}", n.event_id, claims.iter().map(|c| ids(c)).collect::<Vec<_>>());
+            assert!(
+                seen.insert(n.event_id.clone()),
+                "node {} was claimed twice: {:?}",
+                n.event_id,
+                claims.iter().map(|c| ids(c)).collect::<Vec<_>>()
+            );
             all.push(n.event_id.clone());
         }
     }
@@ -131,7 +159,10 @@ async fn harness_neo4j_speaks_bolt_and_explains() {
     let n: i64 = rows.next().await.unwrap().unwrap().get("n").unwrap();
     assert_eq!(n, 42);
     let plan = server.explain("MATCH (n:NoSuchLabel) RETURN n");
-    assert!(plan.iter().any(|op| op.contains("NodeByLabelScan")), "{plan:?}");
+    assert!(
+        plan.iter().any(|op| op.contains("NodeByLabelScan")),
+        "{plan:?}"
+    );
     assert!(server.is_running());
 }
 
@@ -140,7 +171,12 @@ async fn claim_takes_stream_heads_a1_and_b1_once_under_a_racing_relay() {
     let label = unique_label();
     let c = config(&label);
     let (r1, r2) = (Arc::new(outbox(&c).await), Arc::new(outbox(&c).await));
-    add_nodes(r1.graph(), &label, &[("A", 1), ("A", 2), ("A", 3), ("B", 1)]).await;
+    add_nodes(
+        r1.graph(),
+        &label,
+        &[("A", 1), ("A", 2), ("A", 3), ("B", 1)],
+    )
+    .await;
     let (a, b) = race_two(&r1, &r2, 10).await;
     assert_eq!(ids(&a), vec!["A-1", "B-1"]);
     assert_eq!(assert_disjoint(&[a, b.clone()]), vec!["A-1", "B-1"]);
@@ -155,13 +191,28 @@ async fn claim_reclaims_an_expired_lease_and_keeps_a_live_one() {
     let c = config(&label);
     let (r1, r2) = (Arc::new(outbox(&c).await), Arc::new(outbox(&c).await));
     add_nodes(r1.graph(), &label, &[("A", 1), ("B", 1)]).await;
-    set_node(r1.graph(), &label, "A-1", "{status: 'inflight', leaseToken: 'old', leaseExpiresAt: datetime() - duration('PT1M')}").await;
-    set_node(r1.graph(), &label, "B-1", "{status: 'inflight', leaseToken: 'live', leaseExpiresAt: datetime() + duration('PT1H')}").await;
+    set_node(
+        r1.graph(),
+        &label,
+        "A-1",
+        "{status: 'inflight', leaseToken: 'old', leaseExpiresAt: datetime() - duration('PT1M')}",
+    )
+    .await;
+    set_node(
+        r1.graph(),
+        &label,
+        "B-1",
+        "{status: 'inflight', leaseToken: 'live', leaseExpiresAt: datetime() + duration('PT1H')}",
+    )
+    .await;
     let (a, b) = race_two(&r1, &r2, 10).await;
     assert_eq!(assert_disjoint(&[a.clone(), b]), vec!["A-1"]);
     assert_eq!(ids(&a), vec!["A-1"]);
     let (status, token, _) = node_state(r1.graph(), &label, "A-1").await;
-    assert_eq!((status.as_str(), token.as_deref()), ("inflight", Some(a[0].lease_token.as_str())));
+    assert_eq!(
+        (status.as_str(), token.as_deref()),
+        ("inflight", Some(a[0].lease_token.as_str()))
+    );
     let (_, token, _) = node_state(r1.graph(), &label, "B-1").await;
     assert_eq!(token.as_deref(), Some("live"));
 }
@@ -171,13 +222,27 @@ async fn claim_with_a1_in_flight_blocks_a2_to_a5_and_takes_b1() {
     let label = unique_label();
     let c = config(&label);
     let (r1, r2) = (Arc::new(outbox(&c).await), Arc::new(outbox(&c).await));
-    add_nodes(r1.graph(), &label, &[("A", 1), ("A", 2), ("A", 3), ("A", 4), ("A", 5), ("B", 1)]).await;
-    set_node(r1.graph(), &label, "A-1", "{status: 'inflight', leaseToken: 'live', leaseExpiresAt: datetime() + duration('PT1H')}").await;
+    add_nodes(
+        r1.graph(),
+        &label,
+        &[("A", 1), ("A", 2), ("A", 3), ("A", 4), ("A", 5), ("B", 1)],
+    )
+    .await;
+    set_node(
+        r1.graph(),
+        &label,
+        "A-1",
+        "{status: 'inflight', leaseToken: 'live', leaseExpiresAt: datetime() + duration('PT1H')}",
+    )
+    .await;
     let (a, b) = race_two(&r1, &r2, 10).await;
     assert_eq!(assert_disjoint(&[a, b]), vec!["B-1"]);
     assert!(r1.claim(10).await.unwrap().is_empty());
     for v in 2..=5 {
-        assert_eq!(node_state(r1.graph(), &label, &format!("A-{v}")).await.0, "pending");
+        assert_eq!(
+            node_state(r1.graph(), &label, &format!("A-{v}")).await.0,
+            "pending"
+        );
     }
 }
 
@@ -200,7 +265,11 @@ async fn claim_pages_through_forty_one_event_streams_five_at_a_time() {
 /// `relays` relays claim `limit` at a time, in rounds (each relay holding
 /// its claim open for `hold`), until a round in which none found anything;
 /// returns every claim.
-async fn claim_all_concurrently(relays: Vec<Arc<Outbox>>, limit: usize, hold: Duration) -> Vec<Vec<ClaimedNode>> {
+async fn claim_all_concurrently(
+    relays: Vec<Arc<Outbox>>,
+    limit: usize,
+    hold: Duration,
+) -> Vec<Vec<ClaimedNode>> {
     let barrier = Arc::new(tokio::sync::Barrier::new(relays.len()));
     let round_total = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tasks: Vec<_> = relays
@@ -282,20 +351,49 @@ async fn a_stolen_lease_makes_the_old_tokens_finish_change_nothing() {
     let first = r1.claim(10).await.unwrap();
     assert_eq!(ids(&first), vec!["A-1"]);
     let again = r2.claim(10).await.unwrap();
-    assert!(again.is_empty(), "a live lease is kept: {:?} {first:?} {:?}", node_state(r1.graph(), &label, "A-1").await, again);
+    assert!(
+        again.is_empty(),
+        "a live lease is kept: {:?} {first:?} {:?}",
+        node_state(r1.graph(), &label, "A-1").await,
+        again
+    );
     // The first holder stalls past its lease (its expiry is moved into the
     // past rather than waited for).
-    set_node(r1.graph(), &label, "A-1", "{leaseExpiresAt: datetime() - duration('PT1S')}").await;
+    set_node(
+        r1.graph(),
+        &label,
+        "A-1",
+        "{leaseExpiresAt: datetime() - duration('PT1S')}",
+    )
+    .await;
     let second = r2.claim(10).await.unwrap();
     assert_eq!(ids(&second), vec!["A-1"]);
     assert_ne!(first[0].lease_token, second[0].lease_token);
     // The old holder finishes: nothing changes.
-    assert_eq!(r1.finish_delivered(&first[0].lease_token, vec!["A-1".into()]).await.unwrap(), 0);
-    assert_eq!(r1.finish_dead(&first[0].lease_token, vec![("A-1".into(), "x".into())]).await.unwrap(), 0);
+    assert_eq!(
+        r1.finish_delivered(&first[0].lease_token, vec!["A-1".into()])
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        r1.finish_dead(&first[0].lease_token, vec![("A-1".into(), "x".into())])
+            .await
+            .unwrap(),
+        0
+    );
     let (status, token, _) = node_state(r1.graph(), &label, "A-1").await;
-    assert_eq!((status.as_str(), token.as_deref()), ("inflight", Some(second[0].lease_token.as_str())));
+    assert_eq!(
+        (status.as_str(), token.as_deref()),
+        ("inflight", Some(second[0].lease_token.as_str()))
+    );
     // The new holder's finish holds.
-    assert_eq!(r2.finish_delivered(&second[0].lease_token, vec!["A-1".into()]).await.unwrap(), 1);
+    assert_eq!(
+        r2.finish_delivered(&second[0].lease_token, vec!["A-1".into()])
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(node_state(r1.graph(), &label, "A-1").await.0, "delivered");
 }
 
@@ -311,10 +409,17 @@ async fn every_relay_query_is_index_backed() {
         let plan = server.explain(&text);
         let scans: Vec<&String> = plan
             .iter()
-            .filter(|op| op.contains("LabelScan") || op.contains("AllNodesScan") || op.contains("NodeIndexScan"))
+            .filter(|op| {
+                op.contains("LabelScan")
+                    || op.contains("AllNodesScan")
+                    || op.contains("NodeIndexScan")
+            })
             .collect();
         assert!(scans.is_empty(), "query {name:?} scans: {plan:?}\n{text}");
-        assert!(plan.iter().any(|op| op.contains("IndexSeek")), "query {name:?} seeks no index: {plan:?}\n{text}");
+        assert!(
+            plan.iter().any(|op| op.contains("IndexSeek")),
+            "query {name:?} seeks no index: {plan:?}\n{text}"
+        );
         checked.insert(name, plan);
     }
     assert_eq!(checked.len(), 9, "{checked:?}");
@@ -326,13 +431,20 @@ async fn config_errors_name_the_key() {
     let file = dir.path().join("outboxd.toml");
     let load = |text: &str| {
         std::fs::write(&file, text).unwrap();
-        outboxd::config::Config::load(Some(&file), serde_json::json!({})).map(|_| ()).unwrap_err().to_string()
+        outboxd::config::Config::load(Some(&file), serde_json::json!({}))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
     };
-    let e = load("[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://127.0.0.1:7687\"\nbatch-sise = 10\n");
+    let e = load(
+        "[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://127.0.0.1:7687\"\nbatch-sise = 10\n",
+    );
     assert!(e.contains("batch-sise"), "{e}");
     let e = load("[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://127.0.0.1:7687\"\n[sources.graph.properties]\nstreem = \"x\"\n");
     assert!(e.contains("streem"), "{e}");
-    let e = load("[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://127.0.0.1:7687\"\nbatch-size = 0\n");
+    let e = load(
+        "[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://127.0.0.1:7687\"\nbatch-size = 0\n",
+    );
     assert!(e.contains("sources.graph.batch-size"), "{e}");
     let e = load("[sources.graph]\nkind = \"neo4j\"\n");
     assert!(e.contains("sources.graph.url"), "{e}");
@@ -348,7 +460,10 @@ async fn config_errors_name_the_key() {
     std::fs::write(&file, "[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://127.0.0.1:7687\"\nbatch-size = 10\nlease = \"30s\"\n[sources.graph.properties]\nstream = \"streamKey\"\n").unwrap();
     let config = outboxd::config::Config::load(Some(&file), serde_json::json!({})).unwrap();
     let outboxd::sources::SourceConfig::Neo4j(g) = &config.sources["graph"];
-    assert_eq!((g.batch_size, g.lease, g.properties.stream.as_str()), (10, Duration::from_secs(30), "streamKey"));
+    assert_eq!(
+        (g.batch_size, g.lease, g.properties.stream.as_str()),
+        (10, Duration::from_secs(30), "streamKey")
+    );
 }
 
 /// Wait until `check` holds for the statuses of the label's nodes (by
@@ -370,9 +485,18 @@ async fn wait_statuses(
         let mut all = BTreeMap::new();
         while let Some(row) = rows.next().await.unwrap() {
             let id: String = row.get("id").unwrap();
-            all.insert(id, (row.get::<String>("s").unwrap(), row.get::<Option<String>>("e").unwrap()));
+            all.insert(
+                id,
+                (
+                    row.get::<String>("s").unwrap(),
+                    row.get::<Option<String>>("e").unwrap(),
+                ),
+            );
         }
-        let statuses: BTreeMap<String, String> = all.iter().map(|(k, (s, _))| (k.clone(), s.clone())).collect();
+        let statuses: BTreeMap<String, String> = all
+            .iter()
+            .map(|(k, (s, _))| (k.clone(), s.clone()))
+            .collect();
         if check(&statuses) {
             return all;
         }
@@ -395,8 +519,19 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
     let receiver = common::Receiver::start().await;
     let plugins = common::PluginsDir::new();
     let secret = common::new_secret();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &secret, "");
-    add_nodes(&graph, &label, &[("A", 1), ("A", 2), ("A", 3), ("B", 1), ("B", 2)]).await;
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &secret,
+        "",
+    );
+    add_nodes(
+        &graph,
+        &label,
+        &[("A", 1), ("A", 2), ("A", 3), ("B", 1), ("B", 2)],
+    )
+    .await;
     // Bad nodes: each refused with a reason naming the property.
     graph
         .run(query(&format!(
@@ -413,7 +548,13 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
     })
     .await;
     // C-1 was stored before, with other content: a conflict.
-    d.post_event(&common::event("C-1", "C", "other.type", serde_json::json!({}))).await;
+    d.post_event(&common::event(
+        "C-1",
+        "C",
+        "other.type",
+        serde_json::json!({}),
+    ))
+    .await;
     add_nodes(&graph, &label, &[("C", 1)]).await;
     let all = wait_statuses(&graph, &label, Duration::from_secs(30), |s| {
         s.values().all(|v| v == "delivered" || v == "dead")
@@ -429,7 +570,10 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
     assert_eq!(status("bad-version"), "dead");
     assert!(reason("bad-version").contains("streamVersion"), "{all:?}");
     assert_eq!(status("bad-json"), "dead");
-    assert!(reason("bad-json").contains("payload") && reason("bad-json").contains("JSON"), "{all:?}");
+    assert!(
+        reason("bad-json").contains("payload") && reason("bad-json").contains("JSON"),
+        "{all:?}"
+    );
     assert_eq!(status("C-1"), "dead");
     assert!(reason("C-1").contains("different"), "{all:?}");
 
@@ -440,7 +584,11 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
     assert_eq!(body["event"]["sequence"], 2);
     assert_eq!(body["event"]["type"], "com.example.changed");
     assert_eq!(body["event"]["data"], serde_json::json!({"n": 2}));
-    assert_eq!(d.get("/v1/events/no-stream").await.0, 404, "nothing half-ingested");
+    assert_eq!(
+        d.get("/v1/events/no-stream").await.0,
+        404,
+        "nothing half-ingested"
+    );
 
     // Delivered by the webhook sink, in stream order.
     assert!(common::eventually(Duration::from_secs(20), || receiver.count() >= 7).await);
@@ -449,15 +597,30 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
         .iter()
         .filter_map(|r| r.header("webhook-id"))
         .collect();
-    let pos = |id: &str| order.iter().position(|x| x == id).unwrap_or_else(|| panic!("{id} not delivered: {order:?}"));
-    assert!(pos("A-1") < pos("A-2") && pos("A-2") < pos("A-3") && pos("B-1") < pos("B-2"), "{order:?}");
+    let pos = |id: &str| {
+        order
+            .iter()
+            .position(|x| x == id)
+            .unwrap_or_else(|| panic!("{id} not delivered: {order:?}"))
+    };
+    assert!(
+        pos("A-1") < pos("A-2") && pos("A-2") < pos("A-3") && pos("B-1") < pos("B-2"),
+        "{order:?}"
+    );
 
     // A node relayed again (a relay died before its finish) is a duplicate
     // success: delivered again, nothing new stored or sent.
     set_node(&graph, &label, "A-3", "{status: 'pending'}").await;
-    wait_statuses(&graph, &label, Duration::from_secs(20), |s| s["A-3"] == "delivered").await;
+    wait_statuses(&graph, &label, Duration::from_secs(20), |s| {
+        s["A-3"] == "delivered"
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let a3 = receiver.seen().iter().filter(|r| r.header("webhook-id").as_deref() == Some("A-3")).count();
+    let a3 = receiver
+        .seen()
+        .iter()
+        .filter(|r| r.header("webhook-id").as_deref() == Some("A-3"))
+        .count();
     assert_eq!(a3, 1);
 
     // Operations: ready, metrics, admin API.
@@ -469,9 +632,18 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
     assert_eq!(code, 200);
     assert_eq!(admin["sources"][0]["kind"], "neo4j");
     let metrics = d.metrics_text().await;
-    assert!(metrics.contains("outboxd_source_entries_total{source=\"graph\",outcome=\"relayed\"} 7"), "{metrics}");
-    assert!(metrics.contains("outboxd_source_entries_total{source=\"graph\",outcome=\"dead\"} 4"), "{metrics}");
-    assert!(metrics.contains("outboxd_source_ready{source=\"graph\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("outboxd_source_entries_total{source=\"graph\",outcome=\"relayed\"} 7"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("outboxd_source_entries_total{source=\"graph\",outcome=\"dead\"} 4"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("outboxd_source_ready{source=\"graph\"} 1"),
+        "{metrics}"
+    );
     d.stop().await;
     db.cleanup().await;
 }
@@ -496,15 +668,32 @@ async fn retention_deletes_delivered_nodes_in_batches() {
     add_nodes(r.graph(), &label, &nodes).await;
     add_nodes(r.graph(), &label, &[("keep", 1)]).await;
     let claimed = r.claim(25).await.unwrap();
-    let keep: Vec<String> = claimed.iter().filter(|n| n.event_id != "keep-1").map(|n| n.event_id.clone()).collect();
-    assert_eq!(r.finish_delivered(&claimed[0].lease_token, keep).await.unwrap(), 25);
+    let keep: Vec<String> = claimed
+        .iter()
+        .filter(|n| n.event_id != "keep-1")
+        .map(|n| n.event_id.clone())
+        .collect();
+    assert_eq!(
+        r.finish_delivered(&claimed[0].lease_token, keep)
+            .await
+            .unwrap(),
+        25
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Not old enough yet: nothing deleted.
-    assert_eq!(r.purge_delivered(Duration::from_secs(3600), 10).await.unwrap(), 0);
+    assert_eq!(
+        r.purge_delivered(Duration::from_secs(3600), 10)
+            .await
+            .unwrap(),
+        0
+    );
     // Bounded batches: 10, 10, 5, 0.
     let mut rounds = Vec::new();
     loop {
-        let n = r.purge_delivered(Duration::from_millis(100), 10).await.unwrap();
+        let n = r
+            .purge_delivered(Duration::from_millis(100), 10)
+            .await
+            .unwrap();
         rounds.push(n);
         if n == 0 {
             break;
@@ -519,7 +708,10 @@ async fn retention_deletes_delivered_nodes_in_batches() {
 /// written there.
 fn documented_cypher(marker: &str) -> String {
     let doc = std::fs::read_to_string(common::repo_root().join("docs/neo4j.md")).unwrap();
-    let after = doc.split(marker).nth(1).unwrap_or_else(|| panic!("docs/neo4j.md has no {marker}"));
+    let after = doc
+        .split(marker)
+        .nth(1)
+        .unwrap_or_else(|| panic!("docs/neo4j.md has no {marker}"));
     let block = after.split("```cypher\n").nth(1).unwrap();
     block.split("\n```").next().unwrap().to_string()
 }
@@ -528,7 +720,10 @@ fn documented_cypher(marker: &str) -> String {
 async fn documented_outbox_write_gives_gapless_versions_and_is_relayed_in_order() {
     common::init_logs();
     let graph = Neo4jServer::shared().graph();
-    graph.run(query(&documented_cypher("<!-- neo4j-schema -->"))).await.unwrap();
+    graph
+        .run(query(&documented_cypher("<!-- neo4j-schema -->")))
+        .await
+        .unwrap();
     let write = documented_cypher("<!-- neo4j-outbox-write -->");
     let packet = format!("packet-{}", hex::encode(rand::random::<[u8; 4]>()));
     // 16 concurrent application transactions on one stream, each with a
@@ -538,9 +733,13 @@ async fn documented_outbox_write_gives_gapless_versions_and_is_relayed_in_order(
             let (graph, write, packet) = (graph.clone(), write.clone(), packet.clone());
             tokio::spawn(async move {
                 let mut txn = graph.start_txn().await.unwrap();
-                txn.run(query("CREATE (:DocsExampleNote {packetId: $p, text: $t})").param("p", packet.clone()).param("t", format!("note {i}")))
-                    .await
-                    .unwrap();
+                txn.run(
+                    query("CREATE (:DocsExampleNote {packetId: $p, text: $t})")
+                        .param("p", packet.clone())
+                        .param("t", format!("note {i}")),
+                )
+                .await
+                .unwrap();
                 let mut rows = txn
                     .execute(
                         query(&write)
@@ -574,7 +773,8 @@ async fn documented_outbox_write_gives_gapless_versions_and_is_relayed_in_order(
     let d = common::TestDaemon::start_with(plugins.path(), |c| {
         let mut source = config("AwarenessOutbox");
         source.label = Neo4jSourceConfig::default().label;
-        c.sources.insert("docs".into(), outboxd::sources::SourceConfig::Neo4j(source));
+        c.sources
+            .insert("docs".into(), outboxd::sources::SourceConfig::Neo4j(source));
     })
     .await;
     for (i, version) in &versions {
@@ -588,7 +788,10 @@ async fn documented_outbox_write_gives_gapless_versions_and_is_relayed_in_order(
                 assert_eq!(body["event"]["data"], serde_json::json!({"note": i}));
                 break;
             }
-            assert!(start.elapsed() < Duration::from_secs(30), "{id} was not relayed");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{id} was not relayed"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -605,7 +808,10 @@ async fn neo4j_unreachable_shows_in_ready_and_sources_list_and_the_daemon_stays_
         source.url = format!("bolt://{closed}");
         source.timeout = Duration::from_secs(2);
         source.lease = Duration::from_secs(10);
-        c.sources.insert("graph".into(), outboxd::sources::SourceConfig::Neo4j(source));
+        c.sources.insert(
+            "graph".into(),
+            outboxd::sources::SourceConfig::Neo4j(source),
+        );
     })
     .await;
     let start = std::time::Instant::now();
@@ -633,7 +839,11 @@ async fn neo4j_unreachable_shows_in_ready_and_sources_list_and_the_daemon_stays_
         .await
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.starts_with("graph\tneo4j\tnot ready\t"), "{text}");
     d.stop().await;
 }

@@ -391,7 +391,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     "{}\t{}\t{}\tlast cycle {} ms ago\t{}",
                     s["name"].as_str().unwrap_or(""),
                     s["kind"].as_str().unwrap_or(""),
-                    if s["ready"] == true { "ready" } else { "not ready" },
+                    if s["ready"] == true {
+                        "ready"
+                    } else {
+                        "not ready"
+                    },
                     s["last_cycle_age_ms"],
                     s["last_error"].as_str().unwrap_or("-"),
                 );

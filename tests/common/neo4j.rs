@@ -62,7 +62,11 @@ impl Neo4jServer {
         let mut last = String::new();
         for _ in 0..3 {
             let port = super::free_loopback_addr().port();
-            let classpath = format!("{}:{}/*", out.join("classes").display(), out.join("lib").display());
+            let classpath = format!(
+                "{}:{}/*",
+                out.join("classes").display(),
+                out.join("lib").display()
+            );
             let mut child = Command::new("java")
                 .args(JVM_FLAGS)
                 .args(["-cp", &classpath, "outboxd.testing.EmbeddedNeo4j"])

@@ -284,10 +284,11 @@ pub async fn remote_get(
     let request = request
         .body(http_body_util::Empty::new())
         .map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(request))
-        .await
-        .map_err(|_| format!("outboxd at {listen} did not answer within 10s"))?
-        .map_err(|e| format!("outboxd at {listen} is not reachable (is it running?): {e}"))?;
+    let response =
+        tokio::time::timeout(std::time::Duration::from_secs(10), client.request(request))
+            .await
+            .map_err(|_| format!("outboxd at {listen} did not answer within 10s"))?
+            .map_err(|e| format!("outboxd at {listen} is not reachable (is it running?): {e}"))?;
     let status = response.status();
     let body = response
         .into_body()
@@ -301,5 +302,6 @@ pub async fn remote_get(
             String::from_utf8_lossy(&body)
         ));
     }
-    serde_json::from_slice(&body).map_err(|e| format!("outboxd at {listen}: answer is not JSON: {e}"))
+    serde_json::from_slice(&body)
+        .map_err(|e| format!("outboxd at {listen}: answer is not JSON: {e}"))
 }

@@ -201,7 +201,9 @@ async fn metrics(State(state): State<OpsState>) -> Response {
         let label = crate::metrics::SourceLabel {
             source: source.name.clone(),
         };
-        m.source_ready.get_or_create(&label).set(source.ready as i64);
+        m.source_ready
+            .get_or_create(&label)
+            .set(source.ready as i64);
     }
     if let Ok(q) = queue(&*state.store).await {
         let (mut active, mut expired) = (0, 0);

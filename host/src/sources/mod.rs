@@ -48,15 +48,26 @@ impl<'de> Deserialize<'de> for SourceConfig {
         let mut table: serde_json::Map<String, serde_json::Value> = Deserialize::deserialize(d)?;
         let kind = match table.remove("kind") {
             Some(serde_json::Value::String(k)) => k,
-            Some(other) => return Err(D::Error::custom(format!("`kind` must be a string, got {other}"))),
-            None => return Err(D::Error::custom(format!("`kind` is required (one of: {})", KINDS.join(", ")))),
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "`kind` must be a string, got {other}"
+                )))
+            }
+            None => {
+                return Err(D::Error::custom(format!(
+                    "`kind` is required (one of: {})",
+                    KINDS.join(", ")
+                )))
+            }
         };
         let value = serde_json::Value::Object(table);
         let named = |e: serde_path_to_error::Error<serde_json::Error>| {
             D::Error::custom(format!("`{}`: {}", e.path(), e.inner()))
         };
         match kind.as_str() {
-            "neo4j" => serde_path_to_error::deserialize(value).map(SourceConfig::Neo4j).map_err(named),
+            "neo4j" => serde_path_to_error::deserialize(value)
+                .map(SourceConfig::Neo4j)
+                .map_err(named),
             other => Err(D::Error::custom(format!(
                 "`kind = {other:?}` is not a source kind (one of: {})",
                 KINDS.join(", ")

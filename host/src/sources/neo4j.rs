@@ -262,15 +262,31 @@ impl Neo4jSourceConfig {
         if self.url.is_empty() {
             return bad("url", "is required (e.g. \"bolt://127.0.0.1:7687\")".into());
         }
-        let schemes = ["bolt://", "bolt+s://", "bolt+ssc://", "neo4j://", "neo4j+s://", "neo4j+ssc://"];
+        let schemes = [
+            "bolt://",
+            "bolt+s://",
+            "bolt+ssc://",
+            "neo4j://",
+            "neo4j+s://",
+            "neo4j+ssc://",
+        ];
         if !schemes.iter().any(|s| self.url.starts_with(s)) {
             return bad(
                 "url",
-                format!("{:?} is not a Bolt URL (expected bolt://HOST:PORT or neo4j://HOST:PORT)", self.url),
+                format!(
+                    "{:?} is not a Bolt URL (expected bolt://HOST:PORT or neo4j://HOST:PORT)",
+                    self.url
+                ),
             );
         }
         if !is_identifier(&self.label) {
-            return bad("label", format!("{:?} is not a plain identifier (letters, digits, _)", self.label));
+            return bad(
+                "label",
+                format!(
+                    "{:?} is not a plain identifier (letters, digits, _)",
+                    self.label
+                ),
+            );
         }
         let p = &self.properties;
         let props = [
@@ -291,10 +307,16 @@ impl Neo4jSourceConfig {
         let mut seen = HashSet::new();
         for (key, value) in props {
             if !is_identifier(value) {
-                return bad(key, format!("{value:?} is not a plain identifier (letters, digits, _)"));
+                return bad(
+                    key,
+                    format!("{value:?} is not a plain identifier (letters, digits, _)"),
+                );
             }
             if !seen.insert(value.as_str()) {
-                return bad(key, format!("{value:?} is already used by another property"));
+                return bad(
+                    key,
+                    format!("{value:?} is already used by another property"),
+                );
             }
         }
         for (key, value) in [
@@ -303,7 +325,10 @@ impl Neo4jSourceConfig {
         ] {
             if let Some(v) = value {
                 if !is_identifier(v) {
-                    return bad(key, format!("{v:?} is not a plain identifier (letters, digits, _)"));
+                    return bad(
+                        key,
+                        format!("{v:?} is not a plain identifier (letters, digits, _)"),
+                    );
                 }
             }
         }
@@ -361,7 +386,10 @@ pub enum OutboxError {
     },
     /// No answer within the configured timeout.
     #[error("neo4j {what}: no answer within {timeout:?}")]
-    Timeout { what: &'static str, timeout: Duration },
+    Timeout {
+        what: &'static str,
+        timeout: Duration,
+    },
     /// outboxd's own store failed while ingesting a claimed batch (the
     /// nodes were marked failed, to retry).
     #[error("ingest into the outboxd store: {0}")]
@@ -374,7 +402,14 @@ pub enum OutboxError {
 impl OutboxError {
     /// True when the server answered (so it is reachable).
     pub fn connected(&self) -> bool {
-        matches!(self, OutboxError::Neo4j { source: neo4rs::Error::Neo4j(_), .. } | OutboxError::Shape { .. } | OutboxError::Ingest(_))
+        matches!(
+            self,
+            OutboxError::Neo4j {
+                source: neo4rs::Error::Neo4j(_),
+                ..
+            } | OutboxError::Shape { .. }
+                | OutboxError::Ingest(_)
+        )
     }
 
     fn transient(&self) -> bool {
@@ -435,7 +470,10 @@ impl Queries {
             .collect();
         all.extend([
             ("claim".to_string(), self.claim.clone()),
-            ("finish delivered".to_string(), self.finish_delivered.clone()),
+            (
+                "finish delivered".to_string(),
+                self.finish_delivered.clone(),
+            ),
             ("finish failed".to_string(), self.finish_failed.clone()),
             ("finish dead".to_string(), self.finish_dead.clone()),
             ("retention".to_string(), self.retention.clone()),
@@ -449,10 +487,20 @@ impl Queries {
         let l = format!("`{}`", config.label);
         let p = &config.properties;
         let q = |s: &str| format!("`{s}`");
-        let (id, stream, version, status) = (q(&p.event_id), q(&p.stream), q(&p.stream_version), q(&p.status));
-        let (attempts, next_at, created) = (q(&p.attempts), q(&p.next_attempt_at), q(&p.created_at));
-        let (token, expires, last_error, delivered_at) =
-            (q(&p.lease_token), q(&p.lease_expires_at), q(&p.last_error), q(&p.delivered_at));
+        let (id, stream, version, status) = (
+            q(&p.event_id),
+            q(&p.stream),
+            q(&p.stream_version),
+            q(&p.status),
+        );
+        let (attempts, next_at, created) =
+            (q(&p.attempts), q(&p.next_attempt_at), q(&p.created_at));
+        let (token, expires, last_error, delivered_at) = (
+            q(&p.lease_token),
+            q(&p.lease_expires_at),
+            q(&p.last_error),
+            q(&p.delivered_at),
+        );
         let live = "['pending', 'failed', 'inflight']";
         let label = &config.label;
         let indexes = vec![
@@ -476,8 +524,20 @@ impl Queries {
         };
         let shortlist = [
             (PENDING, lane(PENDING, "true")),
-            (FAILED, lane(FAILED, &format!("coalesce(n.{next_at} <= datetime(), true)"))),
-            (INFLIGHT, lane(INFLIGHT, &format!("coalesce(n.{expires} <= datetime(), true)"))),
+            (
+                FAILED,
+                lane(
+                    FAILED,
+                    &format!("coalesce(n.{next_at} <= datetime(), true)"),
+                ),
+            ),
+            (
+                INFLIGHT,
+                lane(
+                    INFLIGHT,
+                    &format!("coalesce(n.{expires} <= datetime(), true)"),
+                ),
+            ),
         ];
         let eligible = format!(
             "(n.{status} = 'pending' \
@@ -485,9 +545,19 @@ impl Queries {
               OR (n.{status} = 'inflight' AND coalesce(n.{expires} <= datetime(), true)))"
         );
         let mut reserved: Vec<String> = [
-            &p.event_id, &p.stream, &p.stream_version, &p.status, &p.attempts, &p.next_attempt_at,
-            &p.created_at, &p.lease_token, &p.lease_expires_at, &p.last_error, &p.delivered_at,
-            &config.event.type_property, &config.event.data_property,
+            &p.event_id,
+            &p.stream,
+            &p.stream_version,
+            &p.status,
+            &p.attempts,
+            &p.next_attempt_at,
+            &p.created_at,
+            &p.lease_token,
+            &p.lease_expires_at,
+            &p.last_error,
+            &p.delivered_at,
+            &config.event.type_property,
+            &config.event.data_property,
         ]
         .into_iter()
         .cloned()
@@ -498,7 +568,11 @@ impl Queries {
         reserved.extend(config.event.ignore_properties.iter().cloned());
         let reserved = format!(
             "[{}]",
-            reserved.iter().map(|r| format!("'{r}'")).collect::<Vec<_>>().join(", ")
+            reserved
+                .iter()
+                .map(|r| format!("'{r}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let text = |prop: &Option<String>| match prop {
             Some(p) => format!("toStringOrNull(n.`{p}`)"),
@@ -583,7 +657,10 @@ impl OpenClaim {
         match tokio::time::timeout(self.timeout, self.txn.commit()).await {
             Ok(Ok(_)) => Ok(self.nodes),
             Ok(Err(source)) => Err(OutboxError::Neo4j { what, source }),
-            Err(_) => Err(OutboxError::Timeout { what, timeout: self.timeout }),
+            Err(_) => Err(OutboxError::Timeout {
+                what,
+                timeout: self.timeout,
+            }),
         }
     }
 }
@@ -640,13 +717,21 @@ impl Outbox {
         match tokio::time::timeout(self.config.timeout, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => Err(OutboxError::Neo4j { what, source }),
-            Err(_) => Err(OutboxError::Timeout { what, timeout: self.config.timeout }),
+            Err(_) => Err(OutboxError::Timeout {
+                what,
+                timeout: self.config.timeout,
+            }),
         }
     }
 
     /// Run `q` (auto-commit, retried by the driver on transient errors) and
     /// return its rows.
-    async fn rows(&self, what: &'static str, q: Query, read: bool) -> Result<Vec<neo4rs::Row>, OutboxError> {
+    async fn rows(
+        &self,
+        what: &'static str,
+        q: Query,
+        read: bool,
+    ) -> Result<Vec<neo4rs::Row>, OutboxError> {
         self.timed(what, async {
             let mut stream = if read {
                 self.graph.execute_read(q).await?
@@ -666,10 +751,15 @@ impl Outbox {
     /// wait until they are online.
     pub async fn ensure_indexes(&self) -> Result<(), OutboxError> {
         for statement in &self.queries.indexes {
-            self.timed("create index", self.graph.run(query(statement))).await?;
+            self.timed("create index", self.graph.run(query(statement)))
+                .await?;
         }
-        let wait = format!("CALL db.awaitIndexes({})", self.config.timeout.as_secs().max(1));
-        self.timed("await indexes", self.graph.run(query(&wait))).await?;
+        let wait = format!(
+            "CALL db.awaitIndexes({})",
+            self.config.timeout.as_secs().max(1)
+        );
+        self.timed("await indexes", self.graph.run(query(&wait)))
+            .await?;
         Ok(())
     }
 
@@ -691,11 +781,18 @@ impl Outbox {
                 let rows = self.rows("shortlist", q, true).await?;
                 let full = rows.len() >= self.config.page_size as usize;
                 for row in &rows {
-                    let shape = |e: neo4rs::DeError| OutboxError::Shape { what: "shortlist", detail: e.to_string() };
+                    let shape = |e: neo4rs::DeError| OutboxError::Shape {
+                        what: "shortlist",
+                        detail: e.to_string(),
+                    };
                     let id: String = row.get("id").map_err(shape)?;
                     let due: Option<bool> = row.get("due").map_err(shape)?;
                     let head: Option<bool> = row.get("head").map_err(shape)?;
-                    if due.unwrap_or(false) && head.unwrap_or(false) && found.len() < limit && seen.insert(id.clone()) {
+                    if due.unwrap_or(false)
+                        && head.unwrap_or(false)
+                        && found.len() < limit
+                        && seen.insert(id.clone())
+                    {
                         found.push(id.clone());
                     }
                     after = id;
@@ -739,7 +836,10 @@ impl Outbox {
             .await?;
         let mut nodes = Vec::with_capacity(rows.len());
         for row in rows {
-            let shape = |e: neo4rs::DeError| OutboxError::Shape { what, detail: e.to_string() };
+            let shape = |e: neo4rs::DeError| OutboxError::Shape {
+                what,
+                detail: e.to_string(),
+            };
             let keys: Vec<String> = row.get("ext_keys").map_err(shape)?;
             let values: Vec<Option<String>> = row.get("ext_values").map_err(shape)?;
             nodes.push(ClaimedNode {
@@ -759,7 +859,11 @@ impl Outbox {
                 extensions: keys.into_iter().zip(values).collect(),
             });
         }
-        Ok(OpenClaim { txn, nodes, timeout: self.config.timeout })
+        Ok(OpenClaim {
+            txn,
+            nodes,
+            timeout: self.config.timeout,
+        })
     }
 
     /// Shortlist and claim up to `limit` nodes, committed. A claim
@@ -779,7 +883,10 @@ impl Outbox {
             match result {
                 Err(e) if e.transient() && tries < CLAIM_RETRIES => {
                     tries += 1;
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(5..50u64) * tries as u64)).await;
+                    tokio::time::sleep(Duration::from_millis(
+                        rand::random_range(5..50u64) * tries as u64,
+                    ))
+                    .await;
                 }
                 other => return other,
             }
@@ -797,12 +904,17 @@ impl Outbox {
         if ids.is_empty() {
             return Ok(0);
         }
-        let q = extra(query(text).param("ids", ids).param("token", token.to_string()));
+        let q = extra(
+            query(text)
+                .param("ids", ids)
+                .param("token", token.to_string()),
+        );
         let rows = self.rows(what, q, false).await?;
         let kept: i64 = match rows.first() {
-            Some(row) => row
-                .get("kept")
-                .map_err(|e| OutboxError::Shape { what, detail: e.to_string() })?,
+            Some(row) => row.get("kept").map_err(|e| OutboxError::Shape {
+                what,
+                detail: e.to_string(),
+            })?,
             None => 0,
         };
         Ok(kept.max(0) as u64)
@@ -810,9 +922,19 @@ impl Outbox {
 
     /// Mark `ids` (claimed under `token`) delivered, with the time.
     /// Returns how many still held the lease (the rest changed nothing).
-    pub async fn finish_delivered(&self, token: &str, ids: Vec<String>) -> Result<u64, OutboxError> {
-        self.finish("finish delivered", &self.queries.finish_delivered, token, ids, |q| q)
-            .await
+    pub async fn finish_delivered(
+        &self,
+        token: &str,
+        ids: Vec<String>,
+    ) -> Result<u64, OutboxError> {
+        self.finish(
+            "finish delivered",
+            &self.queries.finish_delivered,
+            token,
+            ids,
+            |q| q,
+        )
+        .await
     }
 
     /// Mark nodes failed: tried again after each one's delay, with its
@@ -830,31 +952,46 @@ impl Outbox {
             delays.push(delay.as_millis() as i64);
             reasons.push(reason);
         }
-        self.finish("finish failed", &self.queries.finish_failed, token, ids, |q| {
-            q.param("delays", delays).param("reasons", reasons)
-        })
+        self.finish(
+            "finish failed",
+            &self.queries.finish_failed,
+            token,
+            ids,
+            |q| q.param("delays", delays).param("reasons", reasons),
+        )
         .await
     }
 
     /// Mark nodes dead (refused for good), with their reasons. Returns how
     /// many still held the lease.
-    pub async fn finish_dead(&self, token: &str, items: Vec<(String, String)>) -> Result<u64, OutboxError> {
+    pub async fn finish_dead(
+        &self,
+        token: &str,
+        items: Vec<(String, String)>,
+    ) -> Result<u64, OutboxError> {
         let (ids, reasons): (Vec<String>, Vec<String>) = items.into_iter().unzip();
-        self.finish("finish dead", &self.queries.finish_dead, token, ids, |q| q.param("reasons", reasons))
-            .await
+        self.finish("finish dead", &self.queries.finish_dead, token, ids, |q| {
+            q.param("reasons", reasons)
+        })
+        .await
     }
 
     /// Delete up to `limit` delivered nodes older than `older_than`.
-    pub async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
+    pub async fn purge_delivered(
+        &self,
+        older_than: Duration,
+        limit: u32,
+    ) -> Result<u64, OutboxError> {
         let what = "retention";
         let q = query(&self.queries.retention)
             .param("older_ms", older_than.as_millis() as i64)
             .param("limit", limit as i64);
         let rows = self.rows(what, q, false).await?;
         let deleted: i64 = match rows.first() {
-            Some(row) => row
-                .get("deleted")
-                .map_err(|e| OutboxError::Shape { what, detail: e.to_string() })?,
+            Some(row) => row.get("deleted").map_err(|e| OutboxError::Shape {
+                what,
+                detail: e.to_string(),
+            })?,
             None => 0,
         };
         Ok(deleted.max(0) as u64)
@@ -863,12 +1000,15 @@ impl Outbox {
     /// Age of the oldest pending node (by its creation time), if any.
     pub async fn oldest_pending_age(&self) -> Result<Option<Duration>, OutboxError> {
         let what = "oldest pending";
-        let rows = self.rows(what, query(&self.queries.oldest_pending), true).await?;
+        let rows = self
+            .rows(what, query(&self.queries.oldest_pending), true)
+            .await?;
         match rows.first() {
             Some(row) => {
-                let ms: i64 = row
-                    .get("age_ms")
-                    .map_err(|e| OutboxError::Shape { what, detail: e.to_string() })?;
+                let ms: i64 = row.get("age_ms").map_err(|e| OutboxError::Shape {
+                    what,
+                    detail: e.to_string(),
+                })?;
                 Ok(Some(Duration::from_millis(ms.max(0) as u64)))
             }
             None => Ok(None),
@@ -878,19 +1018,36 @@ impl Outbox {
 
 /// Why a claimed node cannot become an event: the reason recorded on it,
 /// naming the property.
-fn to_event(config: &Neo4jSourceConfig, source_name: &str, node: &ClaimedNode) -> Result<NewEvent, String> {
+fn to_event(
+    config: &Neo4jSourceConfig,
+    source_name: &str,
+    node: &ClaimedNode,
+) -> Result<NewEvent, String> {
     let p = &config.properties;
     let m = &config.event;
     let stream = match (&node.stream, &node.stream_text) {
         (Some(s), _) => s.clone(),
-        (None, Some(t)) => return Err(format!("property `{}` must be a string, got {t:?}", p.stream)),
+        (None, Some(t)) => {
+            return Err(format!(
+                "property `{}` must be a string, got {t:?}",
+                p.stream
+            ))
+        }
         (None, None) => return Err(format!("property `{}` (the stream) is missing", p.stream)),
     };
     let version = match (node.version, &node.version_text) {
         (Some(v), _) if v >= 1 => v,
-        (Some(v), _) => return Err(format!("property `{}` must be an integer from 1, got {v}", p.stream_version)),
+        (Some(v), _) => {
+            return Err(format!(
+                "property `{}` must be an integer from 1, got {v}",
+                p.stream_version
+            ))
+        }
         (None, Some(t)) => {
-            return Err(format!("property `{}` must be an integer, got {t:?}", p.stream_version))
+            return Err(format!(
+                "property `{}` must be an integer, got {t:?}",
+                p.stream_version
+            ))
         }
         (None, None) => return Err(format!("property `{}` is missing", p.stream_version)),
     };
@@ -962,7 +1119,10 @@ fn to_event(config: &Neo4jSourceConfig, source_name: &str, node: &ClaimedNode) -
             "type" => m.type_property.clone(),
             "time" => p.created_at.clone(),
             "data" => m.data_property.clone(),
-            "source" => m.source_property.clone().unwrap_or_else(|| "event.source".into()),
+            "source" => m
+                .source_property
+                .clone()
+                .unwrap_or_else(|| "event.source".into()),
             "subject" => m.subject_property.clone().unwrap_or_default(),
             f => f
                 .strip_prefix("extensions.")
@@ -1002,7 +1162,11 @@ struct RelayInner {
 
 impl Relay {
     /// Check what can only be checked at start (the password variable).
-    pub fn prepare(name: &str, config: Neo4jSourceConfig, ctx: SourceContext) -> Result<Relay, SourceStartError> {
+    pub fn prepare(
+        name: &str,
+        config: Neo4jSourceConfig,
+        ctx: SourceContext,
+    ) -> Result<Relay, SourceStartError> {
         let password = match &config.password_env {
             None => String::new(),
             Some(var) => std::env::var(var).map_err(|_| SourceStartError {
@@ -1031,7 +1195,10 @@ impl Relay {
     /// Returns an error for the supervisor to restart after a backoff.
     pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), SourceRunError> {
         let inner = &self.inner;
-        let fail = |e: OutboxError| SourceRunError { connected: e.connected(), message: e.to_string() };
+        let fail = |e: OutboxError| SourceRunError {
+            connected: e.connected(),
+            message: e.to_string(),
+        };
         let outbox = Outbox::connect(&inner.config, &inner.password).map_err(fail)?;
         outbox.ensure_indexes().await.map_err(fail)?;
         tracing::info!(source = %inner.name, url = %inner.config.url, label = %inner.config.label, "neo4j outbox relay started");
@@ -1065,7 +1232,9 @@ impl Relay {
                     .ingest
                     .metrics
                     .source_oldest_pending_age
-                    .get_or_create(&crate::metrics::SourceLabel { source: inner.name.clone() })
+                    .get_or_create(&crate::metrics::SourceLabel {
+                        source: inner.name.clone(),
+                    })
                     .set(age.map_or(0.0, |a| a.as_secs_f64()));
             }
             let took = started.elapsed();
@@ -1075,7 +1244,9 @@ impl Relay {
                 .ingest
                 .metrics
                 .source_cycle_duration
-                .get_or_create(&crate::metrics::SourceLabel { source: inner.name.clone() })
+                .get_or_create(&crate::metrics::SourceLabel {
+                    source: inner.name.clone(),
+                })
                 .observe(took.as_secs_f64());
             if report.claimed >= inner.config.batch_size as usize {
                 continue;
@@ -1095,7 +1266,10 @@ impl Relay {
     pub async fn cycle(&self, outbox: &Outbox) -> Result<CycleReport, OutboxError> {
         let inner = &self.inner;
         let claimed = outbox.claim(inner.config.batch_size as usize).await?;
-        let mut report = CycleReport { claimed: claimed.len(), ..Default::default() };
+        let mut report = CycleReport {
+            claimed: claimed.len(),
+            ..Default::default()
+        };
         let Some(token) = claimed.first().map(|n| n.lease_token.clone()) else {
             return Ok(report);
         };
@@ -1115,13 +1289,18 @@ impl Relay {
             let events: Vec<NewEvent> = good.iter().map(|(_, e)| e.clone()).collect();
             match inner.ctx.ingest.ingest(events).await {
                 Ok(_) => break,
-                Err(e @ (IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. })) => {
+                Err(
+                    e @ (IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. }),
+                ) => {
                     let index = match &e {
-                        IngestError::Conflict { index, .. } | IngestError::SequenceNotIncreasing { index, .. } => *index,
+                        IngestError::Conflict { index, .. }
+                        | IngestError::SequenceNotIncreasing { index, .. } => *index,
                         IngestError::Store(_) => unreachable!(),
                     };
                     let (node, _) = good.remove(index);
-                    let reason = e.to_string().replacen(&format!("event [{index}] "), "event ", 1);
+                    let reason = e
+                        .to_string()
+                        .replacen(&format!("event [{index}] "), "event ", 1);
                     tracing::warn!(source = %inner.name, event_id = %node.event_id, %reason, "outbox node refused by the store");
                     dead.push((node.event_id, reason));
                 }
@@ -1178,7 +1357,11 @@ impl Relay {
     fn retry_delay(&self, attempts: i64) -> Duration {
         let c = &self.inner.config;
         let exp = attempts.clamp(1, 30) as u32 - 1;
-        let d = c.retry_base.saturating_mul(1u32 << exp.min(20)).min(c.retry_cap);
-        d.mul_f64(1.0 + rand::random::<f64>() * 0.2).min(c.retry_cap)
+        let d = c
+            .retry_base
+            .saturating_mul(1u32 << exp.min(20))
+            .min(c.retry_cap);
+        d.mul_f64(1.0 + rand::random::<f64>() * 0.2)
+            .min(c.retry_cap)
     }
 }
