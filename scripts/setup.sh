@@ -12,6 +12,10 @@ command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 # Node.js and npm build the JavaScript sink (scripts/build-js-plugins.sh)
 # and run the benchmark's peers.
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
+# Java 17 and Maven run the embedded Neo4j of the Neo4j relay's tests
+# (tests/neo4j/).
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 if ((${#need_apt[@]})); then
     sudo_cmd=()
     [[ "$(id -u)" -eq 0 ]] || sudo_cmd=(sudo)
@@ -67,3 +71,9 @@ amqp_ready || { echo "setup: RabbitMQ does not answer on 127.0.0.1:5672" >&2; ex
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
     rustup target add wasm32-wasip2
 fi
+
+# The embedded Neo4j 5.26 of the Neo4j relay's tests: Maven fetches its jars
+# from Maven Central once (~120 MB into ~/.m2) and builds the launcher into
+# target/neo4j-embedded/; tests/common/neo4j.rs starts it with plain java.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mvn -q -B package -DskipTests -f "$root/tests/neo4j/pom.xml"

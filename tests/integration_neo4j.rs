@@ -422,7 +422,7 @@ async fn every_relay_query_is_index_backed() {
         );
         checked.insert(name, plan);
     }
-    assert_eq!(checked.len(), 9, "{checked:?}");
+    assert_eq!(checked.len(), 10, "{checked:?}");
 }
 
 #[tokio::test]
@@ -478,7 +478,7 @@ async fn wait_statuses(
     loop {
         let mut rows = graph
             .execute(query(&format!(
-                "MATCH (n:`{label}`) RETURN coalesce(n.eventId, '?') AS id, n.status AS s, n.lastError AS e"
+                "MATCH (n:`{label}`) RETURN coalesce(toStringOrNull(n.eventId), '?') AS id, n.status AS s, n.lastError AS e"
             )))
             .await
             .unwrap();
@@ -538,6 +538,8 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
             "CREATE (:`{label}` {{eventId: 'no-stream', streamVersion: 1, status: 'pending', eventType: 't', payload: '{{}}', createdAt: datetime()}}), \
                     (:`{label}` {{eventId: 'bad-version', packetId: 'D', streamVersion: 'one', status: 'pending', eventType: 't', payload: '{{}}', createdAt: datetime()}}), \
                     (:`{label}` {{eventId: 'bad-json', packetId: 'E', streamVersion: 1, status: 'pending', eventType: 't', payload: '{{nope', createdAt: datetime()}}), \
+                    (:`{label}` {{packetId: 'F', streamVersion: 1, status: 'pending', eventType: 't', payload: '{{}}', createdAt: datetime()}}), \
+                    (:`{label}` {{eventId: 42, packetId: 'G', streamVersion: 1, status: 'pending', eventType: 't', payload: '{{}}', createdAt: datetime()}}), \
                     (:`{label}` {{eventId: 'E-2', packetId: 'E', streamVersion: 2, status: 'pending', eventType: 't', payload: '{{}}', createdAt: datetime()}})"
         )))
         .await
@@ -574,6 +576,10 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
         reason("bad-json").contains("payload") && reason("bad-json").contains("JSON"),
         "{all:?}"
     );
+    for id in ["?", "42"] {
+        assert_eq!(status(id), "dead", "{all:?}");
+        assert!(reason(id).contains("eventId"), "{all:?}");
+    }
     assert_eq!(status("C-1"), "dead");
     assert!(reason("C-1").contains("different"), "{all:?}");
 
@@ -637,7 +643,7 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
         "{metrics}"
     );
     assert!(
-        metrics.contains("outboxd_source_entries_total{source=\"graph\",outcome=\"dead\"} 4"),
+        metrics.contains("outboxd_source_entries_total{source=\"graph\",outcome=\"dead\"} 6"),
         "{metrics}"
     );
     assert!(

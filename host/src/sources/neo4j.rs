@@ -70,6 +70,10 @@ pub const LOCK_PROPERTY: &str = "outboxdClaimLock";
 const RETENTION_ROUNDS: u32 = 10;
 /// How often retention runs (more often when the retention is shorter).
 const RETENTION_EVERY: Duration = Duration::from_secs(10);
+/// How often nodes without a usable event id are looked for.
+const MISSING_ID_EVERY: Duration = Duration::from_secs(30);
+/// Most such nodes marked dead per sweep.
+const MISSING_ID_BATCH: i64 = 100;
 /// How often the oldest pending age is measured.
 const OLDEST_EVERY: Duration = Duration::from_secs(5);
 /// Most times a claim transaction is retried on a transient error
@@ -458,6 +462,11 @@ pub struct Queries {
     pub finish_dead: String,
     pub retention: String,
     pub oldest_pending: String,
+    /// Marks dead the waiting nodes whose event id is missing or not a
+    /// string (the shortlist, keyset-paged on the id, never sees them).
+    /// Hinted to the `(status)` index: a composite index holds only nodes
+    /// that have every one of its properties.
+    pub missing_id: String,
 }
 
 impl Queries {
@@ -478,6 +487,7 @@ impl Queries {
             ("finish dead".to_string(), self.finish_dead.clone()),
             ("retention".to_string(), self.retention.clone()),
             ("oldest pending".to_string(), self.oldest_pending.clone()),
+            ("missing id".to_string(), self.missing_id.clone()),
         ]);
         all
     }
@@ -505,6 +515,7 @@ impl Queries {
         let label = &config.label;
         let indexes = vec![
             format!("CREATE INDEX `outboxd_{label}_event_id` IF NOT EXISTS FOR (n:{l}) ON (n.{id})"),
+            format!("CREATE INDEX `outboxd_{label}_status` IF NOT EXISTS FOR (n:{l}) ON (n.{status})"),
             format!("CREATE INDEX `outboxd_{label}_status_event_id` IF NOT EXISTS FOR (n:{l}) ON (n.{status}, n.{id})"),
             format!("CREATE INDEX `outboxd_{label}_stream_status_version` IF NOT EXISTS FOR (n:{l}) ON (n.{stream}, n.{status}, n.{version})"),
             format!("CREATE INDEX `outboxd_{label}_status_delivered_at` IF NOT EXISTS FOR (n:{l}) ON (n.{status}, n.{delivered_at})"),
@@ -629,7 +640,13 @@ impl Queries {
              WITH n ORDER BY n.{created} ASC LIMIT 1 \
              RETURN duration.inSeconds(n.{created}, datetime()).milliseconds AS age_ms"
         );
+        let missing_id = format!(
+            "MATCH (n:{l}) USING INDEX n:{l}({status}) WHERE n.{status} IN ['pending', 'failed'] AND NOT (n.{id} IS :: STRING NOT NULL) \
+             WITH n LIMIT $limit \
+             SET n.{status} = 'dead', n.{last_error} = $reason RETURN count(n) AS dead"
+        );
         Queries {
+            missing_id,
             indexes,
             shortlist,
             claim,
@@ -997,6 +1014,29 @@ impl Outbox {
         Ok(deleted.max(0) as u64)
     }
 
+    /// Mark dead up to `limit` waiting nodes whose event id is missing or
+    /// not a string, with a reason naming the property. Returns how many.
+    /// (No claim can hold such a node, so no lock-first is needed.)
+    pub async fn mark_missing_ids(&self, limit: i64) -> Result<u64, OutboxError> {
+        let what = "missing id";
+        let reason = format!(
+            "property `{}` (the event id) is missing or not a string",
+            self.config.properties.event_id
+        );
+        let q = query(&self.queries.missing_id)
+            .param("limit", limit)
+            .param("reason", reason);
+        let rows = self.rows(what, q, false).await?;
+        let dead: i64 = match rows.first() {
+            Some(row) => row.get("dead").map_err(|e| OutboxError::Shape {
+                what,
+                detail: e.to_string(),
+            })?,
+            None => 0,
+        };
+        Ok(dead.max(0) as u64)
+    }
+
     /// Age of the oldest pending node (by its creation time), if any.
     pub async fn oldest_pending_age(&self) -> Result<Option<Duration>, OutboxError> {
         let what = "oldest pending";
@@ -1204,6 +1244,7 @@ impl Relay {
         tracing::info!(source = %inner.name, url = %inner.config.url, label = %inner.config.label, "neo4j outbox relay started");
         let mut last_retention: Option<Instant> = None;
         let mut last_oldest: Option<Instant> = None;
+        let mut last_missing: Option<Instant> = None;
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -1221,6 +1262,21 @@ impl Relay {
                     if n < inner.config.retention_batch as u64 {
                         break;
                     }
+                }
+            }
+            if last_missing.is_none_or(|t| t.elapsed() >= MISSING_ID_EVERY) {
+                last_missing = Some(Instant::now());
+                let n = outbox
+                    .mark_missing_ids(MISSING_ID_BATCH)
+                    .await
+                    .map_err(fail)?;
+                if n > 0 {
+                    tracing::warn!(source = %inner.name, nodes = n, "outbox nodes without a usable event id marked dead");
+                    inner
+                        .ctx
+                        .ingest
+                        .metrics
+                        .source_entries(&inner.name, "dead", n);
                 }
             }
             if last_oldest.is_none_or(|t| t.elapsed() >= OLDEST_EVERY) {
