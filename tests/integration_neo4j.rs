@@ -853,3 +853,137 @@ async fn neo4j_unreachable_shows_in_ready_and_sources_list_and_the_daemon_stays_
     assert!(text.starts_with("graph\tneo4j\tnot ready\t"), "{text}");
     d.stop().await;
 }
+
+/// Outbox nodes of the crash test: `STREAMS` streams × `PER_STREAM` versions.
+const STREAMS: usize = 200;
+const PER_STREAM: usize = 50;
+/// SIGKILLs of a relay process during the crash test (at least).
+const KILLS: usize = 5;
+
+#[tokio::test]
+async fn three_relay_processes_sigkilled_deliver_every_node_once_in_stream_order() {
+    common::init_logs();
+    let db = TestDb::new(Backend::Postgres).await;
+    let label = unique_label();
+    let graph = Neo4jServer::shared().graph();
+    for chunk in 0..STREAMS / 20 {
+        let nodes: Vec<(String, i64)> = (chunk * 20..(chunk + 1) * 20)
+            .flat_map(|s| (1..=PER_STREAM as i64).map(move |v| (format!("S{s:03}"), v)))
+            .collect();
+        let refs: Vec<(&str, i64)> = nodes.iter().map(|(s, v)| (s.as_str(), *v)).collect();
+        add_nodes(&graph, &label, &refs).await;
+    }
+    let total = STREAMS * PER_STREAM;
+    let receiver = common::Receiver::start().await;
+    let plugins = common::PluginsDir::new();
+    let secret = common::new_secret();
+    plugins.add_webhook_with_limits(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &secret,
+        "deadline = \"2s\"\nmax-batch = 100\n",
+        "",
+    );
+    let data = tempfile::tempdir().unwrap();
+    let configs: Vec<common::ChildConfig> = (0..3)
+        .map(|i| common::ChildConfig {
+            listen: common::free_loopback_addr(),
+            database_url: db.url.clone(),
+            plugins_dir: plugins.path().to_path_buf(),
+            data_dir: data.path().join(format!("relay{i}")),
+            env: [
+                ("OUTBOXD_DELIVERY__LEASE", "9s"),
+                ("OUTBOXD_DELIVERY__MAX_POLL_INTERVAL", "200ms"),
+                ("OUTBOXD_SOURCES__GRAPH__KIND", "neo4j"),
+                (
+                    "OUTBOXD_SOURCES__GRAPH__URL",
+                    Neo4jServer::shared().uri.as_str(),
+                ),
+                ("OUTBOXD_SOURCES__GRAPH__LABEL", label.as_str()),
+                ("OUTBOXD_SOURCES__GRAPH__LEASE", "5s"),
+                ("OUTBOXD_SOURCES__GRAPH__TIMEOUT", "2s"),
+                ("OUTBOXD_SOURCES__GRAPH__POLL_INTERVAL", "100ms"),
+                ("OUTBOXD_SOURCES__GRAPH__RETRY_BASE", "200ms"),
+                ("OUTBOXD_SOURCES__GRAPH__RETRY_CAP", "1s"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            log: common::child_log(&format!("neo4j-crash-relay{i}")),
+        })
+        .collect();
+    let mut relays: Vec<common::ChildDaemon> =
+        configs.iter().map(common::ChildDaemon::spawn).collect();
+    for r in &mut relays {
+        r.wait_healthy(Duration::from_secs(60)).await;
+    }
+    let unique = |r: &common::Receiver| {
+        r.with_seen(|seen| {
+            seen.iter()
+                .filter_map(|x| x.header("webhook-id"))
+                .collect::<HashSet<_>>()
+                .len()
+        })
+    };
+    let start = std::time::Instant::now();
+    let mut kills = 0;
+    while kills < KILLS || unique(&receiver) < total {
+        assert!(
+            start.elapsed() < Duration::from_secs(400),
+            "only {} of {total} delivered after {kills} kills:\n{}",
+            unique(&receiver),
+            relays[0].log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        if kills < KILLS {
+            let i = rand::random_range(0..3);
+            relays[i].kill();
+            kills += 1;
+            relays[i] = common::ChildDaemon::spawn(&configs[i]);
+            relays[i].wait_healthy(Duration::from_secs(60)).await;
+        }
+    }
+    // Every node delivered in Neo4j, every event stored once.
+    wait_statuses(&graph, &label, Duration::from_secs(60), |s| {
+        s.values().all(|v| v == "delivered")
+    })
+    .await;
+    use sqlx::Connection;
+    let mut pg = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM outboxd.events")
+        .fetch_one(&mut pg)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored as usize, total,
+        "no event stored twice under two ids, none missing"
+    );
+    // In stream order: each stream's first deliveries come in version order.
+    let firsts: Vec<String> = receiver.with_seen(|seen| {
+        let mut first = HashSet::new();
+        seen.iter()
+            .filter_map(|x| x.header("webhook-id"))
+            .filter(|id| first.insert(id.clone()))
+            .collect()
+    });
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for id in &firsts {
+        let (stream, version) = id.rsplit_once('-').unwrap();
+        let version: i64 = version.parse().unwrap();
+        let prev = last.insert(stream.to_string(), version).unwrap_or(0);
+        assert_eq!(
+            version,
+            prev + 1,
+            "{id} delivered first after version {prev} of {stream}"
+        );
+    }
+    assert_eq!(last.len(), STREAMS);
+    let redelivered = receiver.count() - total;
+    eprintln!(
+        "crash test: {total} nodes, {kills} SIGKILLs, {redelivered} re-deliveries, {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
+    drop(relays);
+    db.cleanup().await;
+}
