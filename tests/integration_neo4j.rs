@@ -987,3 +987,64 @@ async fn three_relay_processes_sigkilled_deliver_every_node_once_in_stream_order
     drop(relays);
     db.cleanup().await;
 }
+
+/// Benchmark (run by hand: `cargo test --test integration_neo4j --
+/// --ignored bench_claim --nocapture`): the cost of one claim cycle
+/// (shortlist + lock-first claim of 100 heads + fenced finish) with 10,000
+/// pending nodes, then with 100,000, printed as a ratio measured in the
+/// same run. Ids are random UUIDs, so streams mix in the id order.
+#[tokio::test]
+#[ignore]
+async fn bench_claim_cost_10k_vs_100k_pending() {
+    let label = unique_label();
+    let mut c = config(&label);
+    c.batch_size = 100;
+    let r = outbox(&c).await;
+    let add = |count: usize, streams: usize| {
+        let graph = r.graph().clone();
+        let label = label.clone();
+        async move {
+            for _ in 0..count / 10_000 {
+                graph
+                    .run(
+                        query(&format!(
+                            "UNWIND range(1, 10000) AS i CREATE (:`{label}` {{eventId: randomUUID(), \
+                             packetId: 'S' + toString(i % $streams), streamVersion: i, status: 'pending', \
+                             attempts: 0, createdAt: datetime(), eventType: 't', payload: '{{}}'}})"
+                        ))
+                        .param("streams", streams as i64),
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let measure = |rounds: usize| {
+        let r = &r;
+        async move {
+            let start = std::time::Instant::now();
+            let mut claimed = 0;
+            for _ in 0..rounds {
+                let nodes = r.claim(100).await.unwrap();
+                claimed += nodes.len();
+                if let Some(first) = nodes.first() {
+                    let ids = nodes.iter().map(|n| n.event_id.clone()).collect();
+                    r.finish_delivered(&first.lease_token, ids).await.unwrap();
+                }
+            }
+            (start.elapsed() / rounds as u32, claimed)
+        }
+    };
+    add(10_000, 1000).await;
+    measure(3).await; // warm-up
+    let (small, n_small) = measure(20).await;
+    add(90_000, 1000).await;
+    measure(3).await;
+    let (large, n_large) = measure(20).await;
+    eprintln!(
+        "claim cycle (100 heads): {:.1} ms at ~10k pending ({n_small} claimed), {:.1} ms at ~100k pending ({n_large} claimed): ratio {:.2}",
+        small.as_secs_f64() * 1e3,
+        large.as_secs_f64() * 1e3,
+        large.as_secs_f64() / small.as_secs_f64()
+    );
+}
