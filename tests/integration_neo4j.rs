@@ -459,7 +459,9 @@ async fn config_errors_name_the_key() {
     // A good one loads.
     std::fs::write(&file, "[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://127.0.0.1:7687\"\nbatch-size = 10\nlease = \"30s\"\n[sources.graph.properties]\nstream = \"streamKey\"\n").unwrap();
     let config = outboxd::config::Config::load(Some(&file), serde_json::json!({})).unwrap();
-    let outboxd::sources::SourceConfig::Neo4j(g) = &config.sources["graph"];
+    let outboxd::sources::SourceConfig::Neo4j(g) = &config.sources["graph"] else {
+        panic!("not a neo4j source: {:?}", config.sources["graph"]);
+    };
     assert_eq!(
         (g.batch_size, g.lease, g.properties.stream.as_str()),
         (10, Duration::from_secs(30), "streamKey")
@@ -632,10 +634,14 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
     // Operations: ready, metrics, admin API.
     let (code, ready) = d.get("/ready").await;
     assert_eq!(code, 200, "{ready}");
-    assert_eq!(ready["checks"]["sources"]["sources"][0]["name"], "graph");
-    assert_eq!(ready["checks"]["sources"]["sources"][0]["ready"], true);
+    assert_eq!(ready["checks"]["sources"]["sources"]["graph"]["ok"], true);
+    assert_eq!(
+        ready["checks"]["sources"]["sources"]["graph"]["checks"]["neo4j_reachable"]["ok"],
+        true
+    );
     let (code, admin) = d.get("/v1/admin/sources").await;
     assert_eq!(code, 200);
+    assert_eq!(admin["sources"][0]["name"], "graph");
     assert_eq!(admin["sources"][0]["kind"], "neo4j");
     let metrics = d.metrics_text().await;
     assert!(
@@ -823,16 +829,16 @@ async fn neo4j_unreachable_shows_in_ready_and_sources_list_and_the_daemon_stays_
     let start = std::time::Instant::now();
     let ready = loop {
         let (code, ready) = d.get("/ready").await;
-        if ready["checks"]["sources"]["sources"][0]["last_error"].is_string() {
+        if ready["checks"]["sources"]["sources"]["graph"]["last_error"].is_string() {
             assert_eq!(code, 503, "{ready}");
             break ready;
         }
         assert!(start.elapsed() < Duration::from_secs(20), "{ready}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let source = &ready["checks"]["sources"]["sources"][0];
-    assert_eq!(source["ready"], false);
-    assert_eq!(source["connected"], false);
+    let source = &ready["checks"]["sources"]["sources"]["graph"];
+    assert_eq!(source["ok"], false);
+    assert_eq!(source["checks"]["neo4j_reachable"]["ok"], false, "{ready}");
     assert_eq!(ready["checks"]["sources"]["ok"], false);
     // The daemon itself goes on serving.
     assert_eq!(d.get("/health").await.0, 200);

@@ -60,8 +60,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Admin API settings.
     pub admin: AdminConfig,
-    /// Sources that relay an application's outbox into the store
-    /// (`[sources.NAME]`, chosen by `kind`; see `crate::sources`).
+    /// Sources outboxd pulls events from, by name (`[sources.NAME]`, with
+    /// `kind = "couchdb"`, ...). Default none.
     pub sources: std::collections::BTreeMap<String, crate::sources::SourceConfig>,
 }
 

@@ -113,6 +113,7 @@ impl Daemon {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let wake = Arc::new(Notify::new());
         let heartbeats = Arc::new(Heartbeats::default());
+        let quarantines = Arc::new(crate::delivery::Quarantines::default());
         store.forward_wakeups(wake.clone(), shutdown_rx.clone());
         let shared = Shared {
             store: store.clone(),
@@ -120,6 +121,7 @@ impl Daemon {
             wake: wake.clone(),
             heartbeats: heartbeats.clone(),
             metrics: metrics.clone(),
+            quarantines: quarantines.clone(),
         };
         let mut tasks = Vec::new();
         let route_table = routes.clone();
@@ -147,7 +149,10 @@ impl Daemon {
             Box::new(move |plugin, known| admit(plugin, known, lease)),
             Box::new(move |sink, current| {
                 if !sink_routes.add_sink(sink) {
-                    tracing::warn!(sink, "no route names this sink: it gets no events until the routes do");
+                    tracing::warn!(
+                        sink,
+                        "no route names this sink: it gets no events until the routes do"
+                    );
                 }
                 let task = tokio::spawn(crate::delivery::run_sink(
                     sink_shared.clone(),
@@ -161,23 +166,19 @@ impl Daemon {
         );
         tasks.push(registry.clone().watch(shutdown_rx.clone()));
 
-        let source_statuses = Arc::new(crate::sources::SourceStatuses::default());
-        tasks.extend(
-            crate::sources::start(
-                &config.sources,
-                crate::sources::SourceContext {
-                    ingest: crate::sources::SourceIngest {
-                        store: store.clone(),
-                        routes: routes.clone(),
-                        wake: wake.clone(),
-                        metrics: metrics.clone(),
-                    },
-                    statuses: source_statuses.clone(),
-                },
-                shutdown_rx.clone(),
-            )
-            .map_err(|e| StartError::Config(e.to_string()))?,
-        );
+        let sources = Arc::new(crate::sources::Statuses::default());
+        tasks.extend(crate::sources::spawn_all(
+            &config.sources,
+            crate::sources::SourceContext {
+                store: store.clone(),
+                routes: routes.clone(),
+                wake: wake.clone(),
+                metrics: metrics.clone(),
+                db_timeout: config.delivery.db_timeout,
+            },
+            sources.clone(),
+            shutdown_rx.clone(),
+        ));
 
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
@@ -191,10 +192,11 @@ impl Daemon {
             plugins: registry.clone(),
             heartbeats,
             metrics,
+            quarantines,
             admin_token: config.admin.token.clone(),
             amqp: runtime.amqp().clone(),
             routes,
-            sources: source_statuses,
+            sources,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -254,6 +256,24 @@ impl Daemon {
 /// ([`crate::delivery::minimum_lease`]) and its `after` must name another
 /// known sink. `Err` says what to change.
 fn admit(plugin: &Plugin, known: &[String], lease: std::time::Duration) -> Result<(), String> {
+    admit_lease(plugin, lease)?;
+    if let Some(after) = &plugin.manifest().after {
+        if !known.contains(after) || after == plugin.name() {
+            return Err(format!(
+                "sink {:?}: `after = {after:?}` names no other sink (known: {})",
+                plugin.name(),
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The lease half of [`admit`]: whether a daemon whose delivery lease is
+/// `lease` can serve `plugin`, whose deadline the lease must outlast
+/// ([`crate::delivery::minimum_lease`]). `Err` says which setting to
+/// change and to what. `outboxd plugin check` applies this same rule.
+pub fn admit_lease(plugin: &Plugin, lease: std::time::Duration) -> Result<(), String> {
     let deadline = plugin.manifest().limits.deadline;
     let needed = crate::delivery::minimum_lease(deadline);
     if lease < needed {
@@ -265,15 +285,6 @@ fn admit(plugin: &Plugin, known: &[String], lease: std::time::Duration) -> Resul
             humantime::format_duration(deadline),
             humantime::format_duration(needed),
         ));
-    }
-    if let Some(after) = &plugin.manifest().after {
-        if !known.contains(after) || after == plugin.name() {
-            return Err(format!(
-                "sink {:?}: `after = {after:?}` names no other sink (known: {})",
-                plugin.name(),
-                known.join(", ")
-            ));
-        }
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! The `outboxd` command line: `run`, `migrate`, `plugin check`.
+//! The `outboxd` command line: `run`, `migrate`, `plugin check|wit|new|run`,
+//! and the admin commands.
 //!
 //! Owns: parsing flags into a partial configuration (flags win over the
 //! environment and the file, see [`outboxd::config`]), logging set-up, exit
@@ -26,6 +27,10 @@ struct Cli {
     /// TOML configuration file (also OUTBOXD_CONFIG).
     #[arg(long, global = true, env = "OUTBOXD_CONFIG")]
     config: Option<PathBuf>,
+    /// Options that override configuration keys; like `--config`, they may
+    /// stand before or after the subcommand.
+    #[command(flatten)]
+    flags: Flags,
     #[command(subcommand)]
     command: Command,
 }
@@ -34,17 +39,12 @@ struct Cli {
 enum Command {
     /// Run the daemon: HTTP API and one delivery loop per sink.
     Run {
-        #[command(flatten)]
-        flags: Flags,
         /// Apply pending database migrations before starting.
         #[arg(long)]
         migrate: bool,
     },
     /// Apply pending database migrations and exit.
-    Migrate {
-        #[command(flatten)]
-        flags: Flags,
-    },
+    Migrate,
     /// Inspect plugins.
     Plugin {
         #[command(subcommand)]
@@ -59,23 +59,17 @@ enum Command {
     Dead {
         #[command(subcommand)]
         command: DeadCommand,
-        #[command(flatten)]
-        flags: Flags,
     },
     /// List, pause or resume sinks (shared by every replica).
     Sinks {
         #[command(subcommand)]
         command: SinksCommand,
-        #[command(flatten)]
-        flags: Flags,
     },
     /// Show the configured sources and their status, as the running daemon
     /// (at `listen`) reports them.
     Sources {
         #[command(subcommand)]
         command: SourcesCommand,
-        #[command(flatten)]
-        flags: Flags,
     },
     /// Create deliveries for a (new) sink over past events, by the routes;
     /// running it twice creates nothing new.
@@ -85,8 +79,6 @@ enum Command {
         /// Events ingested at or after this time (RFC 3339). Default: all.
         #[arg(long)]
         since: Option<String>,
-        #[command(flatten)]
-        flags: Flags,
     },
     /// Show the effective configuration, secrets redacted.
     Config {
@@ -98,20 +90,13 @@ enum Command {
 #[derive(Subcommand)]
 enum EventsCommand {
     /// Print an event and its deliveries as JSON.
-    Show {
-        id: String,
-        #[command(flatten)]
-        flags: Flags,
-    },
+    Show { id: String },
 }
 
 #[derive(Subcommand)]
 enum ConfigCommand {
     /// Print the merged configuration (file, environment, flags) as TOML.
-    Show {
-        #[command(flatten)]
-        flags: Flags,
-    },
+    Show,
 }
 
 /// Which dead letters: every given option must match.
@@ -172,6 +157,61 @@ enum PluginCommand {
         #[arg(long)]
         manifest: Option<PathBuf>,
     },
+    /// Write the WIT this binary speaks (`sink.wit`) into a folder.
+    Wit {
+        /// Folder to write into (created when missing).
+        #[arg(long, default_value = "wit")]
+        out: PathBuf,
+    },
+    /// Create a sink project outside this repository: WIT, build settings,
+    /// manifest, README and unit tests, ready to build into a component.
+    New {
+        /// Sink name (lower-case letters, digits, '-' and '_'); also the
+        /// project folder's name.
+        name: String,
+        /// Language of the project.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: NewLang,
+        /// Folder to create the project in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Run sample events through a plugin, as the daemon would (fresh
+    /// sandbox per batch, `init` then `deliver`, the manifest's grants and
+    /// limits), and print each outcome and the plugin's log lines. No
+    /// database, nothing retried.
+    Run {
+        /// The component (`.wasm`).
+        file: PathBuf,
+        /// Its manifest; default: the `.toml` beside it.
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        /// CloudEvents in the JSON format, one per line.
+        #[arg(long)]
+        events: PathBuf,
+        /// Lowest level of the plugin's log lines shown (RUST_LOG, when
+        /// set, wins).
+        #[arg(long, value_enum, default_value = "info")]
+        log_level: PluginLogLevel,
+    },
+}
+
+/// `plugin new --lang`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum NewLang {
+    Rust,
+    Js,
+    Python,
+}
+
+/// `plugin run --log-level`: the levels of the WIT's `log` interface.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PluginLogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
 }
 
 /// Flags that override configuration keys. Unset flags leave the key alone.
@@ -179,23 +219,23 @@ enum PluginCommand {
 #[serde(rename_all = "kebab-case")]
 struct Flags {
     /// HTTP listen address [default: 127.0.0.1:8080].
-    #[arg(long)]
+    #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<SocketAddr>,
     /// Data folder for the embedded SQLite database [default: ./data].
-    #[arg(long)]
+    #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
     /// Database URL (sqlite://PATH) [default: SQLite in the data folder].
-    #[arg(long)]
+    #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     database_url: Option<String>,
     /// Plugins folder [default: ./target/plugins].
-    #[arg(long)]
+    #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     plugins_dir: Option<PathBuf>,
     /// Log format.
-    #[arg(long, value_enum)]
+    #[arg(long, global = true, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     log_format: Option<LogFormat>,
 }
@@ -235,9 +275,10 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let flags = &cli.flags;
     match cli.command {
-        Command::Run { flags, migrate } => {
-            let config = Config::load(cli.config.as_deref(), &flags)?;
+        Command::Run { migrate } => {
+            let config = Config::load(cli.config.as_deref(), flags)?;
             init_logging(config.log_format);
             let mode = if migrate {
                 Migrations::Apply
@@ -250,8 +291,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             daemon.shutdown().await;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Migrate { flags } => {
-            let config = Config::load(cli.config.as_deref(), &flags)?;
+        Command::Migrate => {
+            let config = Config::load(cli.config.as_deref(), flags)?;
             init_logging(config.log_format);
             let url = config.effective_database_url();
             let store = outboxd::store::open(&url).await?;
@@ -272,9 +313,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Events {
-            command: EventsCommand::Show { id, flags },
+            command: EventsCommand::Show { id },
         } => {
-            let store = open_store(cli.config.as_deref(), &flags).await?;
+            let store = open_store(cli.config.as_deref(), flags).await?;
             match store.event(&id).await? {
                 None => {
                     eprintln!("no event with id {id:?}");
@@ -293,8 +334,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Dead { command, flags } => {
-            let store = open_store(cli.config.as_deref(), &flags).await?;
+        Command::Dead { command } => {
+            let store = open_store(cli.config.as_deref(), flags).await?;
             let (sel, action) = match command {
                 DeadCommand::List(s) => (s, "list"),
                 DeadCommand::Replay(s) => (s, "replay"),
@@ -340,15 +381,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sinks { command, flags } => {
-            let store = open_store(cli.config.as_deref(), &flags).await?;
+        Command::Sinks { command } => {
+            let store = open_store(cli.config.as_deref(), flags).await?;
             match command {
                 SinksCommand::List => {
                     let paused = store.paused_sinks().await?;
-                    let config = Config::load(cli.config.as_deref(), &flags)?;
+                    let config = Config::load(cli.config.as_deref(), flags)?;
                     let runtime =
                         outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
                     let plugins = outboxd::plugin::load_dir(&runtime, &config.plugins_dir);
+                    // Quarantines live in the daemon's process: ask it.
+                    let quarantines = outboxd::ops::daemon_client::quarantines(
+                        config.listen,
+                        config.admin.token.as_deref(),
+                    )
+                    .await;
+                    if let Err(e) = &quarantines {
+                        eprintln!("quarantine state unknown: {e}");
+                    }
                     for sink in plugins.known_sinks() {
                         let state = if paused.contains(&sink) {
                             "paused"
@@ -360,7 +410,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                         } else {
                             "refused"
                         };
-                        println!("{sink}\t{state}\t{loaded}");
+                        let quarantine = match quarantines.as_ref().map(|q| q.get(&sink)) {
+                            Ok(Some(q)) => format!(
+                                "\tquarantined until {} ({})",
+                                q["until"].as_str().unwrap_or("?"),
+                                q["reason"].as_str().unwrap_or("?")
+                            ),
+                            _ => String::new(),
+                        };
+                        println!("{sink}\t{state}\t{loaded}{quarantine}");
                     }
                 }
                 SinksCommand::Pause { sink } => {
@@ -376,35 +434,34 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Sources {
             command: SourcesCommand::List,
-            flags,
         } => {
-            let config = Config::load(cli.config.as_deref(), &flags)?;
-            let body = outboxd::ops::admin::remote_get(
-                config.listen,
-                "/v1/admin/sources",
-                config.admin.token.as_deref(),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!(e))?;
-            for s in body["sources"].as_array().cloned().unwrap_or_default() {
+            // Source status lives in the daemon's process: ask it.
+            let config = Config::load(cli.config.as_deref(), flags)?;
+            let sources =
+                outboxd::ops::daemon_client::sources(config.listen, config.admin.token.as_deref())
+                    .await?;
+            for s in sources {
+                let age = match s["last_cycle_age_ms"].as_u64() {
+                    Some(ms) => format!("last cycle {ms} ms ago"),
+                    None => "no cycle yet".to_string(),
+                };
                 println!(
-                    "{}\t{}\t{}\tlast cycle {} ms ago\t{}",
+                    "{}\t{}\t{}\t{age}\t{}",
                     s["name"].as_str().unwrap_or(""),
                     s["kind"].as_str().unwrap_or(""),
-                    if s["ready"] == true {
+                    if s["ok"] == true {
                         "ready"
                     } else {
                         "not ready"
                     },
-                    s["last_cycle_age_ms"],
                     s["last_error"].as_str().unwrap_or("-"),
                 );
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Backfill { sink, since, flags } => {
-            let config = Config::load(cli.config.as_deref(), &flags)?;
-            let store = open_store(cli.config.as_deref(), &flags).await?;
+        Command::Backfill { sink, since } => {
+            let config = Config::load(cli.config.as_deref(), flags)?;
+            let store = open_store(cli.config.as_deref(), flags).await?;
             let runtime = outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
             let plugins = outboxd::plugin::load_dir(&runtime, &config.plugins_dir);
             let known = plugins.known_sinks();
@@ -435,9 +492,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config {
-            command: ConfigCommand::Show { flags },
+            command: ConfigCommand::Show,
         } => {
-            let mut config = Config::load(cli.config.as_deref(), &flags)?;
+            let mut config = Config::load(cli.config.as_deref(), flags)?;
             if config.admin.token.is_some() {
                 config.admin.token = Some("***".into());
             }
@@ -452,19 +509,105 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             command: PluginCommand::Check { file, manifest },
         } => {
             init_logging(LogFormat::Text);
-            Ok(outboxd::plugin::check::run(&file, manifest.as_deref()))
+            // The lease the daemon would run with: the same configuration
+            // (file, environment, flags) and the same admission rule.
+            let lease = Config::load(cli.config.as_deref(), flags)?.delivery.lease;
+            let admit = move |p: &outboxd::plugin::Plugin| outboxd::daemon::admit_lease(p, lease);
+            Ok(outboxd::plugin::check::run(&file, manifest.as_deref(), &admit).await)
+        }
+        Command::Plugin {
+            command: PluginCommand::Wit { out },
+        } => {
+            for file in outboxd::plugin::wit::write_to(&out)? {
+                println!("wrote {}", file.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin {
+            command: PluginCommand::New { name, lang, dir },
+        } => {
+            let lang = match lang {
+                NewLang::Rust => outboxd::plugin::scaffold::Lang::Rust,
+                NewLang::Js => outboxd::plugin::scaffold::Lang::Js,
+                NewLang::Python => outboxd::plugin::scaffold::Lang::Python,
+            };
+            let project = outboxd::plugin::scaffold::create(&name, lang, &dir)?;
+            let build = match lang {
+                outboxd::plugin::scaffold::Lang::Rust => {
+                    "cargo build --release --target wasm32-wasip2"
+                }
+                outboxd::plugin::scaffold::Lang::Js => "npm install && npm run build",
+                outboxd::plugin::scaffold::Lang::Python => "./build.sh",
+            };
+            println!(
+                "created {}: build it with `{build}` there (see its README.md)",
+                project.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin {
+            command:
+                PluginCommand::Run {
+                    file,
+                    manifest,
+                    events,
+                    log_level,
+                },
+        } => {
+            // The plugin's lines (logged by the runtime, tagged with the
+            // plugin's name) go to stdout among the outcomes.
+            let level = match log_level {
+                PluginLogLevel::Trace => "trace",
+                PluginLogLevel::Debug => "debug",
+                PluginLogLevel::Info => "info",
+                PluginLogLevel::Warn => "warn",
+                PluginLogLevel::Error => "error",
+            };
+            let filter =
+                tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new(format!(
+                        "warn,outboxd::plugin::runtime={level},wasmtime=warn,cranelift=warn"
+                    ))
+                });
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stdout)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+                .without_time()
+                .init();
+            let tally = outboxd::plugin::trial::run(
+                &file,
+                manifest.as_deref(),
+                &events,
+                &mut std::io::stdout(),
+            )
+            .await?;
+            Ok(if tally.failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }
 
-/// Open the configured store for an admin command (migrations must be
-/// current).
+/// Open the configured store for an admin command: the database must exist
+/// (an admin command never creates one) and its migrations be current.
 async fn open_store(
     file: Option<&std::path::Path>,
     flags: &Flags,
 ) -> anyhow::Result<std::sync::Arc<dyn outboxd::store::Store>> {
     let config = Config::load(file, flags)?;
-    let store = outboxd::store::open(&config.effective_database_url()).await?;
+    let url = config.effective_database_url();
+    if let Some(path) = outboxd::store::sqlite_path(&url) {
+        if !std::path::Path::new(path).exists() {
+            anyhow::bail!(
+                "no database at {path}: nothing has run with this configuration yet \
+                 (give --data-dir or --database-url of the daemon's database)"
+            );
+        }
+    }
+    let store = outboxd::store::open(&url).await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
         anyhow::bail!(

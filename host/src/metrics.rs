@@ -17,6 +17,16 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// Every `outcome` label of `outboxd_events_ingested_total`, created at 0
+/// when the registry is made so that `rate()` and alerts see the series on a
+/// fresh daemon (Prometheus' instrumentation guidance: initialise the label
+/// values known in advance).
+pub const INGEST_OUTCOMES: [&str; 4] = ["stored", "duplicate", "conflict", "rejected"];
+
+/// Every `outcome` label of `outboxd_deliveries_total`, created at 0 for
+/// each sink when its delivery loop starts ([`Metrics::sink_started`]).
+pub const DELIVERY_OUTCOMES: [&str; 5] = ["delivered", "retry", "dead", "lease_lost", "released"];
+
 /// `outcome` of an ingested event: `stored`, `duplicate`, `conflict`,
 /// `rejected` (bad input).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,16 +68,19 @@ pub struct PluginLabel {
     pub plugin: String,
 }
 
-/// Per source (`[sources.NAME]`).
+/// Per configured source (`[sources.NAME]`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
     pub source: String,
 }
 
-/// Per source and outcome of a relayed outbox entry: `relayed` (stored and
-/// marked delivered), `failed` (retried later), `dead` (refused for good,
-/// reason on the entry), `lease_lost` (a finish whose lease token no longer
-/// matched: nothing changed).
+/// Per source and entry outcome: `relayed` (stored as a new event),
+/// `duplicate` (found again, already stored), `already_published`,
+/// `malformed`, `conflict` (its event id is stored with other content, or
+/// its sequence does not advance the stream).
+/// The neo4j relay also counts `failed` (retried later), `dead` (refused for
+/// good, reason on the node) and `lease_lost` (a finish whose lease token no
+/// longer matched: nothing changed).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceOutcomeLabel {
     pub source: String,
@@ -97,8 +110,9 @@ pub struct Metrics {
     pub plugin_loads: Family<PluginLabel, Counter>,
     pub plugin_load_failures: Family<PluginLabel, Counter>,
     pub source_entries: Family<SourceOutcomeLabel, Counter>,
-    pub source_cycle_duration: Family<SourceLabel, Histogram, fn() -> Histogram>,
+    pub source_checkpoint_lag: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub source_oldest_pending_age: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub source_cycle_duration: Family<SourceLabel, Histogram, fn() -> Histogram>,
     pub source_ready: Family<SourceLabel, Gauge>,
 }
 
@@ -122,10 +136,11 @@ impl Metrics {
             plugin_loads: Family::default(),
             plugin_load_failures: Family::default(),
             source_entries: Family::default(),
+            source_checkpoint_lag: Family::default(),
+            source_oldest_pending_age: Family::default(),
             source_cycle_duration: Family::new_with_constructor(
                 latency_histogram as fn() -> Histogram,
             ),
-            source_oldest_pending_age: Family::default(),
             source_ready: Family::default(),
             registry: Registry::default(),
         };
@@ -197,8 +212,18 @@ impl Metrics {
         );
         registry.register(
             "source_entries",
-            "Outbox entries handled by a source, by source and outcome",
+            "Outbox entries a source found, by source and outcome",
             m.source_entries.clone(),
+        );
+        registry.register(
+            "source_checkpoint_lag_seconds",
+            "Time since a source's change feed was last caught up with its database",
+            m.source_checkpoint_lag.clone(),
+        );
+        registry.register(
+            "source_oldest_pending_age_seconds",
+            "Age of the oldest entry still pending in a source's database, as of its last scan",
+            m.source_oldest_pending_age.clone(),
         );
         registry.register(
             "source_cycle_duration_seconds",
@@ -206,15 +231,15 @@ impl Metrics {
             m.source_cycle_duration.clone(),
         );
         registry.register(
-            "source_oldest_pending_age_seconds",
-            "Age of the oldest outbox entry still waiting, by source",
-            m.source_oldest_pending_age.clone(),
-        );
-        registry.register(
             "source_ready",
-            "1 when a source is reachable and its last cycle is fresh and succeeded",
+            "1 when a source is ready (no error on its last run, every check ok and fresh)",
             m.source_ready.clone(),
         );
+        for outcome in INGEST_OUTCOMES {
+            drop(m.events_ingested.get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            }));
+        }
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -226,6 +251,17 @@ impl Metrics {
         out
     }
 
+    /// Create `sink`'s series of `outboxd_deliveries_total` at 0, one per
+    /// [`DELIVERY_OUTCOMES`] label (a series already counting is kept).
+    pub fn sink_started(&self, sink: &str) {
+        for outcome in DELIVERY_OUTCOMES {
+            drop(self.deliveries.get_or_create(&SinkOutcomeLabel {
+                sink: sink.to_string(),
+                outcome: outcome.to_string(),
+            }));
+        }
+    }
+
     /// Count an ingest outcome `n` times.
     pub fn ingested(&self, outcome: &str, n: u64) {
         self.events_ingested
@@ -235,16 +271,18 @@ impl Metrics {
             .inc_by(n);
     }
 
-    /// Count `n` outbox entries of `source` with `outcome`.
+    /// Count `n` entries of `source` with `outcome` (see
+    /// [`SourceOutcomeLabel`]).
     pub fn source_entries(&self, source: &str, outcome: &str, n: u64) {
-        if n > 0 {
-            self.source_entries
-                .get_or_create(&SourceOutcomeLabel {
-                    source: source.to_string(),
-                    outcome: outcome.to_string(),
-                })
-                .inc_by(n);
+        if n == 0 {
+            return;
         }
+        self.source_entries
+            .get_or_create(&SourceOutcomeLabel {
+                source: source.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc_by(n);
     }
 
     /// Count a delivery outcome for `sink`.

@@ -41,7 +41,7 @@ pub fn router(state: OpsState) -> Router {
 /// Every configured source with its status (`outboxd sources list`
 /// prints the same).
 async fn list_sources(State(state): State<OpsState>) -> Response {
-    Json(json!({ "sources": state.sources.reports() })).into_response()
+    Json(json!({ "sources": state.sources.list() })).into_response()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -161,17 +161,26 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
         Ok(p) => p,
         Err(e) => return store_error(e),
     };
-    // `state`: "loaded" (with its version), "removed" (its manifest is
+    // `state`: "loaded" (with its version), "quarantined" (loaded, but not
+    // claiming until `quarantine.until_ms` after failing batch after
+    // batch; `quarantine.reason` says how), "removed" (its manifest is
     // gone; deliveries parked with reason "sink removed" until it returns)
     // or "refused" (a manifest names it but it never loaded).
     let states = state.plugins.states();
+    let quarantined = state.quarantines.current();
     let sinks: Vec<_> = state
         .plugins
         .known()
         .iter()
         .map(|s| {
+            let quarantine = quarantined.get(s);
             let (loaded, st, version, parked) = match states.get(s) {
-                Some(SinkState::Loaded { version }) => (true, "loaded", Some(version.clone()), None),
+                Some(SinkState::Loaded { version }) if quarantine.is_some() => {
+                    (true, "quarantined", Some(version.clone()), None)
+                }
+                Some(SinkState::Loaded { version }) => {
+                    (true, "loaded", Some(version.clone()), None)
+                }
                 Some(SinkState::Removed) => (false, "removed", None, Some(REMOVED_REASON)),
                 None => (false, "refused", None, None),
             };
@@ -182,6 +191,7 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
                 "version": version,
                 "paused": paused.contains(s),
                 "parked": parked,
+                "quarantine": quarantine,
             })
         })
         .collect();
@@ -263,45 +273,4 @@ pub async fn run_backfill(
             None => return Ok((scanned, created)),
         }
     }
-}
-
-/// `GET path` on the admin API of the daemon listening at `listen` (as the
-/// CLI's `outboxd sources list` does), with the bearer token when given.
-/// Returns the JSON body of a 200 answer. Errors say whether the daemon did
-/// not answer or what it answered.
-pub async fn remote_get(
-    listen: std::net::SocketAddr,
-    path: &str,
-    token: Option<&str>,
-) -> Result<serde_json::Value, String> {
-    use http_body_util::BodyExt;
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Empty<bytes::Bytes>>();
-    let mut request = http::Request::get(format!("http://{listen}{path}"));
-    if let Some(token) = token.filter(|t| !t.is_empty()) {
-        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-    }
-    let request = request
-        .body(http_body_util::Empty::new())
-        .map_err(|e| e.to_string())?;
-    let response =
-        tokio::time::timeout(std::time::Duration::from_secs(10), client.request(request))
-            .await
-            .map_err(|_| format!("outboxd at {listen} did not answer within 10s"))?
-            .map_err(|e| format!("outboxd at {listen} is not reachable (is it running?): {e}"))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    if !status.is_success() {
-        return Err(format!(
-            "outboxd at {listen} answered {status}: {}",
-            String::from_utf8_lossy(&body)
-        ));
-    }
-    serde_json::from_slice(&body)
-        .map_err(|e| format!("outboxd at {listen}: answer is not JSON: {e}"))
 }

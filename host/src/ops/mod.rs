@@ -11,6 +11,7 @@
 //! a probe time out.
 
 pub mod admin;
+pub mod daemon_client;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,13 +42,15 @@ pub struct OpsState {
     pub plugins: Arc<crate::plugin::registry::Registry>,
     pub heartbeats: Arc<Heartbeats>,
     pub metrics: Arc<Metrics>,
+    /// Sinks quarantined after failing batch after batch.
+    pub quarantines: Arc<crate::delivery::Quarantines>,
     pub admin_token: Option<String>,
     /// The AMQP brokers plugins publish to (readiness shows an outage).
     pub amqp: crate::plugin::amqp::AmqpPool,
     /// The routing table (backfill routes past events with it).
     pub routes: Arc<crate::ingest::routes::Router>,
-    /// Status of each configured source (`[sources.NAME]`).
-    pub sources: Arc<crate::sources::SourceStatuses>,
+    /// The configured sources' status (readiness shows each).
+    pub sources: Arc<crate::sources::Statuses>,
 }
 
 /// The ops routes.
@@ -146,8 +149,12 @@ async fn ready(State(state): State<OpsState>) -> Response {
     } else {
         Err("database unavailable".into())
     };
-    let sources = state.sources.reports();
-    let sources_ok = sources.iter().all(|s| s.ready);
+    // Shown, not failed on: a quarantine ends by itself, ingest (what
+    // readiness gates) is unaffected, and failing every replica's /ready
+    // for one sink's plugin would stop ingest for every sink (README,
+    // Operations).
+    let quarantined = state.quarantines.current();
+    let (sources_ok, sources) = state.sources.snapshot();
     let ok = database.is_ok()
         && migrations.is_ok()
         && workers_ok
@@ -169,6 +176,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
                 "loaded": state.plugins.loaded(),
                 "removed": removed,
                 "refused": refused,
+                "quarantined": quarantined,
             },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
             "sources": { "ok": sources_ok, "sources": sources },
@@ -197,13 +205,12 @@ async fn metrics(State(state): State<OpsState>) -> Response {
             .get_or_create(&label)
             .set(beat.consecutive_failures as i64);
     }
-    for source in state.sources.reports() {
-        let label = crate::metrics::SourceLabel {
-            source: source.name.clone(),
-        };
-        m.source_ready
-            .get_or_create(&label)
-            .set(source.ready as i64);
+    if let (_, serde_json::Value::Object(sources)) = state.sources.snapshot() {
+        for (source, s) in sources {
+            m.source_ready
+                .get_or_create(&crate::metrics::SourceLabel { source })
+                .set((s["ok"] == true) as i64);
+        }
     }
     if let Ok(q) = queue(&*state.store).await {
         let (mut active, mut expired) = (0, 0);

@@ -16,9 +16,14 @@ pub mod bindings;
 pub mod cache;
 pub mod check;
 pub mod egress;
+pub mod guest_text;
+pub mod log_limit;
 pub mod manifest;
 pub mod registry;
 pub mod runtime;
+pub mod scaffold;
+pub mod trial;
+pub mod wit;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

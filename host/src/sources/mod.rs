@@ -1,48 +1,54 @@
-//! Sources: relays that pull events from an application's own outbox
-//! (`[sources.NAME]` in the configuration) and hand them to the store.
+//! Sources: relays that pull events out of an application's own outbox.
 //!
-//! Owns only what every source needs: the `[sources.NAME]` dispatch on
-//! `kind` ([`SourceConfig`], one variant per kind, each variant's settings
-//! defined in that kind's own file), starting each configured source as its
-//! own task supervised with backoff ([`start`]), the per-source status that
-//! `/ready` and the admin API show ([`SourceStatuses`]), and the ingest
-//! handle ([`SourceIngest`]) through which a source stores events — the
-//! same store call, routing and metrics as the HTTP ingest (idempotent on
-//! id: same content → duplicate success, other content → conflict).
+//! Owns only what every source needs: the `[sources.NAME]` configuration
+//! dispatch ([`SourceConfig`], tagged by `kind = "..."`, one variant per
+//! kind, each variant's struct in its own file), starting each configured
+//! source as its own task supervised with backoff ([`spawn_all`]), and the
+//! per-source status (ready / last error / last cycle time / named checks)
+//! that `/ready`, `GET /v1/admin/sources` and `outboxd sources list` show
+//! ([`Statuses`]).
 //!
-//! Must never: write events or deliveries around the store's ingest, let a
-//! failing source take the daemon down or hold back another source, or log
-//! a source's secrets.
+//! Each kind lives in `sources/<kind>.rs`. A source hands events to the
+//! store through [`crate::ingest::submit`], the path the HTTP ingest uses
+//! (idempotent on id), never by writing rows around it.
+//!
+//! Must never: let one source's failure stop the daemon or another source
+//! (each runs in its own task; an error is logged, shown, and retried after
+//! a backoff), or hold kind-specific logic here.
 
+pub mod couchdb;
 pub mod neo4j;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use crate::event::NewEvent;
+use crate::ingest::routes::Router as Routes;
 use crate::metrics::Metrics;
-use crate::store::{IngestError, IngestItem, Ingested, Store};
+use crate::store::Store;
 
-/// One `[sources.NAME]` table, chosen by its `kind` key.
+/// One `[sources.NAME]` table: `kind` picks the variant, the other keys are
+/// the kind's own (unknown keys are refused, naming the key).
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum SourceConfig {
-    /// `kind = "neo4j"`: the Neo4j outbox relay ([`neo4j`]).
+    /// Pending entries kept inside CouchDB documents ([`couchdb`]).
+    Couchdb(couchdb::CouchdbConfig),
+    /// Outbox nodes in a Neo4j graph ([`neo4j`]).
     Neo4j(neo4j::Neo4jSourceConfig),
 }
 
 /// The kinds `kind` may name.
-pub const KINDS: &[&str] = &["neo4j"];
+pub const KINDS: &[&str] = &["couchdb", "neo4j"];
 
 impl<'de> Deserialize<'de> for SourceConfig {
     /// By `kind`, then the kind's own table; an error names the key inside
-    /// the table (`lease: invalid value ...`), which serde's tagged enums
-    /// would not.
+    /// the table (`lease: invalid value ...`), which serde's internally
+    /// tagged enums would not.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         let mut table: serde_json::Map<String, serde_json::Value> = Deserialize::deserialize(d)?;
@@ -61,10 +67,13 @@ impl<'de> Deserialize<'de> for SourceConfig {
             }
         };
         let value = serde_json::Value::Object(table);
-        let named = |e: serde_path_to_error::Error<serde_json::Error>| {
-            D::Error::custom(format!("`{}`: {}", e.path(), e.inner()))
-        };
+        fn named<E: Error>(e: serde_path_to_error::Error<serde_json::Error>) -> E {
+            E::custom(format!("`{}`: {}", e.path(), e.inner()))
+        }
         match kind.as_str() {
+            "couchdb" => serde_path_to_error::deserialize(value)
+                .map(SourceConfig::Couchdb)
+                .map_err(named),
             "neo4j" => serde_path_to_error::deserialize(value)
                 .map(SourceConfig::Neo4j)
                 .map_err(named),
@@ -80,270 +89,260 @@ impl SourceConfig {
     /// The `kind` value.
     pub fn kind(&self) -> &'static str {
         match self {
+            SourceConfig::Couchdb(_) => "couchdb",
             SourceConfig::Neo4j(_) => "neo4j",
         }
     }
 
-    /// Check values types alone cannot. `Err((key, problem))` names the key
-    /// relative to `sources.NAME.`.
+    /// Check what types alone cannot. `Err((key, problem))` names the key
+    /// under `sources.NAME.`.
     pub fn validate(&self) -> Result<(), (String, String)> {
         match self {
+            SourceConfig::Couchdb(c) => c.validate(),
             SourceConfig::Neo4j(c) => c.validate(),
         }
     }
 }
 
-/// Backoff of a source's supervisor after a failed run: first pause.
-pub const RESTART_BACKOFF_MIN: Duration = Duration::from_millis(500);
-/// Backoff of a source's supervisor after failed runs in a row: longest pause.
-pub const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// First wait after a source's run failed; doubles per failure in a row up
+/// to [`BACKOFF_MAX`].
+pub const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+/// Longest wait between two runs of a failing source.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A run that lasted this long before failing resets the backoff.
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
-/// What `/ready`, `/metrics` and `outboxd sources list` show of one source.
-#[derive(Debug, Clone, Serialize)]
-pub struct SourceReport {
-    pub name: String,
-    pub kind: String,
-    /// Reachable, last cycle fresh and succeeding.
-    pub ready: bool,
-    /// The source's own system answered on the last try.
-    pub connected: bool,
-    pub last_error: Option<String>,
-    /// Time since the last cycle finished, ms.
-    pub last_cycle_age_ms: Option<u64>,
-    /// Duration of the last cycle, ms.
-    pub last_cycle_ms: Option<u64>,
-    pub consecutive_failures: u32,
-    /// Age of the oldest outbox entry still waiting, ms (when known).
-    pub oldest_pending_age_ms: Option<u64>,
+/// What a running source may use: the ingest path and the metrics.
+#[derive(Clone)]
+pub struct SourceContext {
+    pub store: Arc<dyn Store>,
+    pub routes: Arc<Routes>,
+    /// Woken after an ingest that queued deliveries.
+    pub wake: Arc<Notify>,
+    pub metrics: Arc<Metrics>,
+    /// Timeout of each store call a source makes.
+    pub db_timeout: Duration,
 }
 
+/// A named readiness check of one source (e.g. `couchdb_reachable`).
 #[derive(Debug, Clone)]
-struct Status {
+struct Check {
+    ok: bool,
+    detail: Option<String>,
+    at: Instant,
+    /// The check turns not-ok when not renewed within this long.
+    stale_after: Option<Duration>,
+}
+
+/// The state of one source.
+#[derive(Debug, Clone)]
+struct SourceStatus {
     kind: &'static str,
-    stale_after: Duration,
-    connected: bool,
     last_error: Option<String>,
-    last_cycle_at: Option<Instant>,
-    last_cycle: Option<Duration>,
-    consecutive_failures: u32,
-    oldest_pending_age: Option<Duration>,
+    last_cycle_at: Option<SystemTime>,
+    checks: BTreeMap<String, Check>,
 }
 
-/// The status of every configured source, shared by the sources (writers)
-/// and the ops endpoints (readers).
-#[derive(Default)]
-pub struct SourceStatuses {
-    inner: Mutex<BTreeMap<String, Status>>,
+/// The status of every configured source, shared with `/ready`.
+#[derive(Debug, Default)]
+pub struct Statuses {
+    inner: Mutex<BTreeMap<String, SourceStatus>>,
 }
 
-impl SourceStatuses {
-    /// Register source `name`: not ready until its first cycle succeeds; a
-    /// cycle older than `stale_after` makes it not ready again.
-    pub fn register(&self, name: &str, kind: &'static str, stale_after: Duration) {
-        self.inner.lock().unwrap().insert(
-            name.to_string(),
-            Status {
-                kind,
-                stale_after,
-                connected: false,
-                last_error: None,
-                last_cycle_at: None,
-                last_cycle: None,
-                consecutive_failures: 0,
-                oldest_pending_age: None,
-            },
-        );
+impl Statuses {
+    fn with<R>(&self, name: &str, f: impl FnOnce(&mut SourceStatus) -> R) -> Option<R> {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.get_mut(name).map(f)
     }
 
-    /// Record a successful cycle of `took`.
-    pub fn cycle_ok(&self, name: &str, took: Duration) {
-        if let Some(s) = self.inner.lock().unwrap().get_mut(name) {
-            s.connected = true;
-            s.last_error = None;
-            s.last_cycle_at = Some(Instant::now());
-            s.last_cycle = Some(took);
-            s.consecutive_failures = 0;
-        }
-    }
-
-    /// Record a failed cycle (or connection attempt). `connected` says
-    /// whether the source's system answered at all.
-    pub fn cycle_failed(&self, name: &str, connected: bool, error: &str) {
-        if let Some(s) = self.inner.lock().unwrap().get_mut(name) {
-            s.connected = connected;
-            s.last_error = Some(error.to_string());
-            s.last_cycle_at = Some(Instant::now());
-            s.consecutive_failures += 1;
-        }
-    }
-
-    /// Record the age of the oldest waiting entry.
-    pub fn set_oldest_pending(&self, name: &str, age: Option<Duration>) {
-        if let Some(s) = self.inner.lock().unwrap().get_mut(name) {
-            s.oldest_pending_age = age;
-        }
-    }
-
-    /// Every source's report, by name.
-    pub fn reports(&self) -> Vec<SourceReport> {
-        self.inner
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(name, s)| {
-                let age = s.last_cycle_at.map(|t| t.elapsed());
-                let fresh = age.is_some_and(|a| a <= s.stale_after);
-                SourceReport {
-                    name: name.clone(),
-                    kind: s.kind.to_string(),
-                    ready: s.connected && fresh && s.consecutive_failures == 0,
-                    connected: s.connected,
-                    last_error: s.last_error.clone(),
-                    last_cycle_age_ms: age.map(|a| a.as_millis() as u64),
-                    last_cycle_ms: s.last_cycle.map(|d| d.as_millis() as u64),
-                    consecutive_failures: s.consecutive_failures,
-                    oldest_pending_age_ms: s.oldest_pending_age.map(|d| d.as_millis() as u64),
+    /// Every source as JSON (`ok`, `kind`, `last_error`, `last_cycle_at_ms`,
+    /// `checks`), and whether all are ready. A source is ready when its
+    /// last run has no error and every check is ok and fresh.
+    pub fn snapshot(&self) -> (bool, serde_json::Value) {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all_ok = true;
+        let mut out = serde_json::Map::new();
+        for (name, s) in map.iter() {
+            let mut ok = s.last_error.is_none();
+            let mut checks = serde_json::Map::new();
+            for (check, c) in &s.checks {
+                let age = c.at.elapsed();
+                let fresh = c.stale_after.is_none_or(|limit| age <= limit);
+                let check_ok = c.ok && fresh;
+                ok &= check_ok;
+                let mut v = serde_json::json!({ "ok": check_ok, "age_ms": age.as_millis() as u64 });
+                if let Some(d) = &c.detail {
+                    v["detail"] = serde_json::json!(d);
+                } else if !fresh {
+                    v["detail"] = serde_json::json!(format!(
+                        "not renewed for {:.0?} (limit {:?})",
+                        age,
+                        c.stale_after.unwrap_or_default()
+                    ));
                 }
+                checks.insert(check.clone(), v);
+            }
+            if s.checks.is_empty() {
+                ok = false; // not started yet
+            }
+            all_ok &= ok;
+            out.insert(
+                name.clone(),
+                serde_json::json!({
+                    "ok": ok,
+                    "kind": s.kind,
+                    "last_error": s.last_error,
+                    "last_cycle_at_ms": s.last_cycle_at
+                        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                        .map(|d| d.as_millis() as u64),
+                    "checks": checks,
+                }),
+            );
+        }
+        (all_ok, serde_json::Value::Object(out))
+    }
+
+    /// Every source as a list (`GET /v1/admin/sources`, `outboxd sources
+    /// list`): the [`snapshot`](Self::snapshot) entries, each with its
+    /// `name` and `last_cycle_age_ms` (time since its last cycle).
+    pub fn list(&self) -> Vec<serde_json::Value> {
+        let (_, all) = self.snapshot();
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let serde_json::Value::Object(all) = all else {
+            return Vec::new();
+        };
+        all.into_iter()
+            .map(|(name, mut s)| {
+                s["name"] = serde_json::json!(name);
+                s["last_cycle_age_ms"] = serde_json::json!(s["last_cycle_at_ms"]
+                    .as_u64()
+                    .map(|at| now_ms.saturating_sub(at)));
+                s
             })
             .collect()
     }
 }
 
-/// The ingest path a source uses: routing, the store's ingest (one
-/// transaction per call, idempotent on id), the ingest metrics and the
-/// delivery wake-up — as `POST /v1/events` does.
+/// One source's handle on its own status.
 #[derive(Clone)]
-pub struct SourceIngest {
-    pub store: Arc<dyn Store>,
-    pub routes: Arc<crate::ingest::routes::Router>,
-    pub wake: Arc<Notify>,
-    pub metrics: Arc<Metrics>,
+pub struct StatusHandle {
+    name: String,
+    statuses: Arc<Statuses>,
 }
 
-impl SourceIngest {
-    /// Store `events` in one transaction (all or none), each with one
-    /// delivery per routed sink. Errors as [`Store::ingest`]; a conflict or
-    /// a sequence that does not advance names the item's index.
-    pub async fn ingest(&self, events: Vec<NewEvent>) -> Result<Vec<Ingested>, IngestError> {
-        let items: Vec<IngestItem> = events
-            .into_iter()
-            .map(|event| {
-                let sinks = self.routes.sinks_for(&event);
-                IngestItem { event, sinks }
-            })
-            .collect();
-        match self.store.ingest(&items).await {
-            Ok(results) => {
-                let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
-                self.metrics
-                    .ingested("stored", results.len() as u64 - duplicates);
-                self.metrics.ingested("duplicate", duplicates);
-                if results.iter().any(|r| !r.duplicate) {
-                    self.wake.notify_waiters();
-                }
-                Ok(results)
-            }
-            Err(e) => {
-                match &e {
-                    IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. } => {
-                        self.metrics.ingested("conflict", 1)
-                    }
-                    IngestError::Store(_) => {}
-                }
-                Err(e)
-            }
-        }
+impl StatusHandle {
+    /// Set check `check`; with `stale_after`, it turns not-ok unless set
+    /// again within that time.
+    pub fn check(
+        &self,
+        check: &str,
+        ok: bool,
+        detail: Option<String>,
+        stale_after: Option<Duration>,
+    ) {
+        self.statuses.with(&self.name, |s| {
+            s.checks.insert(
+                check.to_string(),
+                Check {
+                    ok,
+                    detail,
+                    at: Instant::now(),
+                    stale_after,
+                },
+            );
+        });
+    }
+
+    /// A cycle (a poll, a scan page) finished without error.
+    pub fn cycle(&self) {
+        self.statuses.with(&self.name, |s| {
+            s.last_cycle_at = Some(SystemTime::now());
+            s.last_error = None;
+        });
+    }
+
+    fn error(&self, error: String) {
+        self.statuses
+            .with(&self.name, |s| s.last_error = Some(error));
     }
 }
 
-/// What every source task is given.
-#[derive(Clone)]
-pub struct SourceContext {
-    pub ingest: SourceIngest,
-    pub statuses: Arc<SourceStatuses>,
-}
-
-/// Why a configured source could not be started (a start error of the
-/// daemon, naming the key).
-#[derive(Debug, thiserror::Error)]
-#[error("configuration key `sources.{source_name}.{key}`: {problem}")]
-pub struct SourceStartError {
-    pub source_name: String,
-    pub key: String,
-    pub problem: String,
-}
-
-/// Start every configured source as its own task, each supervised: a run
-/// that fails is restarted after a backoff (doubling from
-/// [`RESTART_BACKOFF_MIN`] to [`RESTART_BACKOFF_MAX`]), until `shutdown`.
-///
-/// Errors: settings that can only be checked at start (a secret's
-/// environment variable that is not set), naming the key.
-pub fn start(
+/// Register and start every configured source, each in its own task that
+/// runs it again after a failure (backoff [`BACKOFF_INITIAL`] doubling to
+/// [`BACKOFF_MAX`]), until `shutdown` turns true.
+pub fn spawn_all(
     sources: &BTreeMap<String, SourceConfig>,
     ctx: SourceContext,
+    statuses: Arc<Statuses>,
     shutdown: watch::Receiver<bool>,
-) -> Result<Vec<JoinHandle<()>>, SourceStartError> {
+) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
     for (name, config) in sources {
-        match config {
-            SourceConfig::Neo4j(c) => {
-                let relay = neo4j::Relay::prepare(name, c.clone(), ctx.clone())?;
-                ctx.statuses.register(name, "neo4j", relay.stale_after());
-                tasks.push(tokio::spawn(supervise(
-                    name.clone(),
-                    ctx.statuses.clone(),
-                    shutdown.clone(),
-                    move |stop| {
-                        let relay = relay.clone();
-                        async move { relay.run(stop).await }
-                    },
-                )));
-            }
-        }
+        statuses
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                name.clone(),
+                SourceStatus {
+                    kind: config.kind(),
+                    last_error: None,
+                    last_cycle_at: None,
+                    checks: BTreeMap::new(),
+                },
+            );
+        let status = StatusHandle {
+            name: name.clone(),
+            statuses: statuses.clone(),
+        };
+        tasks.push(tokio::spawn(supervise(
+            name.clone(),
+            config.clone(),
+            ctx.clone(),
+            status,
+            shutdown.clone(),
+        )));
     }
-    Ok(tasks)
+    tasks
 }
 
-/// Run `run` until `shutdown`; after each failed run record the error and
-/// wait a backoff before running it again.
-async fn supervise<F, Fut>(
+async fn supervise(
     name: String,
-    statuses: Arc<SourceStatuses>,
+    config: SourceConfig,
+    ctx: SourceContext,
+    status: StatusHandle,
     mut shutdown: watch::Receiver<bool>,
-    mut run: F,
-) where
-    F: FnMut(watch::Receiver<bool>) -> Fut,
-    Fut: std::future::Future<Output = Result<(), SourceRunError>>,
-{
-    let mut backoff = RESTART_BACKOFF_MIN;
+) {
+    let mut backoff = BACKOFF_INITIAL;
     loop {
         if *shutdown.borrow() {
             return;
         }
         let started = Instant::now();
-        match run(shutdown.clone()).await {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(source = %name, error = %e.message, "source failed; restarting after {backoff:?}");
-                statuses.cycle_failed(&name, e.connected, &e.message);
+        let result = match &config {
+            SourceConfig::Couchdb(c) => couchdb::run(&name, c, &ctx, &status, shutdown.clone())
+                .await
+                .map_err(|e| e.to_string()),
+            SourceConfig::Neo4j(c) => neo4j::run(&name, c, &ctx, &status, shutdown.clone())
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match result {
+            Ok(()) => return, // shutdown
+            Err(error) => {
+                if started.elapsed() >= BACKOFF_RESET_AFTER {
+                    backoff = BACKOFF_INITIAL;
+                }
+                tracing::warn!(source = %name, kind = config.kind(), retry_in = ?backoff, "source failed: {error}");
+                status.error(error);
             }
-        }
-        if started.elapsed() > RESTART_BACKOFF_MAX {
-            backoff = RESTART_BACKOFF_MIN;
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.changed() => return,
         }
-        backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
-}
-
-/// A source's run ended with an error; the supervisor restarts it.
-#[derive(Debug, Clone)]
-pub struct SourceRunError {
-    /// Whether the source's own system answered (false: unreachable).
-    pub connected: bool,
-    pub message: String,
 }

@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::watch;
 
-use super::{SourceContext, SourceRunError, SourceStartError};
+use super::{SourceContext, StatusHandle};
 use crate::event::NewEvent;
 use crate::store::IngestError;
 
@@ -398,6 +398,10 @@ pub enum OutboxError {
     /// nodes were marked failed, to retry).
     #[error("ingest into the outboxd store: {0}")]
     Ingest(String),
+    /// A setting that can only be read at run time is unusable (the
+    /// message names the key).
+    #[error("configuration: {0}")]
+    Config(String),
     /// A row of an answer did not have the expected shape.
     #[error("neo4j {what}: unexpected answer: {detail}")]
     Shape { what: &'static str, detail: String },
@@ -1187,6 +1191,40 @@ pub struct CycleReport {
     pub lease_lost: u64,
 }
 
+/// Name of the readiness check renewed by every cycle that reached Neo4j.
+pub const CHECK_REACHABLE: &str = "neo4j_reachable";
+
+/// Run the relay of source `name` until `shutdown` turns true (`Ok`) or a
+/// cycle fails (`Err`, for the supervisor to run it again after a backoff):
+/// connect, create the indexes, then claim cycles. Every cycle that reaches
+/// Neo4j renews the [`CHECK_REACHABLE`] check (stale after
+/// [`stale_after`]); a failure that did not reach it turns the check off.
+pub async fn run(
+    name: &str,
+    config: &Neo4jSourceConfig,
+    ctx: &SourceContext,
+    status: &StatusHandle,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), OutboxError> {
+    let result = Relay::prepare(name, config.clone(), ctx.clone());
+    let result = match result {
+        Ok(relay) => relay.run(status, shutdown).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = &result {
+        if !e.connected() && !matches!(e, OutboxError::Config(_)) {
+            status.check(CHECK_REACHABLE, false, Some(e.to_string()), None);
+        }
+    }
+    result
+}
+
+/// A [`CHECK_REACHABLE`] check not renewed within this long turns not-ok:
+/// a poll interval plus four query timeouts, at least 10 s.
+pub fn stale_after(config: &Neo4jSourceConfig) -> Duration {
+    (config.poll_interval + config.timeout * 4).max(Duration::from_secs(10))
+}
+
 /// A configured Neo4j relay.
 #[derive(Clone)]
 pub struct Relay {
@@ -1201,18 +1239,18 @@ struct RelayInner {
 }
 
 impl Relay {
-    /// Check what can only be checked at start (the password variable).
+    /// Read what is only known at run time (the password variable).
     pub fn prepare(
         name: &str,
         config: Neo4jSourceConfig,
         ctx: SourceContext,
-    ) -> Result<Relay, SourceStartError> {
+    ) -> Result<Relay, OutboxError> {
         let password = match &config.password_env {
             None => String::new(),
-            Some(var) => std::env::var(var).map_err(|_| SourceStartError {
-                source_name: name.to_string(),
-                key: "password-env".into(),
-                problem: format!("environment variable {var} is not set (or not UTF-8)"),
+            Some(var) => std::env::var(var).map_err(|_| {
+                OutboxError::Config(format!(
+                    "key `sources.{name}.password-env`: environment variable {var} is not set (or not UTF-8)"
+                ))
             })?,
         };
         Ok(Relay {
@@ -1225,23 +1263,23 @@ impl Relay {
         })
     }
 
-    /// A cycle older than this makes the source not ready.
-    pub fn stale_after(&self) -> Duration {
-        let c = &self.inner.config;
-        (c.poll_interval + c.timeout * 4).max(Duration::from_secs(10))
-    }
-
     /// Connect, create the indexes, then run cycles until `shutdown`.
     /// Returns an error for the supervisor to restart after a backoff.
-    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), SourceRunError> {
+    pub async fn run(
+        &self,
+        status: &StatusHandle,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), OutboxError> {
         let inner = &self.inner;
-        let fail = |e: OutboxError| SourceRunError {
-            connected: e.connected(),
-            message: e.to_string(),
+        let fresh = Some(stale_after(&inner.config));
+        let label = crate::metrics::SourceLabel {
+            source: inner.name.clone(),
         };
-        let outbox = Outbox::connect(&inner.config, &inner.password).map_err(fail)?;
-        outbox.ensure_indexes().await.map_err(fail)?;
+        let outbox = Outbox::connect(&inner.config, &inner.password)?;
+        outbox.ensure_indexes().await?;
+        status.check(CHECK_REACHABLE, true, None, fresh);
         tracing::info!(source = %inner.name, url = %inner.config.url, label = %inner.config.label, "neo4j outbox relay started");
+        let metrics = &inner.ctx.metrics;
         let mut last_retention: Option<Instant> = None;
         let mut last_oldest: Option<Instant> = None;
         let mut last_missing: Option<Instant> = None;
@@ -1250,15 +1288,14 @@ impl Relay {
                 return Ok(());
             }
             let started = Instant::now();
-            let report = self.cycle(&outbox).await.map_err(fail)?;
+            let report = self.cycle(&outbox).await?;
             let retention_every = RETENTION_EVERY.min(inner.config.retention);
             if last_retention.is_none_or(|t| t.elapsed() >= retention_every) {
                 last_retention = Some(Instant::now());
                 for _ in 0..RETENTION_ROUNDS {
                     let n = outbox
                         .purge_delivered(inner.config.retention, inner.config.retention_batch)
-                        .await
-                        .map_err(fail)?;
+                        .await?;
                     if n < inner.config.retention_batch as u64 {
                         break;
                     }
@@ -1266,43 +1303,26 @@ impl Relay {
             }
             if last_missing.is_none_or(|t| t.elapsed() >= MISSING_ID_EVERY) {
                 last_missing = Some(Instant::now());
-                let n = outbox
-                    .mark_missing_ids(MISSING_ID_BATCH)
-                    .await
-                    .map_err(fail)?;
+                let n = outbox.mark_missing_ids(MISSING_ID_BATCH).await?;
                 if n > 0 {
                     tracing::warn!(source = %inner.name, nodes = n, "outbox nodes without a usable event id marked dead");
-                    inner
-                        .ctx
-                        .ingest
-                        .metrics
-                        .source_entries(&inner.name, "dead", n);
+                    metrics.source_entries(&inner.name, "dead", n);
                 }
             }
             if last_oldest.is_none_or(|t| t.elapsed() >= OLDEST_EVERY) {
                 last_oldest = Some(Instant::now());
-                let age = outbox.oldest_pending_age().await.map_err(fail)?;
-                inner.ctx.statuses.set_oldest_pending(&inner.name, age);
-                inner
-                    .ctx
-                    .ingest
-                    .metrics
+                let age = outbox.oldest_pending_age().await?;
+                metrics
                     .source_oldest_pending_age
-                    .get_or_create(&crate::metrics::SourceLabel {
-                        source: inner.name.clone(),
-                    })
+                    .get_or_create(&label)
                     .set(age.map_or(0.0, |a| a.as_secs_f64()));
             }
             let took = started.elapsed();
-            inner.ctx.statuses.cycle_ok(&inner.name, took);
-            inner
-                .ctx
-                .ingest
-                .metrics
+            status.check(CHECK_REACHABLE, true, None, fresh);
+            status.cycle();
+            metrics
                 .source_cycle_duration
-                .get_or_create(&crate::metrics::SourceLabel {
-                    source: inner.name.clone(),
-                })
+                .get_or_create(&label)
                 .observe(took.as_secs_f64());
             if report.claimed >= inner.config.batch_size as usize {
                 continue;
@@ -1313,7 +1333,6 @@ impl Relay {
             }
         }
     }
-
     /// One cycle: claim, build events, ingest them in one store
     /// transaction, finish each node fenced. A node that cannot become an
     /// event, or whose id is stored with other content, is marked dead; a
@@ -1343,7 +1362,17 @@ impl Relay {
         let mut store_error = None;
         while !good.is_empty() {
             let events: Vec<NewEvent> = good.iter().map(|(_, e)| e.clone()).collect();
-            match inner.ctx.ingest.ingest(events).await {
+            let ctx = &inner.ctx;
+            let call =
+                crate::ingest::submit(&*ctx.store, &ctx.routes, &ctx.wake, &ctx.metrics, events);
+            let result = match tokio::time::timeout(ctx.db_timeout, call).await {
+                Ok(result) => result,
+                Err(_) => {
+                    store_error = Some(format!("no answer within {:?}", ctx.db_timeout));
+                    break;
+                }
+            };
+            match result {
                 Ok(_) => break,
                 Err(
                     e @ (IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. }),
@@ -1366,7 +1395,7 @@ impl Relay {
                 }
             }
         }
-        let metrics = &inner.ctx.ingest.metrics;
+        let metrics = &inner.ctx.metrics;
         if !dead.is_empty() {
             let n = dead.len() as u64;
             let kept = outbox.finish_dead(&token, dead).await?;
