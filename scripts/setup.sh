@@ -163,4 +163,12 @@ fi
 amqp_ready || fail "RabbitMQ does not answer on 127.0.0.1:5672 after ${AMQP_READY_TIMEOUT}s" \
     "last lines of its log:" "$(amqp_log)"
 
+# --- Neo4j (tests) ----------------------------------------------------------
+# The embedded Neo4j 5.26 of the Neo4j relay's tests: Maven fetches its jars
+# from Maven Central once (~120 MB into ~/.m2) and builds the launcher into
+# target/neo4j-embedded/; tests/common/neo4j.rs starts it with plain java.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mvn -q -B package -DskipTests -f "$root/tests/neo4j/pom.xml" ||
+    fail "mvn package -f tests/neo4j/pom.xml" "run it by hand; it needs Maven Central once"
+
 say "ready: PostgreSQL $pg_version on 127.0.0.1:5432, RabbitMQ on 127.0.0.1:5672, wasm32-wasip2, $(java -version 2>&1 | head -n1), node $(node --version)"

@@ -65,6 +65,12 @@ enum Command {
         #[command(subcommand)]
         command: SinksCommand,
     },
+    /// Show the configured sources and their status, as the running daemon
+    /// (at `listen`) reports them.
+    Sources {
+        #[command(subcommand)]
+        command: SourcesCommand,
+    },
     /// Create deliveries for a (new) sink over past events, by the routes;
     /// running it twice creates nothing new.
     Backfill {
@@ -132,6 +138,12 @@ enum SinksCommand {
     Pause { sink: String },
     /// Resume a paused sink.
     Resume { sink: String },
+}
+
+#[derive(Subcommand)]
+enum SourcesCommand {
+    /// One line per source: name, kind, ready, last cycle age, last error.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -417,6 +429,33 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     store.set_paused(&sink, false).await?;
                     println!("{sink}: resumed");
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sources {
+            command: SourcesCommand::List,
+        } => {
+            // Source status lives in the daemon's process: ask it.
+            let config = Config::load(cli.config.as_deref(), flags)?;
+            let sources =
+                outboxd::ops::daemon_client::sources(config.listen, config.admin.token.as_deref())
+                    .await?;
+            for s in sources {
+                let age = match s["last_cycle_age_ms"].as_u64() {
+                    Some(ms) => format!("last cycle {ms} ms ago"),
+                    None => "no cycle yet".to_string(),
+                };
+                println!(
+                    "{}\t{}\t{}\t{age}\t{}",
+                    s["name"].as_str().unwrap_or(""),
+                    s["kind"].as_str().unwrap_or(""),
+                    if s["ok"] == true {
+                        "ready"
+                    } else {
+                        "not ready"
+                    },
+                    s["last_error"].as_str().unwrap_or("-"),
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

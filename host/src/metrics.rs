@@ -78,6 +78,9 @@ pub struct SourceLabel {
 /// `duplicate` (found again, already stored), `already_published`,
 /// `malformed`, `conflict` (its event id is stored with other content, or
 /// its sequence does not advance the stream).
+/// The neo4j relay also counts `failed` (retried later), `dead` (refused for
+/// good, reason on the node) and `lease_lost` (a finish whose lease token no
+/// longer matched: nothing changed).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceOutcomeLabel {
     pub source: String,
@@ -109,6 +112,8 @@ pub struct Metrics {
     pub source_entries: Family<SourceOutcomeLabel, Counter>,
     pub source_checkpoint_lag: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub source_oldest_pending_age: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub source_cycle_duration: Family<SourceLabel, Histogram, fn() -> Histogram>,
+    pub source_ready: Family<SourceLabel, Gauge>,
 }
 
 impl Metrics {
@@ -133,6 +138,10 @@ impl Metrics {
             source_entries: Family::default(),
             source_checkpoint_lag: Family::default(),
             source_oldest_pending_age: Family::default(),
+            source_cycle_duration: Family::new_with_constructor(
+                latency_histogram as fn() -> Histogram,
+            ),
+            source_ready: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -215,6 +224,16 @@ impl Metrics {
             "source_oldest_pending_age_seconds",
             "Age of the oldest entry still pending in a source's database, as of its last scan",
             m.source_oldest_pending_age.clone(),
+        );
+        registry.register(
+            "source_cycle_duration_seconds",
+            "Duration of one relay cycle (claim, ingest, finish), by source",
+            m.source_cycle_duration.clone(),
+        );
+        registry.register(
+            "source_ready",
+            "1 when a source is ready (no error on its last run, every check ok and fresh)",
+            m.source_ready.clone(),
         );
         for outcome in INGEST_OUTCOMES {
             drop(m.events_ingested.get_or_create(&OutcomeLabel {

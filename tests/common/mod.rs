@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod couchdb;
+pub mod neo4j;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

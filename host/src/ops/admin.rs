@@ -30,11 +30,18 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/dead/replay", post(replay_dead))
         .route("/v1/admin/dead/purge", post(purge_dead))
         .route("/v1/admin/sinks", get(list_sinks))
+        .route("/v1/admin/sources", get(list_sources))
         .route("/v1/admin/backfill", post(backfill))
         .route("/v1/admin/sinks/{sink}/pause", post(pause))
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
+}
+
+/// Every configured source with its status (`outboxd sources list`
+/// prints the same).
+async fn list_sources(State(state): State<OpsState>) -> Response {
+    Json(json!({ "sources": state.sources.list() })).into_response()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -1,8 +1,9 @@
 //! What the CLI asks a running daemon: state that lives only in the
-//! daemon's process, not in the database — today, which sinks are
-//! quarantined.
+//! daemon's process, not in the database: which sinks are quarantined, and
+//! the status of the configured sources.
 //!
-//! Owns: one `GET /v1/admin/sinks` to the daemon at the configured `listen`
+//! Owns: one `GET /v1/admin/sinks` (or `/v1/admin/sources`) to the daemon
+//! at the configured `listen`
 //! address (loopback when it listens on every address), with the admin
 //! token when one is configured, bounded by [`CLIENT_TIMEOUT`].
 //!
@@ -23,10 +24,18 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
 pub enum DaemonClientError {
     #[error("no daemon answered at {addr}: {reason}")]
     Unreachable { addr: SocketAddr, reason: String },
-    #[error("the daemon at {addr} answered {status} to GET /v1/admin/sinks (is admin.token the daemon's?)")]
-    Status { addr: SocketAddr, status: u16 },
-    #[error("the daemon at {addr} answered GET /v1/admin/sinks with unreadable JSON: {reason}")]
-    Body { addr: SocketAddr, reason: String },
+    #[error("the daemon at {addr} answered {status} to GET {path} (is admin.token the daemon's?)")]
+    Status {
+        addr: SocketAddr,
+        path: &'static str,
+        status: u16,
+    },
+    #[error("the daemon at {addr} answered GET {path} with unreadable JSON: {reason}")]
+    Body {
+        addr: SocketAddr,
+        path: &'static str,
+        reason: String,
+    },
 }
 
 /// The quarantine of every quarantined sink, by sink name, as the daemon
@@ -36,25 +45,12 @@ pub async fn quarantines(
     listen: SocketAddr,
     token: Option<&str>,
 ) -> Result<BTreeMap<String, serde_json::Value>, DaemonClientError> {
-    let addr = match listen.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port())
-        }
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), listen.port())
-        }
-        _ => listen,
-    };
-    let body = tokio::time::timeout(CLIENT_TIMEOUT, get_sinks(addr, token))
-        .await
-        .map_err(|_| DaemonClientError::Unreachable {
-            addr,
-            reason: format!("no answer within {CLIENT_TIMEOUT:?}"),
-        })??;
+    let (addr, body) = get(listen, SINKS_PATH, token).await?;
     let sinks = body["sinks"]
         .as_array()
         .ok_or_else(|| DaemonClientError::Body {
             addr,
+            path: SINKS_PATH,
             reason: "no `sinks` array".into(),
         })?;
     Ok(sinks
@@ -64,8 +60,55 @@ pub async fn quarantines(
         .collect())
 }
 
-async fn get_sinks(
+/// Every configured source with its status, as the daemon listening on
+/// `listen` reports it (`/v1/admin/sources`, field `sources`: `name`,
+/// `kind`, `ok`, `last_error`, `last_cycle_age_ms`, `checks`).
+pub async fn sources(
+    listen: SocketAddr,
+    token: Option<&str>,
+) -> Result<Vec<serde_json::Value>, DaemonClientError> {
+    let (addr, body) = get(listen, SOURCES_PATH, token).await?;
+    match body["sources"].as_array() {
+        Some(sources) => Ok(sources.clone()),
+        None => Err(DaemonClientError::Body {
+            addr,
+            path: SOURCES_PATH,
+            reason: "no `sources` array".into(),
+        }),
+    }
+}
+
+const SINKS_PATH: &str = "/v1/admin/sinks";
+const SOURCES_PATH: &str = "/v1/admin/sources";
+
+/// `GET path` on the daemon at `listen` (loopback when it listens on every
+/// address), bounded by [`CLIENT_TIMEOUT`]: the address asked and the body.
+async fn get(
+    listen: SocketAddr,
+    path: &'static str,
+    token: Option<&str>,
+) -> Result<(SocketAddr, serde_json::Value), DaemonClientError> {
+    let addr = match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), listen.port())
+        }
+        _ => listen,
+    };
+    let body = tokio::time::timeout(CLIENT_TIMEOUT, get_json(addr, path, token))
+        .await
+        .map_err(|_| DaemonClientError::Unreachable {
+            addr,
+            reason: format!("no answer within {CLIENT_TIMEOUT:?}"),
+        })??;
+    Ok((addr, body))
+}
+
+async fn get_json(
     addr: SocketAddr,
+    path: &'static str,
     token: Option<&str>,
 ) -> Result<serde_json::Value, DaemonClientError> {
     let unreachable = |reason: String| DaemonClientError::Unreachable { addr, reason };
@@ -77,8 +120,7 @@ async fn get_sinks(
             .await
             .map_err(|e| unreachable(e.to_string()))?;
     tokio::spawn(connection);
-    let mut request =
-        http::Request::get("/v1/admin/sinks").header(http::header::HOST, addr.to_string());
+    let mut request = http::Request::get(path).header(http::header::HOST, addr.to_string());
     if let Some(token) = token.filter(|t| !t.is_empty()) {
         request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
     }
@@ -91,7 +133,7 @@ async fn get_sinks(
         .map_err(|e| unreachable(e.to_string()))?;
     let status = response.status().as_u16();
     if status != 200 {
-        return Err(DaemonClientError::Status { addr, status });
+        return Err(DaemonClientError::Status { addr, path, status });
     }
     let bytes = response
         .into_body()
@@ -101,6 +143,7 @@ async fn get_sinks(
         .to_bytes();
     serde_json::from_slice(&bytes).map_err(|e| DaemonClientError::Body {
         addr,
+        path,
         reason: e.to_string(),
     })
 }

@@ -205,6 +205,13 @@ async fn metrics(State(state): State<OpsState>) -> Response {
             .get_or_create(&label)
             .set(beat.consecutive_failures as i64);
     }
+    if let (_, serde_json::Value::Object(sources)) = state.sources.snapshot() {
+        for (source, s) in sources {
+            m.source_ready
+                .get_or_create(&crate::metrics::SourceLabel { source })
+                .set((s["ok"] == true) as i64);
+        }
+    }
     if let Ok(q) = queue(&*state.store).await {
         let (mut active, mut expired) = (0, 0);
         for sink in &state.plugins.known() {

@@ -5,7 +5,8 @@
 //! kind, each variant's struct in its own file), starting each configured
 //! source as its own task supervised with backoff ([`spawn_all`]), and the
 //! per-source status (ready / last error / last cycle time / named checks)
-//! that `/ready` shows ([`Statuses`]).
+//! that `/ready`, `GET /v1/admin/sources` and `outboxd sources list` show
+//! ([`Statuses`]).
 //!
 //! Each kind lives in `sources/<kind>.rs`. A source hands events to the
 //! store through [`crate::ingest::submit`], the path the HTTP ingest uses
@@ -16,6 +17,7 @@
 //! a backoff), or hold kind-specific logic here.
 
 pub mod couchdb;
+pub mod neo4j;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -31,11 +33,56 @@ use crate::store::Store;
 
 /// One `[sources.NAME]` table: `kind` picks the variant, the other keys are
 /// the kind's own (unknown keys are refused, naming the key).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum SourceConfig {
     /// Pending entries kept inside CouchDB documents ([`couchdb`]).
     Couchdb(couchdb::CouchdbConfig),
+    /// Outbox nodes in a Neo4j graph ([`neo4j`]).
+    Neo4j(neo4j::Neo4jSourceConfig),
+}
+
+/// The kinds `kind` may name.
+pub const KINDS: &[&str] = &["couchdb", "neo4j"];
+
+impl<'de> Deserialize<'de> for SourceConfig {
+    /// By `kind`, then the kind's own table; an error names the key inside
+    /// the table (`lease: invalid value ...`), which serde's internally
+    /// tagged enums would not.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table: serde_json::Map<String, serde_json::Value> = Deserialize::deserialize(d)?;
+        let kind = match table.remove("kind") {
+            Some(serde_json::Value::String(k)) => k,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "`kind` must be a string, got {other}"
+                )))
+            }
+            None => {
+                return Err(D::Error::custom(format!(
+                    "`kind` is required (one of: {})",
+                    KINDS.join(", ")
+                )))
+            }
+        };
+        let value = serde_json::Value::Object(table);
+        fn named<E: Error>(e: serde_path_to_error::Error<serde_json::Error>) -> E {
+            E::custom(format!("`{}`: {}", e.path(), e.inner()))
+        }
+        match kind.as_str() {
+            "couchdb" => serde_path_to_error::deserialize(value)
+                .map(SourceConfig::Couchdb)
+                .map_err(named),
+            "neo4j" => serde_path_to_error::deserialize(value)
+                .map(SourceConfig::Neo4j)
+                .map_err(named),
+            other => Err(D::Error::custom(format!(
+                "`kind = {other:?}` is not a source kind (one of: {})",
+                KINDS.join(", ")
+            ))),
+        }
+    }
 }
 
 impl SourceConfig {
@@ -43,6 +90,7 @@ impl SourceConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             SourceConfig::Couchdb(_) => "couchdb",
+            SourceConfig::Neo4j(_) => "neo4j",
         }
     }
 
@@ -51,6 +99,7 @@ impl SourceConfig {
     pub fn validate(&self) -> Result<(), (String, String)> {
         match self {
             SourceConfig::Couchdb(c) => c.validate(),
+            SourceConfig::Neo4j(c) => c.validate(),
         }
     }
 }
@@ -152,6 +201,28 @@ impl Statuses {
         }
         (all_ok, serde_json::Value::Object(out))
     }
+
+    /// Every source as a list (`GET /v1/admin/sources`, `outboxd sources
+    /// list`): the [`snapshot`](Self::snapshot) entries, each with its
+    /// `name` and `last_cycle_age_ms` (time since its last cycle).
+    pub fn list(&self) -> Vec<serde_json::Value> {
+        let (_, all) = self.snapshot();
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let serde_json::Value::Object(all) = all else {
+            return Vec::new();
+        };
+        all.into_iter()
+            .map(|(name, mut s)| {
+                s["name"] = serde_json::json!(name);
+                s["last_cycle_age_ms"] = serde_json::json!(s["last_cycle_at_ms"]
+                    .as_u64()
+                    .map(|at| now_ms.saturating_sub(at)));
+                s
+            })
+            .collect()
+    }
 }
 
 /// One source's handle on its own status.
@@ -252,6 +323,9 @@ async fn supervise(
         let started = Instant::now();
         let result = match &config {
             SourceConfig::Couchdb(c) => couchdb::run(&name, c, &ctx, &status, shutdown.clone())
+                .await
+                .map_err(|e| e.to_string()),
+            SourceConfig::Neo4j(c) => neo4j::run(&name, c, &ctx, &status, shutdown.clone())
                 .await
                 .map_err(|e| e.to_string()),
         };
