@@ -9,6 +9,7 @@
 //! Must never: read configuration anywhere else, or hold a duration as a bare
 //! integer of unknown unit (durations are `Duration`, written "30s", "5m").
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -60,6 +61,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Admin API settings.
     pub admin: AdminConfig,
+    /// Sources (`[sources.NAME]`, `kind = "amqp"`, ...): relays that take
+    /// events from an application's systems into the store.
+    pub sources: BTreeMap<String, crate::sources::SourceConfig>,
 }
 
 /// The admin API (`/v1/admin/...`).
@@ -84,6 +88,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             log_format: LogFormat::Text,
             admin: AdminConfig::default(),
+            sources: BTreeMap::new(),
         }
     }
 }
@@ -260,6 +265,11 @@ impl Config {
                     self.listen
                 ),
             );
+        }
+        for (name, source) in &self.sources {
+            if let Err((key, problem)) = source.validate() {
+                return value(&format!("sources.{name}.{key}"), &problem);
+            }
         }
         if let Some(routes) = &self.routes {
             for (i, route) in routes.iter().enumerate() {

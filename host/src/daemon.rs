@@ -107,6 +107,8 @@ impl Daemon {
         let known = plugins.known_sinks();
         for plugin in plugins.loaded.values() {
             admit(plugin, &known, config.delivery.lease).map_err(StartError::Config)?;
+            crate::sources::check_routes_apart(&config.sources, plugin.manifest())
+                .map_err(StartError::Config)?;
         }
         let routes = Arc::new(Routes::new(config.routes.clone(), known)?);
 
@@ -139,15 +141,22 @@ impl Daemon {
         let sink_shutdown = shutdown_rx.clone();
         let sink_routes = routes.clone();
         let sink_tasks: SinkTasks = Arc::default();
+        let source_configs = config.sources.clone();
         let spawned = sink_tasks.clone();
         let registry = Registry::new(
             runtime.clone(),
             &config.plugins_dir,
             plugins,
-            Box::new(move |plugin, known| admit(plugin, known, lease)),
+            Box::new(move |plugin, known| {
+                admit(plugin, known, lease)?;
+                crate::sources::check_routes_apart(&source_configs, plugin.manifest())
+            }),
             Box::new(move |sink, current| {
                 if !sink_routes.add_sink(sink) {
-                    tracing::warn!(sink, "no route names this sink: it gets no events until the routes do");
+                    tracing::warn!(
+                        sink,
+                        "no route names this sink: it gets no events until the routes do"
+                    );
                 }
                 let task = tokio::spawn(crate::delivery::run_sink(
                     sink_shared.clone(),
@@ -160,6 +169,20 @@ impl Daemon {
             metrics.clone(),
         );
         tasks.push(registry.clone().watch(shutdown_rx.clone()));
+
+        let sources = Arc::new(crate::sources::SourceStates::default());
+        tasks.extend(crate::sources::start(
+            &config.sources,
+            crate::sources::SourceContext {
+                store: store.clone(),
+                routes: routes.clone(),
+                metrics: metrics.clone(),
+                wake: wake.clone(),
+                amqp: runtime.amqp().clone(),
+                states: sources.clone(),
+            },
+            shutdown_rx.clone(),
+        ));
 
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
@@ -176,6 +199,7 @@ impl Daemon {
             admin_token: config.admin.token.clone(),
             amqp: runtime.amqp().clone(),
             routes,
+            sources,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

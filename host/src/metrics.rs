@@ -58,6 +58,20 @@ pub struct PluginLabel {
     pub plugin: String,
 }
 
+/// Per source (`[sources.NAME]`) and outcome of a message it took:
+/// `consumed`, `stored`, `duplicate`, `dead_lettered`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceOutcomeLabel {
+    pub source: String,
+    pub outcome: String,
+}
+
+/// Per source.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms … ~9 h, ×2 per bucket.
     Histogram::new(exponential_buckets(0.001, 2.0, 25))
@@ -80,6 +94,11 @@ pub struct Metrics {
     pub plugin_quarantines: Family<PluginLabel, Counter>,
     pub plugin_loads: Family<PluginLabel, Counter>,
     pub plugin_load_failures: Family<PluginLabel, Counter>,
+    /// `outboxd_source_messages_total{source, outcome}`.
+    pub source_messages: Family<SourceOutcomeLabel, Counter>,
+    /// `outboxd_source_unacked{source}`: messages a source holds and has
+    /// not yet acknowledged (or dead-lettered).
+    pub source_unacked: Family<SourceLabel, Gauge>,
 }
 
 impl Metrics {
@@ -101,6 +120,8 @@ impl Metrics {
             plugin_quarantines: Family::default(),
             plugin_loads: Family::default(),
             plugin_load_failures: Family::default(),
+            source_messages: Family::default(),
+            source_unacked: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -169,6 +190,16 @@ impl Metrics {
             "Plugins refused at load or reload",
             m.plugin_load_failures.clone(),
         );
+        registry.register(
+            "source_messages",
+            "Messages taken by a source, by source and outcome (consumed, stored, duplicate, dead_lettered)",
+            m.source_messages.clone(),
+        );
+        registry.register(
+            "source_unacked",
+            "Messages a source holds and has not yet acknowledged, by source",
+            m.source_unacked.clone(),
+        );
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -184,6 +215,19 @@ impl Metrics {
     pub fn ingested(&self, outcome: &str, n: u64) {
         self.events_ingested
             .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// Count `n` messages of `source` with `outcome`.
+    pub fn source_message(&self, source: &str, outcome: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.source_messages
+            .get_or_create(&SourceOutcomeLabel {
+                source: source.to_string(),
                 outcome: outcome.to_string(),
             })
             .inc_by(n);

@@ -30,6 +30,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/dead/replay", post(replay_dead))
         .route("/v1/admin/dead/purge", post(purge_dead))
         .route("/v1/admin/sinks", get(list_sinks))
+        .route("/v1/admin/sources", get(list_sources))
         .route("/v1/admin/backfill", post(backfill))
         .route("/v1/admin/sinks/{sink}/pause", post(pause))
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
@@ -164,7 +165,9 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
         .iter()
         .map(|s| {
             let (loaded, st, version, parked) = match states.get(s) {
-                Some(SinkState::Loaded { version }) => (true, "loaded", Some(version.clone()), None),
+                Some(SinkState::Loaded { version }) => {
+                    (true, "loaded", Some(version.clone()), None)
+                }
                 Some(SinkState::Removed) => (false, "removed", None, Some(REMOVED_REASON)),
                 None => (false, "refused", None, None),
             };
@@ -256,4 +259,9 @@ pub async fn run_backfill(
             None => return Ok((scanned, created)),
         }
     }
+}
+
+/// Every configured source with its status (ready, last error, last cycle).
+async fn list_sources(State(state): State<OpsState>) -> Response {
+    Json(json!({ "sources": state.sources.snapshot() })).into_response()
 }

@@ -3,7 +3,7 @@
 //! Owns: `/health` (200 while the process serves and every delivery loop
 //! has finished a turn within its stale limit), `/ready` (database answers,
 //! no migration pending, every loop fresh *and* succeeding, plugins
-//! loaded; with queue figures), `/metrics` (Prometheus text), and the
+//! loaded, every source attached; with queue figures), `/metrics` (Prometheus text), and the
 //! admin API under `/v1/admin/` (bearer token when configured).
 //!
 //! Must never: run an unbounded query on a probe path — counts are capped
@@ -46,6 +46,8 @@ pub struct OpsState {
     pub amqp: crate::plugin::amqp::AmqpPool,
     /// The routing table (backfill routes past events with it).
     pub routes: Arc<crate::ingest::routes::Router>,
+    /// The configured sources' status (`[sources.NAME]`).
+    pub sources: Arc<crate::sources::SourceStates>,
 }
 
 /// The ops routes.
@@ -144,7 +146,14 @@ async fn ready(State(state): State<OpsState>) -> Response {
     } else {
         Err("database unavailable".into())
     };
-    let ok = database.is_ok() && migrations.is_ok() && workers_ok && plugins_ok && brokers_ok;
+    let sources = state.sources.snapshot();
+    let sources_ok = sources.values().all(|s| s.ready);
+    let ok = database.is_ok()
+        && migrations.is_ok()
+        && workers_ok
+        && plugins_ok
+        && brokers_ok
+        && sources_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
         Err(e) => json!({ "ok": false, "error": e }),
@@ -162,6 +171,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
                 "refused": refused,
             },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
+            "sources": { "ok": sources_ok, "sources": sources },
         },
         "queue": match queue {
             Ok(q) => json!(q),
