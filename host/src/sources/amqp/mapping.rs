@@ -353,9 +353,11 @@ fn plain(
                     Some(Value::String(s)) => Some(s.clone()),
                     Some(Value::Number(n)) => Some(n.to_string()),
                     Some(Value::Null) | None => None,
-                    Some(_) => return Err(unmappable(format!(
+                    Some(_) => {
+                        return Err(unmappable(format!(
                         "the {attribute} at {pointer} in the JSON body is not a string or a number"
-                    ))),
+                    )))
+                    }
                 }
             }
         };
