@@ -546,6 +546,9 @@ async fn poison_messages_are_dead_lettered_with_their_reasons_while_the_rest_flo
     );
 
     d.stop().await;
+    // Stopped: every message was acknowledged, none returns to the queue.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ready_in(&ch, &names.queue).await, 0, "nothing held unacked");
     let _ = conn.close(200, "done".into()).await;
     names.delete().await;
     db.cleanup().await;
