@@ -780,3 +780,642 @@ async fn ready_shows_a_source_that_cannot_reach_its_broker_and_the_rest_serves()
     assert!(eventually(Duration::from_secs(20), || receiver.count() == 1).await);
     d.stop().await;
 }
+
+// ---------------------------------------------------------------------------
+// Failures mid-run: the broker restarted, PostgreSQL stopped, outboxd
+// SIGKILLed. Each checks that every message ends up stored exactly once, in
+// stream order, and that the queue ends empty.
+
+/// `n` plain JSON messages over `streams` streams; ids `<stream>-<k>`.
+fn orders(prefix: &str, range: std::ops::Range<usize>, streams: usize) -> Vec<Out> {
+    range
+        .map(|i| {
+            let stream = format!("{prefix}-{}", i % streams);
+            let k = i / streams;
+            json_message(
+                &format!("{stream}-{k}"),
+                "orders.ingest.created",
+                json!({"order": stream, "k": k}),
+            )
+        })
+        .collect()
+}
+
+/// (id, stream, sequence) of every stored event.
+async fn stored_rows(backend: Backend, url: &str) -> Vec<(String, String, i64)> {
+    let sql = match backend {
+        Backend::Postgres => "SELECT id, stream, sequence FROM outboxd.events",
+        Backend::Sqlite => "SELECT id, stream, sequence FROM events",
+    };
+    match backend {
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            let rows = sqlx::query_as(sql).fetch_all(&pool).await.unwrap();
+            pool.close().await;
+            rows
+        }
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+            let rows = sqlx::query_as(sql).fetch_all(&pool).await.unwrap();
+            pool.close().await;
+            rows
+        }
+    }
+}
+
+/// Every id of `sent` stored once, none else, and each stream's events at
+/// sequences 1, 2, 3, ... in the order they were published (id
+/// `<stream>-<k>` at sequence k + 1).
+fn assert_stored_once_in_stream_order(rows: &[(String, String, i64)], sent: &[Out]) {
+    let expected: BTreeSet<String> = sent
+        .iter()
+        .map(|m| m.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    let got: BTreeSet<String> = rows.iter().map(|r| r.0.clone()).collect();
+    assert_eq!(rows.len(), got.len(), "an id stored twice");
+    let missing: Vec<&String> = expected.difference(&got).take(5).collect();
+    let extra: Vec<&String> = got.difference(&expected).take(5).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "stored {} of {}: missing e.g. {missing:?}, unexpected {extra:?}",
+        got.len(),
+        expected.len()
+    );
+    for (id, stream, sequence) in rows {
+        let k: i64 = id.rsplit_once('-').unwrap().1.parse().unwrap();
+        assert_eq!(
+            *sequence,
+            k + 1,
+            "{id} of stream {stream} stored at sequence {sequence}: out of stream order"
+        );
+    }
+}
+
+/// A RabbitMQ node of this test's own (its own node name, ports and data
+/// folder), so the test can kill and restart it without touching the
+/// shared broker.
+struct PrivateBroker {
+    dir: tempfile::TempDir,
+    node: String,
+    port: u16,
+    dist_port: u16,
+    /// The wrapper process of the running node (`None`: not running).
+    group: Option<u32>,
+}
+
+impl PrivateBroker {
+    fn new() -> PrivateBroker {
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-rabbit-")
+            .tempdir()
+            .unwrap();
+        let _ = std::process::Command::new("chown")
+            .args(["rabbitmq:rabbitmq"])
+            .arg(dir.path())
+            .status();
+        let port = free_loopback_addr().port();
+        let mut dist_port = free_loopback_addr().port();
+        while dist_port == port {
+            dist_port = free_loopback_addr().port();
+        }
+        PrivateBroker {
+            node: format!(
+                "outboxdtest{}@localhost",
+                hex::encode(rand::random::<[u8; 4]>())
+            ),
+            dir,
+            port,
+            dist_port,
+            group: None,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// Start the node (on the same data folder as before) and wait until it
+    /// takes AMQP connections.
+    async fn start(&mut self) {
+        let d = self.dir.path();
+        let vars = [
+            ("RABBITMQ_NODENAME", self.node.clone()),
+            ("RABBITMQ_NODE_PORT", self.port.to_string()),
+            ("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1".into()),
+            ("RABBITMQ_DIST_PORT", self.dist_port.to_string()),
+            (
+                "RABBITMQ_MNESIA_BASE",
+                d.join("mnesia").display().to_string(),
+            ),
+            ("RABBITMQ_LOG_BASE", d.join("log").display().to_string()),
+            (
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                d.join("enabled_plugins").display().to_string(),
+            ),
+            (
+                "RABBITMQ_PLUGINS_EXPAND_DIR",
+                d.join("plugins").display().to_string(),
+            ),
+            (
+                "RABBITMQ_CONFIG_FILE",
+                d.join("rabbitmq").display().to_string(),
+            ),
+            (
+                "RABBITMQ_ADVANCED_CONFIG_FILE",
+                d.join("advanced.config").display().to_string(),
+            ),
+            ("RABBITMQ_PID_FILE", d.join("pid").display().to_string()),
+        ];
+        let server = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+        let as_root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| o.stdout == b"0\n")
+            .unwrap_or(false);
+        let mut command = if as_root {
+            // The server runs as `rabbitmq`, with that user's Erlang cookie.
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq"]);
+            for (k, v) in &vars {
+                c.arg(format!("{k}={v}"));
+            }
+            c.arg(server);
+            c
+        } else {
+            let mut c = std::process::Command::new(server);
+            c.envs(vars.iter().map(|(k, v)| (*k, v.as_str())));
+            c
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(child_log(&format!("rabbit-{}", self.port)))
+            .unwrap();
+        let child = command
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start rabbitmq-server (scripts/setup.sh installs it)");
+        self.group = Some(child.id());
+        // Reaped by a thread once the node's VM is killed and it exits.
+        std::thread::spawn(move || {
+            let mut child = child;
+            let _ = child.wait();
+        });
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(conn) =
+                Connection::connect(&self.url(), ConnectionProperties::default()).await
+            {
+                let _ = conn.close(200, "up".into()).await;
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "private RabbitMQ node on port {} did not start:\n{}",
+                self.port,
+                log_tail(&child_log_path(self.port), 30)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// SIGKILL the node's Erlang VM (a crash, not a clean stop), by the
+    /// process id the node wrote to its pid file; its wrapper processes
+    /// exit with it.
+    fn kill(&mut self) {
+        if self.group.take().is_none() {
+            return;
+        }
+        let pid_file = self.dir.path().join("pid");
+        let pid: Option<u32> = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|&pid| pid > 1);
+        let Some(pid) = pid else {
+            panic!("no pid in {}", pid_file.display());
+        };
+        // A positive process id only: never a group or -1.
+        let _ = std::process::Command::new("kill")
+            .args(["-s", "KILL", &pid.to_string()])
+            .status();
+        let start = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn child_log_path(port: u16) -> std::path::PathBuf {
+    repo_root().join(format!("target/test-logs/rabbit-{port}.log"))
+}
+
+impl Drop for PrivateBroker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn connect_to(url: &str) -> (Connection, Channel) {
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    (conn, ch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_restart_mid_run_resumes_consumption_by_itself_and_loses_nothing() {
+    init_logs();
+    let mut broker = PrivateBroker::new();
+    broker.start().await;
+    let db = TestDb::new(Backend::Sqlite).await;
+    let names = Names::new("restart");
+    let text = format!(
+        "kind = \"amqp\"\nurl = {:?}\nqueue = {:?}\nprefetch = 200\nbatch-size = 50\nstream = \"$.order\"\n\
+         [[bindings]]\nexchange = {:?}\nrouting-keys = [\"orders.ingest.#\"]\n",
+        broker.url(),
+        names.queue,
+        names.exchange
+    );
+    let source: SourceConfig = toml::from_str(&text).unwrap();
+    let plugins = PluginsDir::new();
+    let d = start_daemon(&db, &plugins, source).await;
+    wait_source_ready(&d, Duration::from_secs(20)).await;
+
+    let before = orders("r", 0..2000, 50);
+    let after = orders("r", 2000..3000, 50);
+    {
+        let (conn, ch) = connect_to(&broker.url()).await;
+        publish_all(&ch, &names.exchange, &before).await;
+        let _ = conn.close(200, "published".into()).await;
+    }
+    // Kill the broker mid-run, with messages stored, held and waiting.
+    let mid = eventually_async(Duration::from_secs(30), || async {
+        source_metric(&d, "stored").await >= 300.0
+    })
+    .await;
+    assert!(mid, "consumption started");
+    broker.kill();
+    let (status, down) = d.get("/ready").await;
+    let start = std::time::Instant::now();
+    let mut saw_detached = status == 503 && down["checks"]["sources"]["ok"] == false;
+    while !saw_detached && start.elapsed() < Duration::from_secs(10) {
+        let (status, body) = d.get("/ready").await;
+        saw_detached = status == 503 && body["checks"]["sources"]["ok"] == false;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        saw_detached,
+        "/ready shows the source detached while the broker is down"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    broker.start().await;
+    {
+        let (conn, ch) = connect_to(&broker.url()).await;
+        publish_all(&ch, &names.exchange, &after).await;
+        let _ = conn.close(200, "published".into()).await;
+    }
+
+    let sent: Vec<Out> = before.iter().chain(&after).cloned().collect();
+    let all = eventually_async(Duration::from_secs(90), || async {
+        stored_events(Backend::Sqlite, &db.url).await == sent.len() as i64
+    })
+    .await;
+    assert!(
+        all,
+        "stored {} of {}",
+        stored_events(Backend::Sqlite, &db.url).await,
+        sent.len()
+    );
+    assert_stored_once_in_stream_order(&stored_rows(Backend::Sqlite, &db.url).await, &sent);
+    let ready = wait_source_ready(&d, Duration::from_secs(20)).await;
+    assert!(
+        ready["checks"]["sources"]["sources"]["orders"]["restarts"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{ready}"
+    );
+    d.stop().await;
+    let (conn, ch) = connect_to(&broker.url()).await;
+    assert_eq!(
+        ready_in(&ch, &names.queue).await,
+        0,
+        "queue empty, nothing held"
+    );
+    assert_eq!(
+        ready_in(&ch, &names.dead_letter_queue()).await,
+        0,
+        "no dead letters"
+    );
+    let _ = conn.close(200, "done".into()).await;
+    db.cleanup().await;
+}
+
+/// A PostgreSQL server of this test's own (initdb into a temporary folder,
+/// trust auth, loopback only), so the test can stop and start it (as
+/// tests/integration_ops.rs's readiness test does).
+struct PrivatePostgres {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    fn bin(tool: &str) -> std::path::PathBuf {
+        let mut dirs: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries under /usr/lib/postgresql")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        dirs.sort();
+        dirs.last()
+            .expect("a PostgreSQL version")
+            .join("bin")
+            .join(tool)
+    }
+
+    /// A server tool's command; as root, run as `postgres` (the server
+    /// refuses to run as root).
+    fn command(tool: &str) -> std::process::Command {
+        let as_root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| o.stdout == b"0\n")
+            .unwrap_or(false);
+        if as_root {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(Self::bin(tool));
+            c
+        } else {
+            std::process::Command::new(Self::bin(tool))
+        }
+    }
+
+    fn run(tool: &str, args: &[&str]) {
+        let mut c = Self::command(tool);
+        let out = c.args(args).output().expect("run a PostgreSQL tool");
+        assert!(
+            out.status.success(),
+            "{tool} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn init() -> PrivatePostgres {
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-pg-")
+            .tempdir()
+            .unwrap();
+        let _ = std::process::Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(dir.path())
+            .status();
+        let data = dir.path().join("data");
+        Self::run(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ],
+        );
+        let pg = PrivatePostgres {
+            dir,
+            port: free_loopback_addr().port(),
+        };
+        pg.start();
+        pg
+    }
+
+    fn start(&self) {
+        let data = self.dir.path().join("data");
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("log");
+        Self::run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-o",
+                &options,
+                "-w",
+                "-l",
+                log.to_str().unwrap(),
+                "start",
+            ],
+        );
+    }
+
+    fn stop(&self) {
+        let data = self.dir.path().join("data");
+        Self::run(
+            "pg_ctl",
+            &["-D", data.to_str().unwrap(), "-m", "fast", "-w", "stop"],
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        // As `run`, without insisting: the server may be stopped already.
+        let _ = Self::command("pg_ctl")
+            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgresql_stopped_for_ten_seconds_acks_nothing_meanwhile_and_stores_all_after() {
+    init_logs();
+    let pg = PrivatePostgres::init();
+    let names = Names::new("pgdown");
+    let (prefetch, batch) = (50u32, 20u32);
+    let source = names.source(&format!(
+        "prefetch = {prefetch}\nbatch-size = {batch}\nstream = \"$.order\""
+    ));
+    let plugins = PluginsDir::new();
+    let url = pg.url();
+    let d = TestDaemon::start_with(plugins.path(), move |c| {
+        c.database_url = Some(url);
+        c.sources.insert("orders".into(), source);
+    })
+    .await;
+    wait_source_ready(&d, Duration::from_secs(20)).await;
+    let (conn, ch) = broker().await;
+
+    let before = orders("p", 0..200, 20);
+    publish_all(&ch, &names.exchange, &before).await;
+    let stored = eventually_async(Duration::from_secs(30), || async {
+        source_metric(&d, "stored").await == 200.0
+    })
+    .await;
+    assert!(stored, "stored before the outage");
+
+    pg.stop();
+    let during = orders("p", 200..500, 20);
+    publish_all(&ch, &names.exchange, &during).await;
+    // For 10 s: the source holds one batch, the broker `prefetch`
+    // unacknowledged and the rest ready; nothing is acknowledged, so the
+    // broker hands out nothing more.
+    let outage = std::time::Instant::now();
+    let mut checks = 0;
+    let mut first_held: Option<f64> = None;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    while outage.elapsed() < Duration::from_secs(10) {
+        let ready = ready_in(&ch, &names.queue).await;
+        assert_eq!(
+            ready,
+            300 - prefetch,
+            "with the store down, {} messages were acknowledged",
+            (300 - prefetch).saturating_sub(ready)
+        );
+        let text = d.metrics_text().await;
+        let held = metric(&text, "outboxd_source_unacked", &[("source", "orders")]);
+        assert!(
+            held >= 1.0 && held <= batch as f64 && held == *first_held.get_or_insert(held),
+            "the source holds one batch, unacknowledged, the whole outage: {held}"
+        );
+        assert_eq!(
+            metric(
+                &text,
+                "outboxd_source_messages_total",
+                &[("source", "orders"), ("outcome", "stored")]
+            ),
+            200.0
+        );
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // A scrape with the store down waits out the probe's 2 s timeout.
+    assert!(checks >= 3, "{checks} checks");
+    let (_, body) = d.get("/v1/admin/sources").await;
+    let error = body["sources"]["orders"]["last_error"]
+        .as_str()
+        .unwrap_or("");
+    assert!(error.contains("store unavailable"), "{body}");
+
+    pg.start();
+    let sent: Vec<Out> = before.iter().chain(&during).cloned().collect();
+    let all = eventually_async(Duration::from_secs(60), || async {
+        source_metric(&d, "stored").await == 500.0
+    })
+    .await;
+    assert!(
+        all,
+        "stored {} after the outage",
+        source_metric(&d, "stored").await
+    );
+    assert_stored_once_in_stream_order(&stored_rows(Backend::Postgres, &pg.url()).await, &sent);
+    assert_eq!(ready_in(&ch, &names.queue).await, 0);
+    d.stop().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ready_in(&ch, &names.queue).await, 0, "nothing held unacked");
+    let _ = conn.close(200, "done".into()).await;
+    names.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_five_times_while_consuming_loses_nothing_and_stores_nothing_twice() {
+    init_logs();
+    let db = TestDb::new(Backend::Postgres).await;
+    let names = Names::new("crash");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outboxd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[sources.orders]\nkind = \"amqp\"\nurl = \"${{OUTBOXD_TEST_SOURCE_AMQP}}\"\nqueue = {:?}\n\
+             prefetch = 200\nbatch-size = 50\nstream = \"$.order\"\n\
+             [[sources.orders.bindings]]\nexchange = {:?}\nrouting-keys = [\"orders.ingest.#\"]\n",
+            names.queue, names.exchange
+        ),
+    )
+    .unwrap();
+    let plugins = PluginsDir::new();
+    let child = ChildConfig {
+        listen: free_loopback_addr(),
+        database_url: db.url.clone(),
+        plugins_dir: plugins.path().to_path_buf(),
+        data_dir: dir.path().join("data"),
+        env: vec![
+            ("OUTBOXD_CONFIG".into(), config.display().to_string()),
+            ("OUTBOXD_TEST_SOURCE_AMQP".into(), amqp_url()),
+        ],
+        log: child_log("amqp-source-sigkill"),
+    };
+    let mut daemon = ChildDaemon::spawn(&child);
+    daemon.wait_healthy(Duration::from_secs(60)).await;
+
+    // The producer publishes 4,000 messages in slices while outboxd is
+    // killed and restarted.
+    let sent = orders("c", 0..4000, 40);
+    let producer = {
+        let (sent, exchange) = (sent.clone(), names.exchange.clone());
+        tokio::spawn(async move {
+            let (conn, ch) = broker().await;
+            for slice in sent.chunks(200) {
+                publish_all(&ch, &exchange, slice).await;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            let _ = conn.close(200, "published".into()).await;
+        })
+    };
+    for kill in 0..5 {
+        let wait = rand::random_range(400..1200);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        daemon.kill();
+        tracing::info!(kill, "outboxd SIGKILLed");
+        daemon = ChildDaemon::spawn(&child);
+        daemon.wait_healthy(Duration::from_secs(60)).await;
+    }
+    producer.await.unwrap();
+    let all = eventually_async(Duration::from_secs(120), || async {
+        stored_events(Backend::Postgres, &db.url).await == sent.len() as i64
+    })
+    .await;
+    assert!(
+        all,
+        "stored {} of {}:\n{}",
+        stored_events(Backend::Postgres, &db.url).await,
+        sent.len(),
+        daemon.log_tail(30)
+    );
+    assert_stored_once_in_stream_order(&stored_rows(Backend::Postgres, &db.url).await, &sent);
+    let (conn, ch) = broker().await;
+    let empty = eventually_async(Duration::from_secs(20), || async {
+        ready_in(&ch, &names.queue).await == 0
+    })
+    .await;
+    assert!(empty, "queue empty at the end");
+    daemon.terminate(Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ready_in(&ch, &names.queue).await, 0, "nothing held unacked");
+    assert_eq!(
+        ready_in(&ch, &names.dead_letter_queue()).await,
+        0,
+        "every redelivery of a stored message was a duplicate, none a conflict"
+    );
+    let _ = conn.close(200, "done".into()).await;
+    names.delete().await;
+    db.cleanup().await;
+}
