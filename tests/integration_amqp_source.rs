@@ -1245,7 +1245,7 @@ impl Drop for PrivatePostgres {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgresql_stopped_for_ten_seconds_acks_nothing_meanwhile_and_stores_all_after() {
+async fn postgresql_stopped_sixteen_seconds_mid_run_acks_nothing_meanwhile_and_stores_all_after() {
     init_logs();
     let pg = PrivatePostgres::init();
     let names = Names::new("pgdown");
@@ -1274,14 +1274,15 @@ async fn postgresql_stopped_for_ten_seconds_acks_nothing_meanwhile_and_stores_al
     pg.stop();
     let during = orders("p", 200..500, 20);
     publish_all(&ch, &names.exchange, &during).await;
-    // For 10 s: the source holds one batch, the broker `prefetch`
-    // unacknowledged and the rest ready; nothing is acknowledged, so the
-    // broker hands out nothing more.
+    // For 16 s (longer than the store's 10 s wait for a connection, so
+    // ingest attempts fail and are retried inside the window): the source
+    // holds one batch, the broker `prefetch` unacknowledged and the rest
+    // ready; nothing is acknowledged, so the broker hands out nothing more.
     let outage = std::time::Instant::now();
     let mut checks = 0;
     let mut first_held: Option<f64> = None;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    while outage.elapsed() < Duration::from_secs(10) {
+    while outage.elapsed() < Duration::from_secs(16) {
         let ready = ready_in(&ch, &names.queue).await;
         assert_eq!(
             ready,
