@@ -1366,6 +1366,25 @@ async fn sigkill_five_times_while_consuming_loses_nothing_and_stores_nothing_twi
     };
     let mut daemon = ChildDaemon::spawn(&child);
     daemon.wait_healthy(Duration::from_secs(60)).await;
+    // The source has declared its exchange and queue before anything is
+    // published.
+    let http = reqwest::Client::new();
+    let attached = eventually_async(Duration::from_secs(30), || async {
+        match http
+            .get(format!("{}/v1/admin/sources", daemon.base))
+            .send()
+            .await
+        {
+            Ok(r) => r
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .is_some_and(|b| b["sources"]["orders"]["ready"] == true),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(attached, "source attached:\n{}", daemon.log_tail(20));
 
     // The producer publishes 4,000 messages in slices while outboxd is
     // killed and restarted.

@@ -61,7 +61,11 @@ fn args() -> Args {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < argv.len() {
-        let value = || argv.get(i + 1).and_then(|v| v.parse().ok()).expect("a number");
+        let value = || {
+            argv.get(i + 1)
+                .and_then(|v| v.parse().ok())
+                .expect("a number")
+        };
         match argv[i].as_str() {
             "--messages" => a.messages = value(),
             "--rounds" => a.rounds = value(),
@@ -189,7 +193,10 @@ async fn run_outboxd(url: &str, queue: &str, n: usize, batch: usize) -> f64 {
     let tasks = outboxd::sources::start(&sources, ctx, stop_rx);
     while (metrics.source_messages.get_or_create(&label).get() as usize) < n {
         tokio::time::sleep(Duration::from_millis(2)).await;
-        assert!(started.elapsed() < Duration::from_secs(600), "outboxd side stalled");
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "outboxd side stalled"
+        );
     }
     let elapsed = started.elapsed();
     let _ = stop.send(true);
@@ -237,8 +244,17 @@ async fn run_plain(url: &str, queue: &str, n: usize, batch: usize) -> f64 {
         let mut types = Vec::new();
         for d in &deliveries {
             ids.push(d.properties.message_id().as_ref().unwrap().to_string());
-            let stream = match d.properties.headers().as_ref().unwrap().inner().get("x-stream") {
-                Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+            let stream = match d
+                .properties
+                .headers()
+                .as_ref()
+                .unwrap()
+                .inner()
+                .get("x-stream")
+            {
+                Some(AMQPValue::LongString(s)) => {
+                    String::from_utf8_lossy(s.as_bytes()).into_owned()
+                }
                 _ => panic!("no x-stream"),
             };
             streams.push(stream);
@@ -365,7 +381,10 @@ async fn main() {
                 pool.close().await;
                 n
             };
-            assert_eq!(rows as usize, a.messages, "{side}: every message stored once");
+            assert_eq!(
+                rows as usize, a.messages,
+                "{side}: every message stored once"
+            );
             println!(
                 "{}",
                 serde_json::json!({"round": round, "side": side, "messages": a.messages, "msgs_per_s": rate.round()})
