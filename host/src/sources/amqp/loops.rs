@@ -147,6 +147,82 @@ mod tests {
         assert!(topics_overlap("a.#", "a"));
     }
 
+    fn source(bindings: &str) -> AmqpSourceConfig {
+        toml::from_str(&format!(
+            "url = \"amqp://u:p@127.0.0.1:5672/%2f\"\nqueue = \"orders.in\"\n{bindings}"
+        ))
+        .unwrap()
+    }
+
+    fn sink(url: &str, exchange: Option<&str>, key: Option<&str>) -> Manifest {
+        let mut text = format!(
+            "name = \"rabbit\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n\
+             [capabilities]\namqp = {{ url = {url:?}, exchanges = [\"*\"] }}\n[config]\n"
+        );
+        if let Some(e) = exchange {
+            text.push_str(&format!("exchange = {e:?}\n"));
+        }
+        if let Some(k) = key {
+            text.push_str(&format!("routing-key = {k:?}\n"));
+        }
+        Manifest::parse(&text, std::path::Path::new("rabbit.toml")).unwrap()
+    }
+
+    const URL: &str = "amqp://u:p@127.0.0.1:5672/%2f";
+
+    #[test]
+    fn sinks_are_checked_per_broker_exchange_kind_and_default_exchange() {
+        let topic = source(
+            "[[bindings]]\nexchange = \"documents\"\nrouting-keys = [\"documents.ingest.#\"]\n",
+        );
+        let check = |c: &AmqpSourceConfig, m: &Manifest| check_sink("src", c, URL, m);
+        assert!(check(
+            &topic,
+            &sink(URL, Some("documents"), Some("documents.{type}"))
+        )
+        .is_err());
+        assert!(check(
+            &topic,
+            &sink(URL, Some("documents"), Some("documents.new.{type}"))
+        )
+        .is_ok());
+        assert!(check(&topic, &sink(URL, Some("elsewhere"), Some("#"))).is_ok());
+        // Another broker, or another vhost, cannot reach the queue.
+        assert!(check(
+            &topic,
+            &sink(
+                "amqp://u:p@127.0.0.1:5673/%2f",
+                Some("documents"),
+                Some("#")
+            )
+        )
+        .is_ok());
+        assert!(check(
+            &topic,
+            &sink(
+                "amqp://u:p@127.0.0.1:5672/other",
+                Some("documents"),
+                Some("#")
+            )
+        )
+        .is_ok());
+        // No configured exchange: any granted one (`*`) could be it; no
+        // routing-key template: any key.
+        let e = check(&topic, &sink(URL, None, None)).unwrap_err();
+        assert!(e.contains("\"rabbit\"") && e.contains("bindings[0]"), "{e}");
+        // A fanout binding takes every key.
+        let fanout = source("[[bindings]]\nexchange = \"fan\"\nexchange-kind = \"fanout\"\nrouting-keys = [\"x\"]\n");
+        assert!(check(&fanout, &sink(URL, Some("fan"), Some("anything.{type}"))).is_err());
+        // A direct binding matches its key literally.
+        let direct = source("[[bindings]]\nexchange = \"d\"\nexchange-kind = \"direct\"\nrouting-keys = [\"a.*\"]\n");
+        assert!(check(&direct, &sink(URL, Some("d"), Some("a.b"))).is_ok());
+        assert!(check(&direct, &sink(URL, Some("d"), Some("a.{type}"))).is_err());
+        // The default exchange routes the queue's name to it.
+        let e = check(&topic, &sink(URL, Some(""), Some("orders.in"))).unwrap_err();
+        assert!(e.contains("default exchange"), "{e}");
+        assert!(check(&topic, &sink(URL, Some(""), Some("orders.out"))).is_ok());
+    }
+
     #[test]
     fn templates_become_patterns() {
         assert_eq!(
