@@ -592,6 +592,7 @@ fn configuration_errors_name_the_key_and_never_the_password() {
     let ok = load(base).unwrap();
     let c = amqp(&ok["orders"]);
     assert_eq!((c.prefetch, c.batch_size), (1000, 200));
+    assert!(c.single_active_consumer, "replicas take turns by default");
     assert!(
         !format!("{c:?}").contains("s3cret"),
         "Debug hides the password"
@@ -1435,6 +1436,38 @@ async fn sigkill_five_times_while_consuming_loses_nothing_and_stores_nothing_twi
         0,
         "every redelivery of a stored message was a duplicate, none a conflict"
     );
+    let _ = conn.close(200, "done".into()).await;
+    names.delete().await;
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_on_one_queue_take_turns_and_keep_stream_order() {
+    init_logs();
+    let db = TestDb::new(Backend::Postgres).await;
+    let names = Names::new("replicas");
+    let plugins = PluginsDir::new();
+    let source = names.source("prefetch = 100\nbatch-size = 20\nstream = \"$.order\"");
+    let a = start_daemon(&db, &plugins, source.clone()).await;
+    let b = start_daemon(&db, &plugins, source).await;
+    wait_source_ready(&a, Duration::from_secs(20)).await;
+    wait_source_ready(&b, Duration::from_secs(20)).await;
+
+    let sent = orders("t", 0..3000, 30);
+    let (conn, ch) = broker().await;
+    publish_all(&ch, &names.exchange, &sent).await;
+    let all = eventually_async(Duration::from_secs(60), || async {
+        stored_events(Backend::Postgres, &db.url).await == sent.len() as i64
+    })
+    .await;
+    assert!(
+        all,
+        "stored {}",
+        stored_events(Backend::Postgres, &db.url).await
+    );
+    assert_stored_once_in_stream_order(&stored_rows(Backend::Postgres, &db.url).await, &sent);
+    a.stop().await;
+    b.stop().await;
     let _ = conn.close(200, "done".into()).await;
     names.delete().await;
     db.cleanup().await;

@@ -119,6 +119,8 @@ async fn fill_queue(ch: &Channel, queue: &str, n: usize, streams: usize, dlx: &s
         "x-dead-letter-exchange".into(),
         AMQPValue::LongString(LongString::from(dlx.as_bytes())),
     );
+    // As the source declares it (`single-active-consumer` is on by default).
+    arguments.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
     ch.queue_declare(
         queue.into(),
         QueueDeclareOptions {

@@ -25,6 +25,11 @@
 //!   with backoff; the broker hands out no more than `prefetch` meanwhile,
 //!   and redelivers everything held if the session ends.
 //!
+//! Replicas: the queue is declared with `x-single-active-consumer`, so
+//! several outboxd processes consuming it take turns (the broker hands the
+//! queue to the next when the active one goes away) and never store one
+//! stream's messages from two consumers at once.
+//!
 //! Reconnection: a session ends on any broker failure; the supervisor in
 //! [`super`] starts a new one with backoff, and the pool reconnects within
 //! its own backoff.
@@ -109,6 +114,12 @@ pub struct AmqpSourceConfig {
     /// [`DEFAULT_BATCH_WAIT`].
     #[serde(default = "default_batch_wait", with = "humantime_serde")]
     pub batch_wait: Duration,
+    /// Declare the queue with `x-single-active-consumer`, so that replicas
+    /// consuming it take turns (one at a time, the next takes over when it
+    /// goes away) and a stream's messages are never stored by two consumers
+    /// at once, out of order. Default true.
+    #[serde(default = "yes")]
+    pub single_active_consumer: bool,
     /// Dead-letter exchange (fanout, durable). Default `<queue>.dead-letter`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter_exchange: Option<String>,
@@ -154,6 +165,9 @@ fn default_batch_size() -> usize {
 }
 fn default_batch_wait() -> Duration {
     DEFAULT_BATCH_WAIT
+}
+fn yes() -> bool {
+    true
 }
 fn routing_key() -> String {
     "routing-key".into()
@@ -443,10 +457,14 @@ impl Session<'_> {
             "x-dead-letter-exchange".into(),
             AMQPValue::LongString(LongString::from(dlx.as_bytes())),
         );
+        if self.config.single_active_consumer {
+            arguments.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        }
         step(
             &format!(
-                "declare queue {queue:?} (durable, x-dead-letter-exchange {dlx:?}; a queue declared \
-                 before with other arguments must be deleted or given those)"
+                "declare queue {queue:?} (durable, x-dead-letter-exchange {dlx:?}, x-single-active-consumer {}; \
+                 a queue declared before with other arguments must be deleted or given those)",
+                self.config.single_active_consumer
             ),
             ch.queue_declare(queue.as_str().into(), durable_queue, arguments),
         )
