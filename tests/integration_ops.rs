@@ -59,10 +59,7 @@ async fn metrics_parse_and_move_as_events_flow() {
     d.post_batch(&batch).await;
     // The same event again: a duplicate, answered 200.
     let (status, body) = d
-        .post(
-            "application/cloudevents+json",
-            serde_json::to_vec(&batch[0]).unwrap(),
-        )
+        .post("application/cloudevents+json", serde_json::to_vec(&batch[0]).unwrap())
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["duplicate"], true, "{body}");
@@ -153,8 +150,7 @@ async fn a_paused_sink_delivers_nothing_until_resumed() {
     // Every loop reads the pause within 1 s (PAUSE_RECHECK) plus one idle sleep.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     for i in 0..3 {
-        d.post_event(&event(&format!("p{i}"), "s", "t", json!({})))
-            .await;
+        d.post_event(&event(&format!("p{i}"), "s", "t", json!({}))).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(receiver.seen().is_empty(), "nothing delivered while paused");
@@ -232,20 +228,10 @@ async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_repla
     let receiver = Receiver::start().await;
     receiver.script(400, &[], "not today");
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
     let manifest = plugins.path().join("webhook.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(
-        &manifest,
-        text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n"),
-    )
-    .unwrap();
+    std::fs::write(&manifest, text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n")).unwrap();
     let d = TestDaemon::start(plugins.path()).await;
     for id in ["b1", "b2"] {
         d.post_event(&event(id, "s", "t", json!({}))).await;
@@ -269,10 +255,8 @@ async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_repla
         (r.status(), ())
     };
     assert_eq!(status, 200);
-    d.wait_delivery("b2", Duration::from_secs(20), |x| {
-        x["status"] == "delivered"
-    })
-    .await;
+    d.wait_delivery("b2", Duration::from_secs(20), |x| x["status"] == "delivered")
+        .await;
     let order: Vec<String> = receiver
         .seen()
         .iter()
@@ -488,15 +472,11 @@ struct PrivatePostgres {
 
 impl PrivatePostgres {
     fn bin(tool: &str) -> std::path::PathBuf {
-        let versions = std::fs::read_dir("/usr/lib/postgresql").expect(
-            "PostgreSQL server binaries under /usr/lib/postgresql (scripts/setup.sh installs them)",
-        );
+        let versions = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries under /usr/lib/postgresql (scripts/setup.sh installs them)");
         let mut dirs: Vec<_> = versions.filter_map(|e| e.ok().map(|e| e.path())).collect();
         dirs.sort();
-        dirs.last()
-            .expect("a PostgreSQL version")
-            .join("bin")
-            .join(tool)
+        dirs.last().expect("a PostgreSQL version").join("bin").join(tool)
     }
 
     /// A server tool's command; as root, run as the `postgres` user (the
@@ -519,10 +499,7 @@ impl PrivatePostgres {
 
     /// Run a server tool; it must succeed.
     fn run(tool: &str, args: &[&str]) {
-        let out = Self::command(tool)
-            .args(args)
-            .output()
-            .expect("run a PostgreSQL tool");
+        let out = Self::command(tool).args(args).output().expect("run a PostgreSQL tool");
         assert!(
             out.status.success(),
             "{tool} {args:?}: {}{}",
@@ -532,10 +509,7 @@ impl PrivatePostgres {
     }
 
     fn init() -> PrivatePostgres {
-        let dir = tempfile::Builder::new()
-            .prefix("outboxd-pg-")
-            .tempdir()
-            .unwrap();
+        let dir = tempfile::Builder::new().prefix("outboxd-pg-").tempdir().unwrap();
         let _ = std::process::Command::new("chown")
             .args(["postgres:postgres"])
             .arg(dir.path())
@@ -543,15 +517,7 @@ impl PrivatePostgres {
         let data = dir.path().join("data");
         Self::run(
             "initdb",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-            ],
+            &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "--no-sync"],
         );
         let port = free_loopback_addr().port();
         let pg = PrivatePostgres { dir, port };
@@ -568,25 +534,14 @@ impl PrivatePostgres {
         );
         Self::run(
             "pg_ctl",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-o",
-                &options,
-                "-w",
-                "-l",
-                self.dir.path().join("log").to_str().unwrap(),
-                "start",
-            ],
+            &["-D", data.to_str().unwrap(), "-o", &options, "-w", "-l",
+              self.dir.path().join("log").to_str().unwrap(), "start"],
         );
     }
 
     fn stop(&self) {
         let data = self.dir.path().join("data");
-        Self::run(
-            "pg_ctl",
-            &["-D", data.to_str().unwrap(), "-m", "fast", "-w", "stop"],
-        );
+        Self::run("pg_ctl", &["-D", data.to_str().unwrap(), "-m", "fast", "-w", "stop"]);
     }
 
     fn url(&self) -> String {
@@ -624,13 +579,7 @@ async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_r
     let pg = PrivatePostgres::init();
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
     let url = pg.url();
     let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
     let post = |id: &'static str| {
@@ -646,10 +595,7 @@ async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_r
     let down = wait_ready(&d, 503, Duration::from_secs(15)).await;
     assert_eq!(down["checks"]["database"]["ok"], false, "{down}");
     let (status, body) = post("during").await;
-    assert!(
-        status >= 500,
-        "ingest with the database down: {status} {body}"
-    );
+    assert!(status >= 500, "ingest with the database down: {status} {body}");
 
     pg.start();
     wait_ready(&d, 200, Duration::from_secs(30)).await;
@@ -659,11 +605,7 @@ async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_r
         "delivery did not resume: {} requests",
         receiver.count()
     );
-    let ids: Vec<String> = receiver
-        .seen()
-        .iter()
-        .map(|r| r.header("ce-id").unwrap())
-        .collect();
+    let ids: Vec<String> = receiver.seen().iter().map(|r| r.header("ce-id").unwrap()).collect();
     assert_eq!(ids, ["before", "after"]);
     d.stop().await;
 }

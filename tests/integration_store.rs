@@ -111,11 +111,7 @@ async fn the_same_id_twice_in_one_request_is_a_duplicate_or_a_conflict(backend: 
         .unwrap();
     assert!(!r[0].duplicate && !r[1].duplicate);
     assert!(r[2].duplicate, "the repeat is a duplicate");
-    assert_eq!(
-        (r[2].sequence, r[1].sequence),
-        (1, 2),
-        "the repeat keeps the first's sequence"
-    );
+    assert_eq!((r[2].sequence, r[1].sequence), (1, 2), "the repeat keeps the first's sequence");
     assert_eq!(deliveries(&store, "d1").await, 1, "one delivery, not two");
     let err = store
         .ingest(&[
@@ -124,14 +120,8 @@ async fn the_same_id_twice_in_one_request_is_a_duplicate_or_a_conflict(backend: 
         ])
         .await
         .unwrap_err();
-    assert!(
-        matches!(err, IngestError::Conflict { index: 1, .. }),
-        "{err}"
-    );
-    assert!(
-        store.event("d3").await.unwrap().is_none(),
-        "nothing of the request stored"
-    );
+    assert!(matches!(err, IngestError::Conflict { index: 1, .. }), "{err}");
+    assert!(store.event("d3").await.unwrap().is_none(), "nothing of the request stored");
     db.cleanup().await;
 }
 
@@ -411,10 +401,7 @@ async fn claim_ids(store: &Arc<dyn Store>, sink: &str) -> Vec<String> {
 /// Finish every delivery of a claim: the first of each stream with
 /// `first`, the rest released (as the engine does behind a failure).
 async fn finish_claim(store: &Arc<dyn Store>, sink: &str, first: &Finish) -> Vec<String> {
-    let claimed = store
-        .claim(sink, 10, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let claimed = store.claim(sink, 10, Duration::from_secs(30)).await.unwrap();
     let mut seen = BTreeSet::new();
     for c in &claimed {
         let f = if seen.insert(c.event.event.stream.clone()) {
@@ -422,10 +409,7 @@ async fn finish_claim(store: &Arc<dyn Store>, sink: &str, first: &Finish) -> Vec
         } else {
             &Finish::Release
         };
-        assert!(store
-            .finish(c.delivery_id, &c.lease_token, f)
-            .await
-            .unwrap());
+        assert!(store.finish(c.delivery_id, &c.lease_token, f).await.unwrap());
     }
     claimed.into_iter().map(|c| c.event.event.id).collect()
 }
@@ -436,11 +420,7 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
     let items: Vec<IngestItem> = ["a1", "a2", "a3"]
         .iter()
         .map(|id| item(id, "a", json!({}), &["x"]))
-        .chain(
-            ["c1", "c2"]
-                .iter()
-                .map(|id| item(id, "c", json!({}), &["x"])),
-        )
+        .chain(["c1", "c2"].iter().map(|id| item(id, "c", json!({}), &["x"])))
         .collect();
     store.ingest(&items).await.unwrap();
     let block = Finish::Dead {
@@ -459,27 +439,17 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
             "c1" => &move_on,
             _ => &Finish::Release,
         };
-        assert!(store
-            .finish(c.delivery_id, &c.lease_token, f)
-            .await
-            .unwrap());
+        assert!(store.finish(c.delivery_id, &c.lease_token, f).await.unwrap());
     }
     assert_eq!(
         finish_claim(&store, "x", &Finish::Delivered).await,
         vec!["c2"],
         "only the moved-on stream goes on"
     );
-    assert_eq!(
-        store.next_due_in("x").await.unwrap(),
-        None,
-        "a blocked head is never due"
-    );
+    assert_eq!(store.next_due_in("x").await.unwrap(), None, "a blocked head is never due");
 
     // A new event of the blocked stream waits too.
-    store
-        .ingest(&[item("a4", "a", json!({}), &["x"])])
-        .await
-        .unwrap();
+    store.ingest(&[item("a4", "a", json!({}), &["x"])]).await.unwrap();
     assert!(claim_ids(&store, "x").await.is_empty());
 
     // Replayed, the dead letter goes first, and the stream follows it.
@@ -488,10 +458,7 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
         ..Default::default()
     };
     assert_eq!(store.replay_dead(&only_a, 100).await.unwrap(), 1);
-    assert_eq!(
-        finish_claim(&store, "x", &block).await,
-        vec!["a1", "a2", "a3", "a4"]
-    );
+    assert_eq!(finish_claim(&store, "x", &block).await, vec!["a1", "a2", "a3", "a4"]);
     assert!(claim_ids(&store, "x").await.is_empty(), "blocked again");
 
     // Purged, the stream moves on without it.
@@ -506,10 +473,7 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
         .map(|id| item(id, "b", json!({}), &["y"]))
         .collect();
     store.ingest(&b).await.unwrap();
-    assert_eq!(
-        finish_claim(&store, "y", &move_on).await,
-        vec!["b1", "b2", "b3"]
-    );
+    assert_eq!(finish_claim(&store, "y", &move_on).await, vec!["b1", "b2", "b3"]);
     assert_eq!(finish_claim(&store, "y", &block).await, vec!["b2", "b3"]);
     let event = |id: &str| outboxd::store::DeadFilter {
         event_id: Some(id.into()),

@@ -153,10 +153,7 @@ impl Daemon {
             }),
             Box::new(move |sink, current| {
                 if !sink_routes.add_sink(sink) {
-                    tracing::warn!(
-                        sink,
-                        "no route names this sink: it gets no events until the routes do"
-                    );
+                    tracing::warn!(sink, "no route names this sink: it gets no events until the routes do");
                 }
                 let task = tokio::spawn(crate::delivery::run_sink(
                     sink_shared.clone(),

@@ -180,10 +180,9 @@ pub async fn run_sink(
             quarantines_in_a_row = 0;
             batch_limit = u32::MAX;
             if let Some(plugin) = &serving {
-                shared.heartbeats.register(
-                    &sink,
-                    stale_after(config, plugin.manifest().limits.deadline),
-                );
+                shared
+                    .heartbeats
+                    .register(&sink, stale_after(config, plugin.manifest().limits.deadline));
             }
         }
         let Some(plugin) = serving.clone() else {
@@ -460,10 +459,7 @@ async fn turn(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
                 retry_in = ?delay, "delivery failed, will retry: {reason}"
             ),
-            Finish::Dead {
-                reason,
-                blocks_stream,
-            } => tracing::warn!(
+            Finish::Dead { reason, blocks_stream } => tracing::warn!(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
                 blocks_stream,
                 "delivery dead-lettered: {reason}"

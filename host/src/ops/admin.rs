@@ -165,9 +165,7 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
         .iter()
         .map(|s| {
             let (loaded, st, version, parked) = match states.get(s) {
-                Some(SinkState::Loaded { version }) => {
-                    (true, "loaded", Some(version.clone()), None)
-                }
+                Some(SinkState::Loaded { version }) => (true, "loaded", Some(version.clone()), None),
                 Some(SinkState::Removed) => (false, "removed", None, Some(REMOVED_REASON)),
                 None => (false, "refused", None, None),
             };

@@ -3,8 +3,9 @@
 //! Owns: `/health` (200 while the process serves and every delivery loop
 //! has finished a turn within its stale limit), `/ready` (database answers,
 //! no migration pending, every loop fresh *and* succeeding, plugins
-//! loaded, every source attached; with queue figures), `/metrics` (Prometheus text), and the
-//! admin API under `/v1/admin/` (bearer token when configured).
+//! loaded, every source attached; with queue figures), `/metrics`
+//! (Prometheus text), and the admin API under `/v1/admin/` (bearer token
+//! when configured).
 //!
 //! Must never: run an unbounded query on a probe path — counts are capped
 //! and every store call has a short timeout, so a huge backlog cannot make

@@ -274,12 +274,7 @@ impl Manifest {
                 present.then(|| invalid(format!("{key}: a builtin sink has none")))
             };
             if let Some(e) = has(m.component.is_some(), "component")
-                .or_else(|| {
-                    has(
-                        !m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(),
-                        "capabilities",
-                    )
-                })
+                .or_else(|| has(!m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(), "capabilities"))
                 .or_else(|| has(!m.config.is_empty(), "config"))
             {
                 return Err(e);
@@ -396,11 +391,8 @@ mod tests {
             let e = Manifest::parse(&format!("{text}{extra}"), Path::new("s.toml")).unwrap_err();
             assert!(e.to_string().contains("a builtin sink has none"), "{e}");
         }
-        let e = Manifest::parse(
-            &format!("{MINIMAL}builtin = \"echo\"\n"),
-            Path::new("s.toml"),
-        )
-        .unwrap_err();
+        let e = Manifest::parse(&format!("{MINIMAL}builtin = \"echo\"\n"), Path::new("s.toml"))
+            .unwrap_err();
         assert!(e.to_string().contains("discard"), "{e}");
     }
 

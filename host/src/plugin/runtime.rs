@@ -497,10 +497,9 @@ fn classify_trap(
             "stack overflow".to_string()
         }
         _ if refused_memory.is_some() => "out of memory".to_string(),
-        _ if e.chain().any(|c| {
-            c.downcast_ref::<wasmtime::component::ResourceTableError>()
-                .is_some()
-        }) =>
+        _ if e
+            .chain()
+            .any(|c| c.downcast_ref::<wasmtime::component::ResourceTableError>().is_some()) =>
         {
             format!("too many resources (more than {MAX_RESOURCES} live)")
         }

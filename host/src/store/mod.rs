@@ -251,9 +251,7 @@ pub trait Store: Send + Sync + 'static {
         lease_token: &str,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
-        let kept = self
-            .finish_many(&[(delivery_id, lease_token, finish)])
-            .await?;
+        let kept = self.finish_many(&[(delivery_id, lease_token, finish)]).await?;
         Ok(kept.first().copied().unwrap_or(false))
     }
 
@@ -408,10 +406,7 @@ pub(crate) fn assemble_claims(
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         let event = events.get(&row.event_id).cloned().ok_or_else(|| {
-            StoreError::Corrupt(format!(
-                "delivery refers to missing event {:?}",
-                row.event_id
-            ))
+            StoreError::Corrupt(format!("delivery refers to missing event {:?}", row.event_id))
         })?;
         claimed.push(Claimed {
             delivery_id: row.delivery_id,
@@ -526,15 +521,7 @@ where
 
 /// A dead letter as both stores select it: event id, sink, stream,
 /// sequence, attempts, last error, finished at (Unix ms).
-pub(crate) type DeadRow = (
-    String,
-    String,
-    String,
-    i64,
-    i64,
-    Option<String>,
-    Option<i64>,
-);
+pub(crate) type DeadRow = (String, String, String, i64, i64, Option<String>, Option<i64>);
 
 /// [`DeadRow`]s as [`DeadLetter`]s.
 pub(crate) fn dead_letters(rows: Vec<DeadRow>) -> Vec<DeadLetter> {
@@ -559,8 +546,7 @@ pub(crate) fn fold_stats(
     ages: Vec<(String, i64)>,
     cap: u64,
 ) -> QueueStats {
-    let mut by_sink: std::collections::BTreeMap<String, SinkQueue> =
-        std::collections::BTreeMap::new();
+    let mut by_sink: std::collections::BTreeMap<String, SinkQueue> = std::collections::BTreeMap::new();
     let mut total = 0u64;
     for (sink, status, n) in rows {
         let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {

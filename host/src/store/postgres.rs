@@ -131,6 +131,7 @@ const EVENT_COLUMNS: &str =
      producer_sequence, extensions, data, data_format, \
      (extract(epoch FROM ingested_at) * 1000)::bigint AS ingested_at_ms";
 
+
 /// True for errors after which the whole transaction may simply be re-run.
 fn is_retryable(e: &IngestError) -> bool {
     let IngestError::Store(StoreError::Database(sqlx::Error::Database(db))) = e else {
@@ -230,14 +231,7 @@ impl NewRows {
         .bind(&self.routed)
         .execute(&mut **tx)
         .await?;
-        insert_deliveries(
-            tx,
-            &self.d_event,
-            &self.d_sink,
-            &self.d_stream,
-            &self.d_sequence,
-        )
-        .await
+        insert_deliveries(tx, &self.d_event, &self.d_sink, &self.d_stream, &self.d_sequence).await
     }
 }
 
@@ -800,10 +794,8 @@ impl Store for PgStore {
             .push(" FOR UPDATE) RETURNING id, sink, stream");
         let rows: Vec<(i64, String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
         let replayed: Vec<i64> = rows.iter().map(|r| r.0).collect();
-        let pairs: BTreeSet<(String, String)> = rows
-            .iter()
-            .map(|(_, sink, stream)| (stream.clone(), sink.clone()))
-            .collect();
+        let pairs: BTreeSet<(String, String)> =
+            rows.iter().map(|(_, sink, stream)| (stream.clone(), sink.clone())).collect();
         let streams: BTreeSet<String> = pairs.iter().map(|(stream, _)| stream.clone()).collect();
         lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
         // The replayed letter may sit before its stream's current head.
@@ -843,8 +835,7 @@ impl Store for PgStore {
                 .or_default()
                 .push(*id);
         }
-        let streams: BTreeSet<String> =
-            by_stream.keys().map(|(stream, _)| stream.clone()).collect();
+        let streams: BTreeSet<String> = by_stream.keys().map(|(stream, _)| stream.clone()).collect();
         lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
         for ((stream, sink), ids) in by_stream {
             let held = sqlx::query(
@@ -1060,11 +1051,8 @@ async fn finish_batch(
     items: &[(i64, &str, &Finish)],
 ) -> Result<Vec<bool>, StoreError> {
     let mut kept = vec![false; items.len()];
-    let index: std::collections::HashMap<i64, usize> = items
-        .iter()
-        .enumerate()
-        .map(|(i, (id, _, _))| (*id, i))
-        .collect();
+    let index: std::collections::HashMap<i64, usize> =
+        items.iter().enumerate().map(|(i, (id, _, _))| (*id, i)).collect();
 
     let moving: Vec<i64> = items
         .iter()
@@ -1180,11 +1168,11 @@ async fn finish_batch(
     if !moved.is_empty() {
         let (ids, sinks, streams) = columns(&moved);
         sqlx::query(MOVE_HEADS_SQL)
-            .bind(&ids)
-            .bind(&sinks)
-            .bind(&streams)
-            .execute(&mut **tx)
-            .await?;
+        .bind(&ids)
+        .bind(&sinks)
+        .bind(&streams)
+        .execute(&mut **tx)
+        .await?;
         // Heads still on a finished delivery had no live one behind them.
         sqlx::query(
             "DELETE FROM outboxd.heads h USING unnest($1::bigint[], $2::text[], $3::text[]) AS m(id, sink, stream) \

@@ -20,7 +20,8 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
     new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter, DeliveryInfo,
-    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError, StoredEvent,
+    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError,
+    StoredEvent,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -79,6 +80,7 @@ async fn now_ms(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
 const EVENT_COLUMNS: &str =
     "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
      producer_sequence, extensions, data, data_format, ingested_at AS ingested_at_ms";
+
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -531,14 +533,13 @@ impl Store for SqliteStore {
         // still holds the head: the stream moves on to its next live
         // delivery.
         for (sink, stream, id) in &rows {
-            let held =
-                sqlx::query("DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?")
-                    .bind(sink)
-                    .bind(stream)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
+            let held = sqlx::query("DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?")
+                .bind(sink)
+                .bind(stream)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
             if held > 0 {
                 reset_head(&mut tx, sink, stream, &[]).await?;
             }
