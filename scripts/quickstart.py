@@ -9,7 +9,7 @@ receiver has seen every one of them, verified and in order per stream.
         --plugins-dir target/plugins [--cases DIR]
 
 With a cases folder of GitHub webhook payloads (default:
-../shared/cases/github-webhooks beside the repository, when present) each
+tests/cases/github-webhooks in the repository, when present) each
 `*.json` file becomes one event; otherwise 50 sample events over 5 streams
 are generated.  Exits 0 only when all events were delivered, verified and in
 order.
@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CASES = REPO_ROOT.parent / "shared" / "cases" / "github-webhooks"
+DEFAULT_CASES = REPO_ROOT / "tests" / "cases" / "github-webhooks"
 # Batches stay under the default 1 MiB body limit (ingest.max-body-bytes)
 # even with the largest payloads of the GitHub set (31 KiB each).
 BATCH_SIZE = 25

@@ -2,7 +2,7 @@
 # Build outboxd and its plugins, then run the end-to-end demo
 # (scripts/quickstart.py).  Extra arguments are passed to the demo, e.g.
 #
-#   scripts/quickstart.sh --cases ../shared/cases/github-webhooks --timeout 300
+#   scripts/quickstart.sh --cases path/to/payloads --timeout 300
 #
 # It runs from the repository root, so relative paths in the arguments are
 # taken relative to the root, whatever the current directory.
@@ -10,7 +10,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup.sh
+bash scripts/setup.sh --build-only
 bash scripts/build-plugins.sh
 cargo build -p outboxd
 

@@ -52,6 +52,34 @@ async fn metrics_parse_and_move_as_events_flow() {
         ),
         Some(1.0)
     );
+    // Known label values are present at 0 before anything happens, so a
+    // rate() or an alert sees the series on a fresh daemon.
+    for outcome in ["stored", "duplicate", "conflict", "rejected"] {
+        assert_eq!(
+            sample(&before, "outboxd_events_ingested_total", &[("outcome", outcome)]),
+            Some(0.0),
+            "events_ingested_total{{outcome={outcome:?}}} on a fresh daemon"
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = scrape(&d).await;
+        let zero = |outcome| {
+            sample(
+                &now,
+                "outboxd_deliveries_total",
+                &[("sink", "webhook"), ("outcome", outcome)],
+            ) == Some(0.0)
+        };
+        if zero("delivered") && zero("retry") && zero("dead") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "deliveries_total for sink webhook not present at 0 once its loop runs"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let batch: Vec<_> = (0..5)
         .map(|i| event(&format!("m{i}"), "s", "t", json!({"i": i})))

@@ -45,6 +45,14 @@ impl Scene {
     /// As [`Scene::start`], with several test-component sinks:
     /// `(sink, component, manifest tables)`.
     async fn start_many(sinks: &[(&str, &str, &str)]) -> Scene {
+        Scene::start_with(sinks, |_| {}).await
+    }
+
+    /// As [`Scene::start_many`], with the daemon's configuration adjusted.
+    async fn start_with(
+        sinks: &[(&str, &str, &str)],
+        adjust: impl FnOnce(&mut outboxd::config::Config),
+    ) -> Scene {
         init_logs();
         let receiver = Receiver::start().await;
         let plugins = PluginsDir::new();
@@ -59,7 +67,7 @@ impl Scene {
             plugins.add_component(sink, &test_component(component), manifest);
         }
         let started = Instant::now();
-        let d = TestDaemon::start(plugins.path()).await;
+        let d = TestDaemon::start_with(plugins.path(), adjust).await;
         let (status, ready) = d.get("/ready").await;
         assert_eq!(status, 200, "every plugin must load: {ready}");
         let mut expected: Vec<&str> = sinks.iter().map(|s| s.0).chain(["webhook"]).collect();
@@ -332,7 +340,12 @@ async fn a_plugin_that_answers_the_wrong_number_of_outcomes_fails_its_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_that_traps_on_every_attempt_is_dead_lettered_when_its_retry_window_runs_out() {
     let manifest = "[retry]\nbase = \"100ms\"\ncap = \"500ms\"\nwindow = \"2s\"\n";
-    let scene = Scene::start("panic", manifest).await;
+    // No quarantine: this test watches the retry window, and a quarantine
+    // (after 5 trapped batches) would hold the attempts back for 30 s.
+    let scene = Scene::start_with(&[("bad", "panic", manifest)], |c| {
+        c.delivery.quarantine_after_traps = u32::MAX;
+    })
+    .await;
     let started = Instant::now();
     scene.post("doomed", "orders/1").await;
     let dead = scene

@@ -343,6 +343,16 @@ async fn a_retry_waits_its_delay(backend: Backend) {
     assert_eq!(again.len(), 1);
     let (_, d) = store.event("e").await.unwrap().unwrap();
     assert_eq!(d[0].last_error.as_deref(), Some("HTTP 503"));
+    assert!(store
+        .finish(again[0].delivery_id, &again[0].lease_token, &Finish::Delivered)
+        .await
+        .unwrap());
+    let (_, d) = store.event("e").await.unwrap().unwrap();
+    assert_eq!(d[0].status, "delivered");
+    assert_eq!(
+        d[0].last_error, None,
+        "a delivered delivery shows no error of an earlier attempt"
+    );
     db.cleanup().await;
 }
 

@@ -1,7 +1,7 @@
 //! Events/s published to RabbitMQ with confirms: through the `amqp` plugin
 //! (WebAssembly guest → `outboxd:sink/amqp` → the host's lapin connection)
 //! against a plain lapin program keeping 100 confirms in flight, in the same
-//! run, alternating rounds (the disk's fsync time drifts, DESIGN §8), with
+//! run, alternating rounds (the disk's fsync time drifts, docs/measurements.md), with
 //! the ratio.
 //!
 //! The plugin side calls `Plugin::deliver` directly with batches of
@@ -33,7 +33,7 @@ use lapin::{
 use outboxd::plugin::bindings::{Event, Outcome};
 use outboxd::plugin::{self, Runtime};
 
-/// Payload bytes per event (DESIGN §8 measures with 256).
+/// Payload bytes per event (docs/measurements.md measures with 256).
 const PAYLOAD: usize = 256;
 /// Confirms in flight in the plain lapin program.
 const IN_FLIGHT: usize = 100;

@@ -115,6 +115,7 @@ impl Daemon {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let wake = Arc::new(Notify::new());
         let heartbeats = Arc::new(Heartbeats::default());
+        let quarantines = Arc::new(crate::delivery::Quarantines::default());
         store.forward_wakeups(wake.clone(), shutdown_rx.clone());
         let shared = Shared {
             store: store.clone(),
@@ -122,6 +123,7 @@ impl Daemon {
             wake: wake.clone(),
             heartbeats: heartbeats.clone(),
             metrics: metrics.clone(),
+            quarantines: quarantines.clone(),
         };
         let mut tasks = Vec::new();
         let route_table = routes.clone();
@@ -193,6 +195,7 @@ impl Daemon {
             plugins: registry.clone(),
             heartbeats,
             metrics,
+            quarantines,
             admin_token: config.admin.token.clone(),
             amqp: runtime.amqp().clone(),
             routes,

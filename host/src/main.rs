@@ -26,6 +26,10 @@ struct Cli {
     /// TOML configuration file (also OUTBOXD_CONFIG).
     #[arg(long, global = true, env = "OUTBOXD_CONFIG")]
     config: Option<PathBuf>,
+    /// Options that override configuration keys; like `--config`, they may
+    /// stand before or after the subcommand.
+    #[command(flatten)]
+    flags: Flags,
     #[command(subcommand)]
     command: Command,
 }
@@ -34,17 +38,12 @@ struct Cli {
 enum Command {
     /// Run the daemon: HTTP API and one delivery loop per sink.
     Run {
-        #[command(flatten)]
-        flags: Flags,
         /// Apply pending database migrations before starting.
         #[arg(long)]
         migrate: bool,
     },
     /// Apply pending database migrations and exit.
-    Migrate {
-        #[command(flatten)]
-        flags: Flags,
-    },
+    Migrate,
     /// Inspect plugins.
     Plugin {
         #[command(subcommand)]
@@ -59,15 +58,11 @@ enum Command {
     Dead {
         #[command(subcommand)]
         command: DeadCommand,
-        #[command(flatten)]
-        flags: Flags,
     },
     /// List, pause or resume sinks (shared by every replica).
     Sinks {
         #[command(subcommand)]
         command: SinksCommand,
-        #[command(flatten)]
-        flags: Flags,
     },
     /// Create deliveries for a (new) sink over past events, by the routes;
     /// running it twice creates nothing new.
@@ -77,8 +72,6 @@ enum Command {
         /// Events ingested at or after this time (RFC 3339). Default: all.
         #[arg(long)]
         since: Option<String>,
-        #[command(flatten)]
-        flags: Flags,
     },
     /// Show the effective configuration, secrets redacted.
     Config {
@@ -90,20 +83,13 @@ enum Command {
 #[derive(Subcommand)]
 enum EventsCommand {
     /// Print an event and its deliveries as JSON.
-    Show {
-        id: String,
-        #[command(flatten)]
-        flags: Flags,
-    },
+    Show { id: String },
 }
 
 #[derive(Subcommand)]
 enum ConfigCommand {
     /// Print the merged configuration (file, environment, flags) as TOML.
-    Show {
-        #[command(flatten)]
-        flags: Flags,
-    },
+    Show,
 }
 
 /// Which dead letters: every given option must match.
@@ -165,23 +151,23 @@ enum PluginCommand {
 #[serde(rename_all = "kebab-case")]
 struct Flags {
     /// HTTP listen address [default: 127.0.0.1:8080].
-    #[arg(long)]
+    #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<SocketAddr>,
     /// Data folder for the embedded SQLite database [default: ./data].
-    #[arg(long)]
+    #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
     /// Database URL (sqlite://PATH) [default: SQLite in the data folder].
-    #[arg(long)]
+    #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     database_url: Option<String>,
     /// Plugins folder [default: ./target/plugins].
-    #[arg(long)]
+    #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     plugins_dir: Option<PathBuf>,
     /// Log format.
-    #[arg(long, value_enum)]
+    #[arg(long, global = true, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     log_format: Option<LogFormat>,
 }
@@ -221,9 +207,10 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let flags = &cli.flags;
     match cli.command {
-        Command::Run { flags, migrate } => {
-            let config = Config::load(cli.config.as_deref(), &flags)?;
+        Command::Run { migrate } => {
+            let config = Config::load(cli.config.as_deref(), flags)?;
             init_logging(config.log_format);
             let mode = if migrate {
                 Migrations::Apply
@@ -236,8 +223,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             daemon.shutdown().await;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Migrate { flags } => {
-            let config = Config::load(cli.config.as_deref(), &flags)?;
+        Command::Migrate => {
+            let config = Config::load(cli.config.as_deref(), flags)?;
             init_logging(config.log_format);
             let url = config.effective_database_url();
             let store = outboxd::store::open(&url).await?;
@@ -258,9 +245,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Events {
-            command: EventsCommand::Show { id, flags },
+            command: EventsCommand::Show { id },
         } => {
-            let store = open_store(cli.config.as_deref(), &flags).await?;
+            let store = open_store(cli.config.as_deref(), flags).await?;
             match store.event(&id).await? {
                 None => {
                     eprintln!("no event with id {id:?}");
@@ -279,8 +266,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Dead { command, flags } => {
-            let store = open_store(cli.config.as_deref(), &flags).await?;
+        Command::Dead { command } => {
+            let store = open_store(cli.config.as_deref(), flags).await?;
             let (sel, action) = match command {
                 DeadCommand::List(s) => (s, "list"),
                 DeadCommand::Replay(s) => (s, "replay"),
@@ -326,15 +313,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sinks { command, flags } => {
-            let store = open_store(cli.config.as_deref(), &flags).await?;
+        Command::Sinks { command } => {
+            let store = open_store(cli.config.as_deref(), flags).await?;
             match command {
                 SinksCommand::List => {
                     let paused = store.paused_sinks().await?;
-                    let config = Config::load(cli.config.as_deref(), &flags)?;
+                    let config = Config::load(cli.config.as_deref(), flags)?;
                     let runtime =
                         outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
                     let plugins = outboxd::plugin::load_dir(&runtime, &config.plugins_dir);
+                    // Quarantines live in the daemon's process: ask it.
+                    let quarantines = outboxd::ops::daemon_client::quarantines(
+                        config.listen,
+                        config.admin.token.as_deref(),
+                    )
+                    .await;
+                    if let Err(e) = &quarantines {
+                        eprintln!("quarantine state unknown: {e}");
+                    }
                     for sink in plugins.known_sinks() {
                         let state = if paused.contains(&sink) {
                             "paused"
@@ -346,7 +342,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                         } else {
                             "refused"
                         };
-                        println!("{sink}\t{state}\t{loaded}");
+                        let quarantine = match quarantines.as_ref().map(|q| q.get(&sink)) {
+                            Ok(Some(q)) => format!(
+                                "\tquarantined until {} ({})",
+                                q["until"].as_str().unwrap_or("?"),
+                                q["reason"].as_str().unwrap_or("?")
+                            ),
+                            _ => String::new(),
+                        };
+                        println!("{sink}\t{state}\t{loaded}{quarantine}");
                     }
                 }
                 SinksCommand::Pause { sink } => {
@@ -360,9 +364,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Backfill { sink, since, flags } => {
-            let config = Config::load(cli.config.as_deref(), &flags)?;
-            let store = open_store(cli.config.as_deref(), &flags).await?;
+        Command::Backfill { sink, since } => {
+            let config = Config::load(cli.config.as_deref(), flags)?;
+            let store = open_store(cli.config.as_deref(), flags).await?;
             let runtime = outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e}"))?;
             let plugins = outboxd::plugin::load_dir(&runtime, &config.plugins_dir);
             let known = plugins.known_sinks();
@@ -393,9 +397,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config {
-            command: ConfigCommand::Show { flags },
+            command: ConfigCommand::Show,
         } => {
-            let mut config = Config::load(cli.config.as_deref(), &flags)?;
+            let mut config = Config::load(cli.config.as_deref(), flags)?;
             if config.admin.token.is_some() {
                 config.admin.token = Some("***".into());
             }
@@ -418,14 +422,23 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Open the configured store for an admin command (migrations must be
-/// current).
+/// Open the configured store for an admin command: the database must exist
+/// (an admin command never creates one) and its migrations be current.
 async fn open_store(
     file: Option<&std::path::Path>,
     flags: &Flags,
 ) -> anyhow::Result<std::sync::Arc<dyn outboxd::store::Store>> {
     let config = Config::load(file, flags)?;
-    let store = outboxd::store::open(&config.effective_database_url()).await?;
+    let url = config.effective_database_url();
+    if let Some(path) = outboxd::store::sqlite_path(&url) {
+        if !std::path::Path::new(path).exists() {
+            anyhow::bail!(
+                "no database at {path}: nothing has run with this configuration yet \
+                 (give --data-dir or --database-url of the daemon's database)"
+            );
+        }
+    }
+    let store = outboxd::store::open(&url).await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
         anyhow::bail!(

@@ -17,6 +17,16 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// Every `outcome` label of `outboxd_events_ingested_total`, created at 0
+/// when the registry is made so that `rate()` and alerts see the series on a
+/// fresh daemon (Prometheus' instrumentation guidance: initialise the label
+/// values known in advance).
+pub const INGEST_OUTCOMES: [&str; 4] = ["stored", "duplicate", "conflict", "rejected"];
+
+/// Every `outcome` label of `outboxd_deliveries_total`, created at 0 for
+/// each sink when its delivery loop starts ([`Metrics::sink_started`]).
+pub const DELIVERY_OUTCOMES: [&str; 5] = ["delivered", "retry", "dead", "lease_lost", "released"];
+
 /// `outcome` of an ingested event: `stored`, `duplicate`, `conflict`,
 /// `rejected` (bad input).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -200,6 +210,11 @@ impl Metrics {
             "Messages a source holds and has not yet acknowledged, by source",
             m.source_unacked.clone(),
         );
+        for outcome in INGEST_OUTCOMES {
+            drop(m.events_ingested.get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            }));
+        }
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -209,6 +224,17 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String");
         out
+    }
+
+    /// Create `sink`'s series of `outboxd_deliveries_total` at 0, one per
+    /// [`DELIVERY_OUTCOMES`] label (a series already counting is kept).
+    pub fn sink_started(&self, sink: &str) {
+        for outcome in DELIVERY_OUTCOMES {
+            drop(self.deliveries.get_or_create(&SinkOutcomeLabel {
+                sink: sink.to_string(),
+                outcome: outcome.to_string(),
+            }));
+        }
     }
 
     /// Count an ingest outcome `n` times.

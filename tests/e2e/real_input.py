@@ -79,7 +79,7 @@ import events as e
 import receivers as r
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CASES = REPO_ROOT.parent / "shared" / "cases" / "github-webhooks"
+DEFAULT_CASES = REPO_ROOT / "tests" / "cases" / "github-webhooks"
 SINKS = ("webhook", "amqp")
 
 
@@ -309,8 +309,8 @@ def main(argv=None):
                    help="sinks' [limits] max-batch: a batch must finish within the deadline")
     p.add_argument("--webhook-delay", type=seconds, default=0.005, help="receiver's pause per request")
     p.add_argument("--timeout", type=seconds, default=240.0, help="the whole run, after the build")
-    p.add_argument("--admin-url", default=os.environ.get("OUTBOXD_E2E_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
-    p.add_argument("--amqp-url", default=os.environ.get("OUTBOXD_E2E_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"))
+    p.add_argument("--admin-url", default=os.environ.get("OUTBOXD_E2E_ADMIN_URL", os.environ.get("OUTBOXD_TEST_PG", "postgres://postgres@127.0.0.1:5432/postgres")))
+    p.add_argument("--amqp-url", default=os.environ.get("OUTBOXD_E2E_AMQP_URL", os.environ.get("OUTBOXD_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2f")))
     p.add_argument("--workdir", type=Path, default=REPO_ROOT / "target" / "e2e" / "run")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--keep", action="store_true", help="keep the database, exchange and queue")

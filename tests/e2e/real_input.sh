@@ -7,7 +7,7 @@
 # fails. See tests/e2e/real_input.py for what is checked and how.
 #
 # Usage: tests/e2e/real_input.sh [--cases DIR] [--kills N] [--seed N] [--keep] ...
-#        (default cases: ../shared/cases/github-webhooks beside the repository)
+#        (default cases: tests/cases/github-webhooks)
 #
 # Needs PostgreSQL on 127.0.0.1:5432 (trust) and RabbitMQ on 127.0.0.1:5672
 # (guest/guest), as scripts/setup.sh provides; creates and drops a database

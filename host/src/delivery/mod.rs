@@ -15,6 +15,7 @@
 //! sink did not acknowledge.
 
 pub mod heartbeat;
+pub mod quarantine;
 pub mod retry;
 
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use crate::plugin::bindings::{Event, Outcome};
 use crate::plugin::{Plugin, SinkFailure};
 use crate::store::{Claimed, Finish, Store};
 pub use heartbeat::Heartbeats;
+pub use quarantine::Quarantines;
 
 /// The minimum lease for a sink with deadline `d`: `2·d + 5 s`. A lease
 /// shorter than this could expire while the batch is still running and let
@@ -89,6 +91,8 @@ pub struct Shared {
     pub wake: Arc<Notify>,
     pub heartbeats: Arc<Heartbeats>,
     pub metrics: Arc<Metrics>,
+    /// Which sinks are quarantined (shown by `/ready` and the admin API).
+    pub quarantines: Arc<Quarantines>,
 }
 
 /// The stale limit of a sink's loop: its longest healthy turn (plugin
@@ -159,9 +163,11 @@ pub async fn run_sink(
     let lease = config.lease;
     // Read at the first turn, and whenever the registry swaps it.
     let mut serving: Option<Plugin> = None;
-    let mut traps_in_a_row: u32 = 0;
+    let mut traps = quarantine::TrapCounter::default();
+    // While set and in the future the sink is quarantined: nothing is
+    // claimed, ingest wake-ups do not end it, the loop still beats.
+    let mut quarantined_until: Option<std::time::Instant> = None;
     let mut batch_limit = u32::MAX;
-    let mut quarantines_in_a_row: u32 = 0;
     // Whether an operator paused the sink, and when that was last read:
     // at most once per PAUSE_RECHECK, not on every turn of a busy loop.
     let mut paused = false;
@@ -169,6 +175,7 @@ pub async fn run_sink(
     // Set when a wait below saw `current` change (which marks it seen).
     let mut swapped = true;
     tracing::info!(sink = %sink, lease = ?lease, "delivery loop started");
+    shared.metrics.sink_started(&sink);
     loop {
         if *shutdown.borrow() {
             break;
@@ -176,13 +183,14 @@ pub async fn run_sink(
         if swapped || current.has_changed().unwrap_or(false) {
             swapped = false;
             serving = current.borrow_and_update().clone();
-            traps_in_a_row = 0;
-            quarantines_in_a_row = 0;
+            traps.reset(&shared.quarantines, &sink);
+            quarantined_until = None;
             batch_limit = u32::MAX;
             if let Some(plugin) = &serving {
-                shared
-                    .heartbeats
-                    .register(&sink, stale_after(config, plugin.manifest().limits.deadline));
+                shared.heartbeats.register(
+                    &sink,
+                    stale_after(config, plugin.manifest().limits.deadline),
+                );
             }
         }
         let Some(plugin) = serving.clone() else {
@@ -201,6 +209,20 @@ pub async fn run_sink(
             }
             continue;
         };
+        if let Some(left) = quarantined_until
+            .and_then(|t| t.checked_duration_since(std::time::Instant::now()))
+            .filter(|left| !left.is_zero())
+        {
+            // Beat at least every poll interval, so a quarantine longer
+            // than the stale limit does not make /health fail.
+            shared.heartbeats.turn(&sink, true);
+            tokio::select! {
+                _ = tokio::time::sleep(left.min(config.max_poll_interval)) => {}
+                Ok(()) = current.changed() => swapped = true,
+                _ = shutdown.changed() => {}
+            }
+            continue;
+        }
         let deadline = plugin.manifest().limits.deadline;
         let batch_size = plugin.manifest().limits.max_batch;
         batch_limit = batch_limit.min(batch_size);
@@ -239,27 +261,39 @@ pub async fn run_sink(
             match result {
                 Ok(report) => {
                     shared.heartbeats.turn(&sink, true);
-                    // A batch that runs out of time loses every outcome in
-                    // it, so the same batch from the same head would run
-                    // out of time again: halve the batch after a deadline,
-                    // grow it back after batches that finish.
-                    if report.deadline {
+                    // A batch that runs out of time or memory loses every
+                    // outcome in it, so the same batch from the same head
+                    // would fail the same way again: halve the batch after
+                    // either (down to one event, which then fails or
+                    // succeeds on its own), grow it back after batches that
+                    // get their outcomes. A batch cut to fit
+                    // `limits.max-batch-bytes` sets the next claim's size.
+                    if report.shrink {
                         batch_limit = (batch_limit / 2).max(1);
-                        tracing::warn!(sink = %sink, batch_limit, "batch ran out of time; batch size halved");
-                    } else if report.claimed > 0 && !report.trapped {
+                        tracing::warn!(sink = %sink, batch_limit, "batch ran out of time or memory; batch size halved");
+                    } else if let Some(fitted) = report.fitted {
+                        batch_limit = fitted.max(1);
+                    } else if report.claimed > 0 && report.failure.is_none() {
                         batch_limit = batch_limit.saturating_mul(2).min(batch_size);
                     }
-                    traps_in_a_row = if report.trapped {
-                        traps_in_a_row + 1
-                    } else {
-                        0
+                    // Counted per batch attempted: a turn that claimed
+                    // nothing (the usual turn after a failure, whose
+                    // deliveries wait for their retry) changes nothing.
+                    let quarantine = match (&report.failure, report.claimed) {
+                        (_, 0) => None,
+                        (Some(reason), _) => traps.failed(
+                            &shared.quarantines,
+                            &sink,
+                            reason,
+                            config.quarantine_after_traps,
+                            config.quarantine_backoff,
+                        ),
+                        (None, _) => {
+                            traps.answered(&shared.quarantines, &sink);
+                            None
+                        }
                     };
-                    if traps_in_a_row >= config.quarantine_after_traps.max(1) {
-                        let backoff = (config.quarantine_backoff
-                            * 2u32.saturating_pow(quarantines_in_a_row.min(10)))
-                        .min(Duration::from_secs(600));
-                        quarantines_in_a_row += 1;
-                        traps_in_a_row = 0;
+                    if let Some(backoff) = quarantine {
                         shared
                             .metrics
                             .plugin_quarantines
@@ -269,15 +303,13 @@ pub async fn run_sink(
                             .inc();
                         tracing::error!(
                             sink = %sink, pause = ?backoff,
-                            "plugin quarantined after {} batches in a row ended in a trap; deliveries wait",
-                            config.quarantine_after_traps
+                            "plugin quarantined after {} batches in a row failed as a whole; deliveries wait",
+                            config.quarantine_after_traps.max(1)
                         );
-                        backoff
+                        quarantined_until = Some(std::time::Instant::now() + backoff);
+                        continue;
                     } else if report.claimed > 0 {
                         // More may be due at once: go again without sleeping.
-                        if !report.trapped {
-                            quarantines_in_a_row = 0;
-                        }
                         continue;
                     } else {
                         match tokio::time::timeout(config.db_timeout, store.next_due_in(&sink))
@@ -318,10 +350,15 @@ pub async fn run_sink(
 
 /// What one turn did.
 struct TurnReport {
+    /// Events handed to the plugin.
     claimed: usize,
-    trapped: bool,
-    /// The trap was the batch deadline.
-    deadline: bool,
+    /// Why the batch failed as a whole (a trap, or `init` refusing), if it
+    /// did.
+    failure: Option<String>,
+    /// The batch ran out of its deadline or memory: halve the next one.
+    shrink: bool,
+    /// The claim was cut to this many events to fit the batch byte budget.
+    fitted: Option<u32>,
 }
 
 /// One turn: claim, deliver, finish.
@@ -345,9 +382,15 @@ async fn turn(
     if claimed.is_empty() {
         return Ok(TurnReport {
             claimed: 0,
-            trapped: false,
-            deadline: false,
+            failure: None,
+            shrink: false,
+            fitted: None,
         });
+    }
+    let (claimed, over_budget) = fit_bytes(claimed, plugin.manifest().limits.batch_bytes());
+    let fitted = (!over_budget.is_empty()).then_some(claimed.len() as u32);
+    if !over_budget.is_empty() {
+        release(shared, sink, &over_budget).await?;
     }
     let batch: Vec<Event> = claimed.iter().map(to_wit_event).collect();
     let started = std::time::Instant::now();
@@ -359,8 +402,8 @@ async fn turn(
         })
         .observe(started.elapsed().as_secs_f64());
     let policy = &plugin.manifest().retry;
-    let mut trapped = false;
-    let mut deadline = false;
+    let mut failure_reason = None;
+    let mut shrink = false;
     let mut finishes: Vec<Finish> = match outcomes {
         Ok(outcomes) => claimed
             .iter()
@@ -378,9 +421,9 @@ async fn turn(
             .collect(),
         Err(failure) => {
             log_failure(sink, &failure, claimed.len());
+            failure_reason = Some(failure.to_string());
             if let SinkFailure::Trap { kind, .. } = &failure {
-                trapped = true;
-                deadline = failure.is_deadline();
+                shrink = failure.is_deadline() || failure.is_out_of_memory();
                 metrics
                     .plugin_traps
                     .get_or_create(&TrapLabel {
@@ -412,7 +455,7 @@ async fn turn(
         }
     }
     // Every outcome of the batch in one transaction: one commit, not one
-    // per delivery (each commit is an fsync, DESIGN §8).
+    // per delivery (each commit is an fsync, docs/measurements.md).
     let items: Vec<(i64, &str, &Finish)> = claimed
         .iter()
         .zip(&finishes)
@@ -459,7 +502,10 @@ async fn turn(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
                 retry_in = ?delay, "delivery failed, will retry: {reason}"
             ),
-            Finish::Dead { reason, blocks_stream } => tracing::warn!(
+            Finish::Dead {
+                reason,
+                blocks_stream,
+            } => tracing::warn!(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
                 blocks_stream,
                 "delivery dead-lettered: {reason}"
@@ -471,9 +517,79 @@ async fn turn(
     }
     Ok(TurnReport {
         claimed: claimed.len(),
-        trapped,
-        deadline,
+        failure: failure_reason,
+        shrink,
+        fitted,
     })
+}
+
+/// Split a claim into the batch to deliver — as many events as fit in
+/// `budget` bytes of data, taking every stream's head before any stream's
+/// second event, and never an event whose predecessor in its stream was
+/// left out; at least one — and the rest, to be released.
+fn fit_bytes(claimed: Vec<Claimed>, budget: u64) -> (Vec<Claimed>, Vec<Claimed>) {
+    let total: u64 = claimed
+        .iter()
+        .map(|c| c.event.event.data.len() as u64)
+        .sum();
+    if total <= budget || claimed.len() <= 1 {
+        return (claimed, Vec::new());
+    }
+    // Rank of each event within its stream (0 = head); `claimed` is in
+    // stream, then sequence order.
+    let mut rank = vec![0usize; claimed.len()];
+    for i in 1..claimed.len() {
+        if claimed[i].event.event.stream == claimed[i - 1].event.event.stream {
+            rank[i] = rank[i - 1] + 1;
+        }
+    }
+    let mut order: Vec<usize> = (0..claimed.len()).collect();
+    order.sort_by_key(|&i| (rank[i], i));
+    let mut keep = vec![false; claimed.len()];
+    let mut stopped = std::collections::HashSet::new();
+    let mut used = 0u64;
+    let mut kept = 0usize;
+    for i in order {
+        let stream = claimed[i].event.event.stream.as_str();
+        if stopped.contains(stream) {
+            continue;
+        }
+        let size = claimed[i].event.event.data.len() as u64;
+        if kept > 0 && used + size > budget {
+            stopped.insert(stream);
+            continue;
+        }
+        used += size;
+        kept += 1;
+        keep[i] = true;
+    }
+    let (mut batch, mut rest) = (Vec::new(), Vec::new());
+    for (c, k) in claimed.into_iter().zip(keep) {
+        if k {
+            batch.push(c);
+        } else {
+            rest.push(c);
+        }
+    }
+    (batch, rest)
+}
+
+/// Give back the leases of claimed deliveries not handed to the plugin,
+/// without charging an attempt.
+async fn release(shared: &Shared, sink: &str, claimed: &[Claimed]) -> Result<(), String> {
+    let db_timeout = shared.config.db_timeout;
+    let items: Vec<(i64, &str, &Finish)> = claimed
+        .iter()
+        .map(|c| (c.delivery_id, c.lease_token.as_str(), &Finish::Release))
+        .collect();
+    tokio::time::timeout(db_timeout, shared.store.finish_many(&items))
+        .await
+        .map_err(|_| format!("release timed out after {db_timeout:?}"))?
+        .map_err(|e| format!("release: {e}"))?;
+    for _ in claimed {
+        shared.metrics.delivery(sink, "released");
+    }
+    Ok(())
 }
 
 fn log_failure(sink: &str, failure: &SinkFailure, events: usize) {

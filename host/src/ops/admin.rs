@@ -155,17 +155,26 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
         Ok(p) => p,
         Err(e) => return store_error(e),
     };
-    // `state`: "loaded" (with its version), "removed" (its manifest is
+    // `state`: "loaded" (with its version), "quarantined" (loaded, but not
+    // claiming until `quarantine.until_ms` after failing batch after
+    // batch; `quarantine.reason` says how), "removed" (its manifest is
     // gone; deliveries parked with reason "sink removed" until it returns)
     // or "refused" (a manifest names it but it never loaded).
     let states = state.plugins.states();
+    let quarantined = state.quarantines.current();
     let sinks: Vec<_> = state
         .plugins
         .known()
         .iter()
         .map(|s| {
+            let quarantine = quarantined.get(s);
             let (loaded, st, version, parked) = match states.get(s) {
-                Some(SinkState::Loaded { version }) => (true, "loaded", Some(version.clone()), None),
+                Some(SinkState::Loaded { version }) if quarantine.is_some() => {
+                    (true, "quarantined", Some(version.clone()), None)
+                }
+                Some(SinkState::Loaded { version }) => {
+                    (true, "loaded", Some(version.clone()), None)
+                }
                 Some(SinkState::Removed) => (false, "removed", None, Some(REMOVED_REASON)),
                 None => (false, "refused", None, None),
             };
@@ -176,6 +185,7 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
                 "version": version,
                 "paused": paused.contains(s),
                 "parked": parked,
+                "quarantine": quarantine,
             })
         })
         .collect();

@@ -12,6 +12,7 @@
 //! a probe time out.
 
 pub mod admin;
+pub mod daemon_client;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,6 +43,8 @@ pub struct OpsState {
     pub plugins: Arc<crate::plugin::registry::Registry>,
     pub heartbeats: Arc<Heartbeats>,
     pub metrics: Arc<Metrics>,
+    /// Sinks quarantined after failing batch after batch.
+    pub quarantines: Arc<crate::delivery::Quarantines>,
     pub admin_token: Option<String>,
     /// The AMQP brokers plugins publish to (readiness shows an outage).
     pub amqp: crate::plugin::amqp::AmqpPool,
@@ -147,6 +150,11 @@ async fn ready(State(state): State<OpsState>) -> Response {
     } else {
         Err("database unavailable".into())
     };
+    // Shown, not failed on: a quarantine ends by itself, ingest (what
+    // readiness gates) is unaffected, and failing every replica's /ready
+    // for one sink's plugin would stop ingest for every sink (README,
+    // Operations).
+    let quarantined = state.quarantines.current();
     let sources = state.sources.snapshot();
     let sources_ok = sources.values().all(|s| s.ready);
     let ok = database.is_ok()
@@ -170,6 +178,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
                 "loaded": state.plugins.loaded(),
                 "removed": removed,
                 "refused": refused,
+                "quarantined": quarantined,
             },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
             "sources": { "ok": sources_ok, "sources": sources },

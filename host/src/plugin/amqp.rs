@@ -7,7 +7,7 @@
 //! ([`AmqpAccess`]), and `publish-batch`: send every message of a call on
 //! one channel, then await all their confirms together (one confirm costs
 //! the broker an fsync: about 540 messages/s one at a time against about
-//! 9,500/s with 100 in flight, DESIGN §8). When the broker goes away the
+//! 9,500/s with 100 in flight, docs/measurements.md). When the broker goes away the
 //! connection is dropped and opened again on demand, no sooner than an
 //! exponential backoff allows, so a dead broker costs a batch one fast
 //! `unavailable`, not a connect timeout each.

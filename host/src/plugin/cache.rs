@@ -6,7 +6,7 @@
 //! `precompile_compatibility_hash` (wasmtime's version and every setting
 //! that changes the machine code), so an upgrade or a settings change is a
 //! miss, never a wrong hit. Loading a precompiled component costs about
-//! 0.2 ms here (DESIGN §8); compiling the webhook sink takes tens to
+//! 0.2 ms here (docs/measurements.md); compiling the webhook sink takes tens to
 //! hundreds of milliseconds.
 //!
 //! A file that cannot be loaded (truncated, garbage, from another engine)

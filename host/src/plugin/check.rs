@@ -1,8 +1,10 @@
 //! `outboxd plugin check FILE.wasm`: what a plugin author runs before
 //! dropping a plugin in.
 //!
-//! Owns: printing a component's imports and exports, and the verdict of the
-//! same checks the daemon makes at load.
+//! Owns: printing a component's imports and exports, the verdict of the
+//! same checks the daemon makes at load, and — apart from that verdict —
+//! the manifest's `${VAR}` references this shell leaves unset, named as what
+//! the daemon will need in its environment at start.
 //!
 //! Must never: run the plugin's code (nothing is instantiated).
 
@@ -13,7 +15,10 @@ use super::{compile_checked, Manifest, Runtime};
 
 /// Check `file` (with `manifest`, or the `.toml` beside it when present),
 /// print the report on stdout, and return the exit code: success when the
-/// daemon would load it.
+/// component and its manifest pass the daemon's load checks. Unset
+/// environment variables the manifest refers to do not fail the check (they
+/// belong to the daemon's environment, not to the plugin); they are listed
+/// under `needs at start`.
 pub fn run(file: &Path, manifest: Option<&Path>) -> ExitCode {
     let runtime = match Runtime::new() {
         Ok(r) => r,
@@ -47,9 +52,11 @@ pub fn run(file: &Path, manifest: Option<&Path>) -> ExitCode {
     let manifest_path = manifest
         .map(Path::to_path_buf)
         .unwrap_or_else(|| file.with_extension("toml"));
+    let mut unresolved = Vec::new();
     let manifest = if manifest_path.exists() {
-        match Manifest::load(&manifest_path) {
-            Ok(m) => {
+        match Manifest::load_unresolved(&manifest_path) {
+            Ok((m, missing)) => {
+                unresolved = missing;
                 println!(
                     "manifest: {} (sink {:?}, version {})",
                     manifest_path.display(),
@@ -89,6 +96,14 @@ pub fn run(file: &Path, manifest: Option<&Path>) -> ExitCode {
     match runtime.prepare(manifest, &component) {
         Ok(_) => {
             println!("verdict: ok (matches world outboxd:sink/sink)");
+            if !unresolved.is_empty() {
+                println!(
+                    "needs at start: the daemon refuses this manifest until its environment sets"
+                );
+                for u in &unresolved {
+                    println!("  {} (for {})", u.var, u.key);
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(reason) => refuse(reason),

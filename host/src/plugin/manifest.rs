@@ -80,6 +80,11 @@ pub struct Limits {
     pub deadline: Duration,
     /// Most events per batch. Default 100.
     pub max_batch: u32,
+    /// Most bytes of event data per batch (the first event of a batch goes
+    /// out whatever its size). Default: [`DEFAULT_BATCH_BYTES_SHARE`] of
+    /// `memory-mib` (8 MiB of the default 64 MiB), since a guest holds the
+    /// whole batch in its memory, usually with a copy or two of its own.
+    pub max_batch_bytes: Option<u64>,
     /// Most outbound HTTP requests one batch may send; past it a request
     /// is refused (`HTTP-request-denied`) without leaving the host.
     /// Default 1000 (ten per event of a full default batch).
@@ -95,9 +100,22 @@ impl Default for Limits {
             memory_mib: 64,
             deadline: Duration::from_secs(30),
             max_batch: 100,
+            max_batch_bytes: None,
             max_requests: 1000,
             max_response_bytes: 1 << 20,
         }
+    }
+}
+
+/// The default batch byte budget, as a fraction 1/N of the memory cap.
+pub const DEFAULT_BATCH_BYTES_SHARE: u64 = 8;
+
+impl Limits {
+    /// The batch byte budget: `max-batch-bytes`, else 1/[`DEFAULT_BATCH_BYTES_SHARE`]
+    /// of the memory cap.
+    pub fn batch_bytes(&self) -> u64 {
+        self.max_batch_bytes
+            .unwrap_or((self.memory_mib << 20) / DEFAULT_BATCH_BYTES_SHARE)
     }
 }
 
@@ -214,6 +232,31 @@ impl Manifest {
     /// As [`Manifest::load`], from text; `file` is used in messages and to
     /// resolve the component path.
     pub fn parse(text: &str, file: &Path) -> Result<Manifest, ManifestError> {
+        Manifest::parse_with(text, file, None)
+    }
+
+    /// As [`Manifest::load`], but a `${VAR}` the host environment does not
+    /// set is not an error: each one is listed (the key and the variable),
+    /// and its value is left empty in `config` or replaced by a placeholder
+    /// on the reserved `.invalid` domain (RFC 6761 §6.4) in a capability, so
+    /// the manifest's grants keep their shape. For `outboxd plugin check`,
+    /// which judges the component apart from what the daemon's environment
+    /// will supply; the daemon itself uses [`Manifest::load`].
+    pub fn load_unresolved(file: &Path) -> Result<(Manifest, Vec<Unresolved>), ManifestError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ManifestError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        let mut unresolved = Vec::new();
+        let manifest = Manifest::parse_with(&text, file, Some(&mut unresolved))?;
+        Ok((manifest, unresolved))
+    }
+
+    fn parse_with(
+        text: &str,
+        file: &Path,
+        mut unresolved: Option<&mut Vec<Unresolved>>,
+    ) -> Result<Manifest, ManifestError> {
         let invalid = |message: String| ManifestError::Invalid {
             file: file.to_path_buf(),
             message,
@@ -243,6 +286,9 @@ impl Manifest {
         if m.limits.max_batch == 0 {
             return Err(invalid("limits.max-batch: must be at least 1".into()));
         }
+        if m.limits.max_batch_bytes == Some(0) {
+            return Err(invalid("limits.max-batch-bytes: must be at least 1".into()));
+        }
         if m.limits.max_requests == 0 {
             return Err(invalid("limits.max-requests: must be at least 1".into()));
         }
@@ -254,19 +300,38 @@ impl Manifest {
         if m.retry.factor < 1.0 || !m.retry.factor.is_finite() {
             return Err(invalid("retry.factor: must be at least 1".into()));
         }
+        let mut resolve = |key: String, value: &str, placeholder: &str| {
+            match (interpolate_checked(value), unresolved.as_deref_mut()) {
+                (Ok(v), _) => Ok(v),
+                (Err(Interpolation::Unset(var)), Some(list)) => {
+                    list.push(Unresolved { key, var });
+                    Ok(placeholder.to_string())
+                }
+                (Err(e), _) => Err(invalid(format!("{key}: {e}"))),
+            }
+        };
         for (key, value) in m.config.iter_mut() {
-            *value = interpolate(value).map_err(|e| invalid(format!("config.{key}: {e}")))?;
+            *value = resolve(format!("config.{key}"), value, "")?;
         }
         for (i, pattern) in m.capabilities.http.iter_mut().enumerate() {
-            *pattern = interpolate(pattern)
-                .map_err(|e| invalid(format!("capabilities.http[{i}]: {e}")))?;
+            *pattern = resolve(
+                format!("capabilities.http[{i}]"),
+                pattern,
+                "https://unresolved.invalid",
+            )?;
         }
         if let Some(amqp) = &mut m.capabilities.amqp {
-            amqp.url = interpolate(&amqp.url)
-                .map_err(|e| invalid(format!("capabilities.amqp.url: {e}")))?;
+            amqp.url = resolve(
+                "capabilities.amqp.url".into(),
+                &amqp.url,
+                "amqp://unresolved.invalid/%2f",
+            )?;
             for (i, pattern) in amqp.exchanges.iter_mut().enumerate() {
-                *pattern = interpolate(pattern)
-                    .map_err(|e| invalid(format!("capabilities.amqp.exchanges[{i}]: {e}")))?;
+                *pattern = resolve(
+                    format!("capabilities.amqp.exchanges[{i}]"),
+                    pattern,
+                    "unresolved",
+                )?;
             }
         }
         if m.builtin.is_some() {
@@ -274,7 +339,12 @@ impl Manifest {
                 present.then(|| invalid(format!("{key}: a builtin sink has none")))
             };
             if let Some(e) = has(m.component.is_some(), "component")
-                .or_else(|| has(!m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(), "capabilities"))
+                .or_else(|| {
+                    has(
+                        !m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(),
+                        "capabilities",
+                    )
+                })
                 .or_else(|| has(!m.config.is_empty(), "config"))
             {
                 return Err(e);
@@ -326,9 +396,33 @@ fn check_wit(wit: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A `${VAR}` reference in a manifest that the host environment leaves
+/// unset (and that has no `:-default`), as [`Manifest::load_unresolved`]
+/// lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    /// The manifest key holding the reference, e.g. `config.secret`.
+    pub key: String,
+    /// The environment variable, e.g. `OUTBOXD_WEBHOOK_SECRET`.
+    pub var: String,
+}
+
+/// Why a `${...}` reference could not be replaced.
+#[derive(Debug, thiserror::Error)]
+enum Interpolation {
+    #[error("environment variable {0} is not set")]
+    Unset(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// Replace `${VAR}` and `${VAR:-default}` with the host environment's
 /// value. Errors name the variable (never a value).
 pub fn interpolate(value: &str) -> Result<String, String> {
+    interpolate_checked(value).map_err(|e| e.to_string())
+}
+
+fn interpolate_checked(value: &str) -> Result<String, Interpolation> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(start) = rest.find("${") {
@@ -336,21 +430,21 @@ pub fn interpolate(value: &str) -> Result<String, String> {
         let after = &rest[start + 2..];
         let end = after
             .find('}')
-            .ok_or_else(|| "unclosed ${ reference".to_string())?;
+            .ok_or_else(|| Interpolation::Invalid("unclosed ${ reference".into()))?;
         let reference = &after[..end];
         let (var, default) = match reference.split_once(":-") {
             Some((v, d)) => (v, Some(d)),
             None => (reference, None),
         };
         if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(format!(
+            return Err(Interpolation::Invalid(format!(
                 "${{{reference}}} is not a valid environment variable reference"
-            ));
+            )));
         }
         match (std::env::var(var), default) {
             (Ok(v), _) if !v.is_empty() => out.push_str(&v),
             (_, Some(d)) => out.push_str(d),
-            _ => return Err(format!("environment variable {var} is not set")),
+            _ => return Err(Interpolation::Unset(var.to_string())),
         }
         rest = &after[end + 1..];
     }
@@ -391,8 +485,11 @@ mod tests {
             let e = Manifest::parse(&format!("{text}{extra}"), Path::new("s.toml")).unwrap_err();
             assert!(e.to_string().contains("a builtin sink has none"), "{e}");
         }
-        let e = Manifest::parse(&format!("{MINIMAL}builtin = \"echo\"\n"), Path::new("s.toml"))
-            .unwrap_err();
+        let e = Manifest::parse(
+            &format!("{MINIMAL}builtin = \"echo\"\n"),
+            Path::new("s.toml"),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("discard"), "{e}");
     }
 

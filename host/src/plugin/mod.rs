@@ -16,6 +16,8 @@ pub mod bindings;
 pub mod cache;
 pub mod check;
 pub mod egress;
+pub mod guest_text;
+pub mod log_limit;
 pub mod manifest;
 pub mod registry;
 pub mod runtime;

@@ -7,7 +7,7 @@
 //! translation of everything a guest can do wrong into a [`SinkFailure`].
 //!
 //! Every batch gets a fresh `Store` instantiated from the plugin's
-//! `InstancePre` (about 19 µs here, DESIGN §8): after a trap an instance
+//! `InstancePre` (about 19 µs here, docs/measurements.md): after a trap an instance
 //! only answers `CannotEnterComponent`, and a fresh store also means no
 //! state leaks between batches.
 //!
@@ -43,6 +43,8 @@ use super::amqp::{AmqpAccess, AmqpPool};
 use super::bindings::{self, Event, Level, Outcome, Sink, SinkPre};
 use super::cache::CompiledCache;
 use super::egress::{EgressHooks, EgressPolicy, HttpClient};
+use super::guest_text;
+use super::log_limit::LogLimit;
 use super::manifest::{Builtin, Manifest};
 
 /// How often the epoch ticks; the deadline is checked at this grain.
@@ -56,8 +58,16 @@ const MAX_INSTANCES: usize = 100;
 const MAX_RESOURCES: usize = 10_000;
 /// Most bytes one `wasi:random` call may ask for.
 const MAX_RANDOM_BYTES: u64 = 1 << 20;
-/// Most `log` lines per batch; later ones are dropped and counted.
-const MAX_LOG_LINES: u32 = 1000;
+/// Fewest bytes the host copies out of one guest call (wasmtime's hostcall
+/// fuel, see [`hostcall_fuel`]): room for an AMQP message or an HTTP body
+/// chunk whatever the batch.
+const MIN_GUEST_TRANSFER: usize = 16 << 20;
+/// Bytes of reason allowed per outcome when sizing [`hostcall_fuel`] (the
+/// host keeps [`guest_text::MAX_REASON_BYTES`] of each).
+const REASON_TRANSFER_PER_OUTCOME: usize = 64 << 10;
+/// The trap kind of a guest that handed the host more than it copies.
+const TOO_MUCH_DATA: &str = "answer too large";
+
 /// Fewest backtrace frames (wasmtime captures up to 20, innermost first)
 /// for an out-of-bounds trap to count as the end of a recursion.
 const RECURSION_MIN_FRAMES: usize = 16;
@@ -83,10 +93,18 @@ impl SinkFailure {
     pub fn is_deadline(&self) -> bool {
         matches!(self, SinkFailure::Trap { kind, .. } if kind == DEADLINE)
     }
+
+    /// The guest ran out of its memory cap (the loop then halves the batch
+    /// too: its events no longer fit).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, SinkFailure::Trap { kind, .. } if kind == OUT_OF_MEMORY)
+    }
 }
 
 /// The trap kind of a batch stopped at its deadline.
 const DEADLINE: &str = "deadline";
+/// The trap kind of a guest that grew past its memory cap.
+const OUT_OF_MEMORY: &str = "out of memory";
 
 /// The engine and what every plugin shares.
 #[derive(Clone)]
@@ -109,7 +127,7 @@ impl Runtime {
     /// As [`Runtime::new`], with wasmtime's pooling allocator: `slots`
     /// instances' memories, tables and fiber stacks reserved up front,
     /// each memory at most `max_memory` bytes. Instantiation is cheaper
-    /// (about 6.6 µs against 19 µs, DESIGN §8); the reservation is virtual
+    /// (about 6.6 µs against 19 µs, docs/measurements.md); the reservation is virtual
     /// memory whether used or not. Used by the plugin benchmark.
     pub fn with_pooling(max_memory: usize, slots: u32) -> wasmtime::Result<Runtime> {
         let mut pool = wasmtime::PoolingAllocationConfig::default();
@@ -227,6 +245,7 @@ impl Runtime {
             client: super::egress::http_client(policy.clone()),
             policy,
             amqp,
+            log_limit: Arc::default(),
             runtime: self.clone(),
         })
     }
@@ -244,6 +263,7 @@ impl Runtime {
             client: super::egress::http_client(policy.clone()),
             policy,
             amqp: self.amqp.access(None).expect("no AMQP capability is valid"),
+            log_limit: Arc::default(),
             runtime: self.clone(),
             manifest,
         }
@@ -269,8 +289,8 @@ pub struct HostState {
     wasi: WasiCtx,
     http: WasiHttpCtx,
     table: ResourceTable,
-    /// `log` calls so far in this batch (capped at [`MAX_LOG_LINES`]).
-    log_lines: u32,
+    /// The plugin's log rate (shared by its batches).
+    log_limit: Arc<LogLimit>,
     limits: MemoryCap,
     hooks: EgressHooks,
     plugin: Arc<str>,
@@ -300,14 +320,11 @@ impl WasiHttpView for HostState {
 impl bindings::outboxd::sink::log::Host for HostState {
     fn log(&mut self, level: Level, message: String) {
         let plugin = &*self.plugin;
-        self.log_lines = self.log_lines.saturating_add(1);
-        if self.log_lines > MAX_LOG_LINES {
-            if self.log_lines == MAX_LOG_LINES + 1 {
-                tracing::warn!(plugin, "more than {MAX_LOG_LINES} log lines in one batch; the rest of this batch's are dropped");
-            }
+        let message = guest_text::clean(&message, guest_text::MAX_LOG_BYTES);
+        if !self.log_limit.admit(message.len()) {
             return;
         }
-        let message: String = message.chars().take(4096).collect();
+        log_dropped(plugin, &self.log_limit);
         match level {
             Level::Trace => tracing::trace!(plugin, "{message}"),
             Level::Debug => tracing::debug!(plugin, "{message}"),
@@ -318,10 +335,25 @@ impl bindings::outboxd::sink::log::Host for HostState {
     }
 }
 
+/// Write the summary of the plugin's dropped log lines, when one is due.
+fn log_dropped(plugin: &str, limit: &LogLimit) {
+    use super::log_limit::{BYTES_PER_SECOND, LINES_PER_SECOND};
+    if let Some(d) = limit.summary_due() {
+        tracing::warn!(
+            plugin,
+            dropped_lines = d.lines,
+            dropped_bytes = d.bytes,
+            "plugin log over its rate ({LINES_PER_SECOND} lines/s, {BYTES_PER_SECOND} bytes/s): {} lines ({} bytes) dropped",
+            d.lines,
+            d.bytes
+        );
+    }
+}
+
 impl bindings::outboxd::sink::types::Host for HostState {}
 
 /// Memory cap that remembers a refused growth, so a guest that dies of it
-/// (a Rust guest then hits `unreachable`, DESIGN §8) is reported as out of
+/// (a Rust guest then hits `unreachable`, docs/measurements.md) is reported as out of
 /// memory.
 struct MemoryCap {
     max_bytes: usize,
@@ -385,6 +417,8 @@ pub struct Plugin {
     /// `policy`'s address rule; see `egress`).
     client: HttpClient,
     amqp: AmqpAccess,
+    /// How much this version may log ([`super::log_limit`]).
+    log_limit: Arc<LogLimit>,
     runtime: Runtime,
 }
 
@@ -418,7 +452,7 @@ impl Plugin {
             wasi: WasiCtx::builder().max_random_size(MAX_RANDOM_BYTES).build(),
             http: WasiHttpCtx::new(),
             table,
-            log_lines: 0,
+            log_limit: self.log_limit.clone(),
             limits: MemoryCap {
                 max_bytes: (self.manifest.limits.memory_mib as usize) << 20,
                 refused: None,
@@ -435,6 +469,10 @@ impl Plugin {
         };
         let mut store = Store::new(self.runtime.engine(), state);
         store.limiter(|s| &mut s.limits);
+        store.set_hostcall_fuel(hostcall_fuel(
+            batch.len(),
+            (self.manifest.limits.memory_mib as usize) << 20,
+        ));
         let started = Instant::now();
         store.set_epoch_deadline(1);
         // Every tick: stop the guest past its deadline, else let the worker
@@ -462,23 +500,59 @@ impl Plugin {
         // The epoch deadline stops a guest that computes; this timeout stops
         // one that waits on the host (an HTTP response that never comes).
         let result = tokio::time::timeout(deadline + EPOCH_TICK * 10, call).await;
+        log_dropped(&self.name, &self.log_limit);
         let refused_memory = store.data().limits.refused;
         match result {
             Err(_) => Err(SinkFailure::Trap {
                 kind: DEADLINE.into(),
                 detail: format!("batch exceeded {deadline:?}"),
             }),
-            Ok(Ok(Err(reason))) => Err(SinkFailure::Init(reason)),
+            Ok(Ok(Err(reason))) => Err(SinkFailure::Init(guest_text::clean(
+                &reason,
+                guest_text::MAX_REASON_BYTES,
+            ))),
             Ok(Ok(Ok(outcomes))) if outcomes.len() != batch.len() => Err(SinkFailure::Trap {
                 kind: "wrong number of outcomes".into(),
                 detail: format!("{} outcomes for {} events", outcomes.len(), batch.len()),
             }),
-            Ok(Ok(Ok(outcomes))) => Ok(outcomes),
+            Ok(Ok(Ok(outcomes))) => Ok(outcomes.into_iter().map(clean_outcome).collect()),
             Ok(Err(e)) => Err(classify_trap(
                 &e,
                 refused_memory,
                 started.elapsed() >= deadline,
             )),
+        }
+    }
+}
+
+/// How many bytes the host may copy out of one guest call — a host call's
+/// arguments, or `deliver`'s answer — for a batch of `events` from a guest
+/// capped at `memory_bytes`: room for one outcome per event with a reason of
+/// [`REASON_TRANSFER_PER_OUTCOME`], at least [`MIN_GUEST_TRANSFER`], never
+/// more than the guest's own memory cap.
+///
+/// wasmtime charges this fuel while it lifts: a list's length times the
+/// host size of its elements *before* it allocates the host vector, and
+/// each string's length before it copies it. An answer past it fails the
+/// call (`answer too large`) with nothing allocated for it, so a guest
+/// returning millions of outcomes, or one string aliased by every outcome,
+/// cannot make the host allocate past this bound.
+fn hostcall_fuel(events: usize, memory_bytes: usize) -> usize {
+    let answer =
+        events.saturating_mul(std::mem::size_of::<Outcome>() + REASON_TRANSFER_PER_OUTCOME);
+    answer.max(MIN_GUEST_TRANSFER).min(memory_bytes)
+}
+
+/// An outcome whose reason passed [`guest_text::clean`].
+fn clean_outcome(outcome: Outcome) -> Outcome {
+    match outcome {
+        Outcome::Delivered => Outcome::Delivered,
+        Outcome::Retry(mut info) => {
+            info.reason = guest_text::clean(&info.reason, guest_text::MAX_REASON_BYTES);
+            Outcome::Retry(info)
+        }
+        Outcome::Reject(reason) => {
+            Outcome::Reject(guest_text::clean(&reason, guest_text::MAX_REASON_BYTES))
         }
     }
 }
@@ -489,19 +563,36 @@ fn classify_trap(
     refused_memory: Option<usize>,
     past_deadline: bool,
 ) -> SinkFailure {
-    let detail = format!("{e:#}");
+    // The error text carries the guest's own function names (its name
+    // section), which are guest-supplied text like any other.
+    let detail = guest_text::clean(&format!("{e:#}"), guest_text::MAX_LOG_BYTES);
+    if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        // `wasi:cli/exit`: the guest ended itself instead of answering.
+        return SinkFailure::Trap {
+            kind: format!("exit (status {})", exit.0),
+            detail,
+        };
+    }
     let kind = match e.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => DEADLINE.to_string(),
         Some(wasmtime::Trap::StackOverflow) => "stack overflow".to_string(),
         Some(wasmtime::Trap::MemoryOutOfBounds) if in_deep_recursion(e) => {
             "stack overflow".to_string()
         }
-        _ if refused_memory.is_some() => "out of memory".to_string(),
-        _ if e
-            .chain()
-            .any(|c| c.downcast_ref::<wasmtime::component::ResourceTableError>().is_some()) =>
+        _ if refused_memory.is_some() => OUT_OF_MEMORY.to_string(),
+        _ if e.chain().any(|c| {
+            c.downcast_ref::<wasmtime::component::ResourceTableError>()
+                .is_some()
+        }) =>
         {
             format!("too many resources (more than {MAX_RESOURCES} live)")
+        }
+        _ if e.chain().any(|c| {
+            c.to_string()
+                .contains("fuel allocated for hostcalls has been exhausted")
+        }) =>
+        {
+            TOO_MUCH_DATA.to_string()
         }
         Some(wasmtime::Trap::UnreachableCodeReached) => "panic".to_string(),
         Some(wasmtime::Trap::OutOfFuel) => "out of fuel".to_string(),

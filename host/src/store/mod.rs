@@ -341,10 +341,7 @@ pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(std::sync::Arc::new(postgres::PgStore::open(url).await?));
     }
-    if let Some(path) = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-    {
+    if let Some(path) = sqlite_path(url) {
         return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path).await?));
     }
     Err(StoreError::Database(sqlx::Error::Configuration(
@@ -354,6 +351,14 @@ pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
         )
         .into(),
     )))
+}
+
+/// The file a `sqlite://PATH` (or `sqlite:PATH`) URL names; `None` for any
+/// other URL. [`open`] creates that file when it is missing, so a command
+/// that must not create state checks for it first.
+pub fn sqlite_path(url: &str) -> Option<&str> {
+    url.strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
 }
 
 /// The URL with any password replaced by `***`, for logs and errors.

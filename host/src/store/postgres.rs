@@ -1081,7 +1081,7 @@ async fn finish_batch(
     let (ids, tokens) = pick(items, |f| matches!(f, Finish::Delivered).then_some(()));
     if !ids.is_empty() {
         let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
-            "UPDATE outboxd.deliveries d SET status = 'delivered', finished_at = now(), {clear} \
+            "UPDATE outboxd.deliveries d SET status = 'delivered', finished_at = now(), last_error = NULL, {clear} \
              FROM unnest($1::bigint[], $2::text[]) AS f(id, token) WHERE {fence}"
         ))
         .bind(&ids)

@@ -753,8 +753,8 @@ async fn finish_in(
     let (sql, reason) = match finish {
         Finish::Delivered => (
             format!(
-                "UPDATE deliveries SET status = 'delivered', finished_at = {now}, lease_token = NULL, \
-                 lease_expires_at = NULL {fence}"
+                "UPDATE deliveries SET status = 'delivered', finished_at = {now}, last_error = NULL, \
+                 lease_token = NULL, lease_expires_at = NULL {fence}"
             ),
             None,
         ),
