@@ -64,6 +64,8 @@ if ! command -v java >/dev/null 2>&1 || [[ "$(java_major)" -lt 17 ]]; then
     need_apt+=(openjdk-17-jdk-headless)
 fi
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+# The model checker for model/ (the delivery protocol, checked by model/check.sh).
+command -v spin >/dev/null 2>&1 || need_apt+=(spin)
 fi
 
 if ((${#need_apt[@]})); then

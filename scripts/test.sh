@@ -9,6 +9,9 @@ bash scripts/setup.sh
 bash scripts/build-plugins.sh
 cargo test --workspace --no-fail-fast
 
+# The delivery protocol, model-checked exhaustively (spin), mutants included.
+bash model/check.sh
+
 # End to end on real input with real clients, through SIGKILLs.
 bash tests/e2e/real_input.sh
 

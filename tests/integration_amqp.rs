@@ -354,7 +354,8 @@ async fn an_unroutable_event_gets_the_configured_outcome_with_the_reason() {
     );
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post_event(&event("lost-1", "s", "person", json!({}))).await;
+    d.post_event(&event("lost-1", "s", "person", json!({})))
+        .await;
 
     let dead = d
         .wait_sink("lost-1", "rejecting", Duration::from_secs(20), |x| {
@@ -413,7 +414,8 @@ async fn an_exchange_the_manifest_does_not_grant_is_rejected_and_nothing_is_publ
     );
     let d = TestDaemon::start(plugins.path()).await;
 
-    d.post_event(&event("deny-1", "s", "person", json!({}))).await;
+    d.post_event(&event("deny-1", "s", "person", json!({})))
+        .await;
     let dead = d
         .wait_delivery("deny-1", Duration::from_secs(20), |x| x["status"] == "dead")
         .await;

@@ -235,7 +235,9 @@ async fn wait_source_ready(d: &TestDaemon, timeout: Duration) -> serde_json::Val
     let start = std::time::Instant::now();
     loop {
         let (_, body) = d.get("/ready").await;
-        if body["checks"]["sources"]["sources"]["orders"]["ready"] == true {
+        if body["checks"]["sources"]["sources"]["orders"]["checks"]["consumer_attached"]["ok"]
+            == true
+        {
             return body;
         }
         assert!(
@@ -767,7 +769,8 @@ async fn ready_shows_a_source_that_cannot_reach_its_broker_and_the_rest_serves()
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let src = &body["checks"]["sources"]["sources"]["orders"];
-    assert_eq!(src["ready"], false, "{body}");
+    assert_eq!(src["ok"], false, "{body}");
+    assert_ne!(src["checks"]["consumer_attached"]["ok"], true, "{body}");
     assert_eq!(body["checks"]["sources"]["ok"], false);
     let error = src["last_error"].as_str().unwrap();
     assert!(
@@ -1376,11 +1379,9 @@ async fn sigkill_five_times_while_consuming_loses_nothing_and_stores_nothing_twi
             .send()
             .await
         {
-            Ok(r) => r
-                .json::<serde_json::Value>()
-                .await
-                .ok()
-                .is_some_and(|b| b["sources"]["orders"]["ready"] == true),
+            Ok(r) => r.json::<serde_json::Value>().await.ok().is_some_and(|b| {
+                b["sources"]["orders"]["checks"]["consumer_attached"]["ok"] == true
+            }),
             Err(_) => false,
         }
     })

@@ -141,6 +141,114 @@ async fn bad_input_is_refused_naming_the_field(backend: Backend) {
     db.cleanup().await;
 }
 
+/// The CloudEvents 1.0 attribute rules a new user runs into, over HTTP:
+/// each refused event is a 400 naming the attribute and stores nothing;
+/// an empty batch is a valid batch (200, nothing stored).
+async fn cloudevents_attribute_rules_are_kept(backend: Backend) {
+    let plugins = PluginsDir::new();
+    let (db, d) = daemon(backend, plugins.path()).await;
+    let ce = "application/cloudevents+json";
+    let refused: &[(&str, &str, &str)] = &[
+        // datacontenttype: RFC 2046 media type, non-empty when present.
+        ("ct-xyz", r#""datacontenttype":"xyz""#, "datacontenttype"),
+        ("ct-empty", r#""datacontenttype":"""#, "datacontenttype"),
+        // dataschema: URI, non-empty when present.
+        ("ds-empty", r#""dataschema":"""#, "dataschema"),
+        // subject: non-empty when present, whatever the stream key is.
+        ("subj-empty", r#""subject":"""#, "subject"),
+        (
+            "subj-empty-pk",
+            r#""partitionkey":"p","subject":"""#,
+            "subject",
+        ),
+        // Extension numbers are CloudEvents Integers: whole, 32-bit signed.
+        ("ext-float", r#""count":1.5"#, "extensions.count"),
+        ("ext-big", r#""count":2147483648"#, "extensions.count"),
+        ("ext-small", r#""count":-2147483649"#, "extensions.count"),
+        // time: RFC 3339.
+        ("t-nosec", r#""time":"2024-05-01T18:31Z""#, "time"),
+        ("t-offset", r#""time":"2024-05-01T18:31:00+25:00""#, "time"),
+        ("t-hour", r#""time":"2024-05-01T18:31:00+05""#, "time"),
+        // Extension names: lower-case letters and digits.
+        ("ext-caps", r#""myExt":"x""#, "extensions.myExt"),
+        ("ext-punct", r#""my-ext":"x""#, "extensions.my-ext"),
+    ];
+    for (id, extra, field) in refused {
+        let body =
+            format!(r#"{{"specversion":"1.0","id":"{id}","source":"s","type":"t",{extra}}}"#);
+        let (status, answer) = d.post(ce, body).await;
+        assert_eq!(
+            (status, answer["field"].as_str()),
+            (400, Some(*field)),
+            "{id}: {answer}"
+        );
+        assert!(!stored(&d, id).await, "{id} must not be stored");
+    }
+    // A numeric or object id: 400 naming it.
+    for id in ["7", r#"{"a":1}"#] {
+        let body = format!(r#"{{"specversion":"1.0","id":{id},"source":"s","type":"t"}}"#);
+        let (status, answer) = d.post(ce, body).await;
+        assert_eq!(
+            (status, answer["field"].as_str()),
+            (400, Some("id")),
+            "{answer}"
+        );
+    }
+    // In a batch the index is named too, and nothing of the batch is stored.
+    let (status, answer) = d
+        .post(
+            "application/cloudevents-batch+json",
+            r#"[{"specversion":"1.0","id":"bt-ok","source":"s","type":"t"},
+                {"specversion":"1.0","id":"bt-bad","source":"s","type":"t","datacontenttype":"xyz"}]"#,
+        )
+        .await;
+    assert_eq!(
+        (status, answer["field"].as_str()),
+        (400, Some("[1].datacontenttype")),
+        "{answer}"
+    );
+    assert!(!stored(&d, "bt-ok").await);
+
+    // Accepted: the edges of each rule.
+    let accepted: &[(&str, &str)] = &[
+        (
+            "ok-ct",
+            r#""datacontenttype":"text/plain; charset=utf-8","data":"hi""#,
+        ),
+        ("ok-ds", r#""dataschema":"https://example.com/schema.json""#),
+        ("ok-max", r#""count":2147483647"#),
+        ("ok-min", r#""count":-2147483648"#),
+        ("ok-bool", r#""flag":true"#),
+        ("ok-seq", r#""partitionkey":"seqs","sequence":4294967296"#),
+        ("ok-time", r#""time":"2024-05-01T18:31:00+05:30""#),
+    ];
+    for (id, extra) in accepted {
+        let body =
+            format!(r#"{{"specversion":"1.0","id":"{id}","source":"s","type":"t",{extra}}}"#);
+        let (status, answer) = d.post(ce, body).await;
+        assert_eq!(status, 201, "{id}: {answer}");
+        assert!(stored(&d, id).await);
+    }
+
+    // An empty batch is a valid batch: 200, no events, nothing stored.
+    let before = d.metrics_text().await;
+    let (status, answer) = d.post("application/cloudevents-batch+json", "[]").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer, json!({"events": []}));
+    let stored_series = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains("ingest") && l.contains("stored") && !l.starts_with('#'))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        stored_series(&d.metrics_text().await),
+        stored_series(&before)
+    );
+    d.stop().await;
+    db.cleanup().await;
+}
+
 async fn events_are_delivered_and_readable(backend: Backend) {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
@@ -204,7 +312,8 @@ macro_rules! both_stores {
 
 both_stores!(
     bad_input_is_refused_naming_the_field,
-    events_are_delivered_and_readable
+    events_are_delivered_and_readable,
+    cloudevents_attribute_rules_are_kept
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -14,7 +14,11 @@ async fn a_javascript_sink_delivers_rejects_and_refuses_bad_configuration() {
     init_logs();
     let built = built_js_plugins();
     let plugins = PluginsDir::new();
-    std::fs::copy(built.join("js-log.wasm"), plugins.path().join("js-log.wasm")).unwrap();
+    std::fs::copy(
+        built.join("js-log.wasm"),
+        plugins.path().join("js-log.wasm"),
+    )
+    .unwrap();
     let manifest = std::fs::read_to_string(built.join("js-log.toml")).unwrap();
     plugins.write("js-log.toml", manifest.as_bytes());
     // The same component under another name, with a configuration its
@@ -24,7 +28,10 @@ async fn a_javascript_sink_delivers_rejects_and_refuses_bad_configuration() {
         manifest
             .replace("name = \"js-log\"", "name = \"js-misconfigured\"")
             .replace("strict = \"true\"", "strict = \"maybe\"")
-            .replace("[limits]", "[retry]\nbase = \"100ms\"\ncap = \"200ms\"\n[limits]")
+            .replace(
+                "[limits]",
+                "[retry]\nbase = \"100ms\"\ncap = \"200ms\"\n[limits]",
+            )
             .as_bytes(),
     );
     let d = TestDaemon::start(plugins.path()).await;

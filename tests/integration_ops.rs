@@ -56,7 +56,11 @@ async fn metrics_parse_and_move_as_events_flow() {
     // rate() or an alert sees the series on a fresh daemon.
     for outcome in ["stored", "duplicate", "conflict", "rejected"] {
         assert_eq!(
-            sample(&before, "outboxd_events_ingested_total", &[("outcome", outcome)]),
+            sample(
+                &before,
+                "outboxd_events_ingested_total",
+                &[("outcome", outcome)]
+            ),
             Some(0.0),
             "events_ingested_total{{outcome={outcome:?}}} on a fresh daemon"
         );
@@ -87,7 +91,10 @@ async fn metrics_parse_and_move_as_events_flow() {
     d.post_batch(&batch).await;
     // The same event again: a duplicate, answered 200.
     let (status, body) = d
-        .post("application/cloudevents+json", serde_json::to_vec(&batch[0]).unwrap())
+        .post(
+            "application/cloudevents+json",
+            serde_json::to_vec(&batch[0]).unwrap(),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["duplicate"], true, "{body}");
@@ -178,7 +185,8 @@ async fn a_paused_sink_delivers_nothing_until_resumed() {
     // Every loop reads the pause within 1 s (PAUSE_RECHECK) plus one idle sleep.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     for i in 0..3 {
-        d.post_event(&event(&format!("p{i}"), "s", "t", json!({}))).await;
+        d.post_event(&event(&format!("p{i}"), "s", "t", json!({})))
+            .await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(receiver.seen().is_empty(), "nothing delivered while paused");
@@ -256,10 +264,20 @@ async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_repla
     let receiver = Receiver::start().await;
     receiver.script(400, &[], "not today");
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let manifest = plugins.path().join("webhook.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(&manifest, text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n")).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n"),
+    )
+    .unwrap();
     let d = TestDaemon::start(plugins.path()).await;
     for id in ["b1", "b2"] {
         d.post_event(&event(id, "s", "t", json!({}))).await;
@@ -283,8 +301,10 @@ async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_repla
         (r.status(), ())
     };
     assert_eq!(status, 200);
-    d.wait_delivery("b2", Duration::from_secs(20), |x| x["status"] == "delivered")
-        .await;
+    d.wait_delivery("b2", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
     let order: Vec<String> = receiver
         .seen()
         .iter()
@@ -500,11 +520,15 @@ struct PrivatePostgres {
 
 impl PrivatePostgres {
     fn bin(tool: &str) -> std::path::PathBuf {
-        let versions = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL server binaries under /usr/lib/postgresql (scripts/setup.sh installs them)");
+        let versions = std::fs::read_dir("/usr/lib/postgresql").expect(
+            "PostgreSQL server binaries under /usr/lib/postgresql (scripts/setup.sh installs them)",
+        );
         let mut dirs: Vec<_> = versions.filter_map(|e| e.ok().map(|e| e.path())).collect();
         dirs.sort();
-        dirs.last().expect("a PostgreSQL version").join("bin").join(tool)
+        dirs.last()
+            .expect("a PostgreSQL version")
+            .join("bin")
+            .join(tool)
     }
 
     /// A server tool's command; as root, run as the `postgres` user (the
@@ -527,7 +551,10 @@ impl PrivatePostgres {
 
     /// Run a server tool; it must succeed.
     fn run(tool: &str, args: &[&str]) {
-        let out = Self::command(tool).args(args).output().expect("run a PostgreSQL tool");
+        let out = Self::command(tool)
+            .args(args)
+            .output()
+            .expect("run a PostgreSQL tool");
         assert!(
             out.status.success(),
             "{tool} {args:?}: {}{}",
@@ -537,7 +564,10 @@ impl PrivatePostgres {
     }
 
     fn init() -> PrivatePostgres {
-        let dir = tempfile::Builder::new().prefix("outboxd-pg-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-pg-")
+            .tempdir()
+            .unwrap();
         let _ = std::process::Command::new("chown")
             .args(["postgres:postgres"])
             .arg(dir.path())
@@ -545,7 +575,15 @@ impl PrivatePostgres {
         let data = dir.path().join("data");
         Self::run(
             "initdb",
-            &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "--no-sync"],
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ],
         );
         let port = free_loopback_addr().port();
         let pg = PrivatePostgres { dir, port };
@@ -562,14 +600,25 @@ impl PrivatePostgres {
         );
         Self::run(
             "pg_ctl",
-            &["-D", data.to_str().unwrap(), "-o", &options, "-w", "-l",
-              self.dir.path().join("log").to_str().unwrap(), "start"],
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-o",
+                &options,
+                "-w",
+                "-l",
+                self.dir.path().join("log").to_str().unwrap(),
+                "start",
+            ],
         );
     }
 
     fn stop(&self) {
         let data = self.dir.path().join("data");
-        Self::run("pg_ctl", &["-D", data.to_str().unwrap(), "-m", "fast", "-w", "stop"]);
+        Self::run(
+            "pg_ctl",
+            &["-D", data.to_str().unwrap(), "-m", "fast", "-w", "stop"],
+        );
     }
 
     fn url(&self) -> String {
@@ -607,7 +656,13 @@ async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_r
     let pg = PrivatePostgres::init();
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let url = pg.url();
     let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
     let post = |id: &'static str| {
@@ -623,7 +678,10 @@ async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_r
     let down = wait_ready(&d, 503, Duration::from_secs(15)).await;
     assert_eq!(down["checks"]["database"]["ok"], false, "{down}");
     let (status, body) = post("during").await;
-    assert!(status >= 500, "ingest with the database down: {status} {body}");
+    assert!(
+        status >= 500,
+        "ingest with the database down: {status} {body}"
+    );
 
     pg.start();
     wait_ready(&d, 200, Duration::from_secs(30)).await;
@@ -633,7 +691,11 @@ async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_r
         "delivery did not resume: {} requests",
         receiver.count()
     );
-    let ids: Vec<String> = receiver.seen().iter().map(|r| r.header("ce-id").unwrap()).collect();
+    let ids: Vec<String> = receiver
+        .seen()
+        .iter()
+        .map(|r| r.header("ce-id").unwrap())
+        .collect();
     assert_eq!(ids, ["before", "after"]);
     d.stop().await;
 }

@@ -32,9 +32,15 @@ fn an_unset_secret_is_named_as_needed_at_start_not_a_refusal() {
         &["OUTBOXD_WEBHOOK_SECRET"],
     );
     let text = stdout(&out);
-    assert!(out.status.success(), "check refused a sound component:\n{text}");
+    assert!(
+        out.status.success(),
+        "check refused a sound component:\n{text}"
+    );
     assert!(text.contains("verdict: ok"), "{text}");
-    assert!(text.contains("imports:") && text.contains("exports:"), "{text}");
+    assert!(
+        text.contains("imports:") && text.contains("exports:"),
+        "{text}"
+    );
     let needs = text
         .split_once("needs at start:")
         .unwrap_or_else(|| panic!("no `needs at start` section:\n{text}"))
@@ -50,7 +56,10 @@ fn with_the_environment_set_nothing_is_needed() {
     let plugins = common::built_plugins();
     let out = check(
         &plugins.join("webhook.wasm"),
-        &[("OUTBOXD_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
+        &[(
+            "OUTBOXD_WEBHOOK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        )],
         &[],
     );
     let text = stdout(&out);
@@ -88,4 +97,75 @@ fn a_file_that_is_not_a_component_is_refused() {
     let text = stdout(&out);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("verdict: refused"), "{text}");
+}
+
+/// A plugins folder with the shipped webhook component and `manifest` as
+/// its manifest.
+fn webhook_with(manifest: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let plugins = common::built_plugins();
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("webhook.wasm");
+    std::fs::copy(plugins.join("webhook.wasm"), &wasm).unwrap();
+    std::fs::write(dir.path().join("webhook.toml"), manifest).unwrap();
+    (dir, wasm)
+}
+
+const WEBHOOK_HEAD: &str = "name = \"webhook\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n";
+const WEBHOOK_GRANTS: &str = "[capabilities]\nhttp = [\"http://127.0.0.1:9\"]\n";
+const WEBHOOK_CONFIG: &str = "[config]\nurl = \"http://127.0.0.1:9/hook\"\n\
+                              secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n";
+
+#[test]
+fn a_deadline_the_configured_lease_cannot_cover_is_refused_as_the_daemon_would() {
+    let (dir, wasm) = webhook_with(&format!(
+        "{WEBHOOK_HEAD}[limits]\ndeadline = \"60s\"\n{WEBHOOK_GRANTS}{WEBHOOK_CONFIG}"
+    ));
+    // The default lease (70 s) cannot cover a 60 s deadline (2 × 60 s + 5 s).
+    let out = check(&wasm, &[], &[]);
+    let text = stdout(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("verdict: refused"), "{text}");
+    assert!(
+        text.contains("delivery.lease 1m 10s") && text.contains("at least 2m 5s"),
+        "{text}"
+    );
+    // With the daemon's configuration giving a long enough lease, it passes:
+    // the check reads the configured lease, not a constant.
+    let config = dir.path().join("outboxd.toml");
+    std::fs::write(&config, "[delivery]\nlease = \"3m\"\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(["plugin", "check"])
+        .arg(&wasm)
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("verdict: ok"), "{text}");
+}
+
+#[test]
+fn a_manifest_missing_a_key_init_requires_is_refused_with_inits_reason() {
+    let (_dir, wasm) = webhook_with(&format!(
+        "{WEBHOOK_HEAD}{WEBHOOK_GRANTS}[config]\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"
+    ));
+    let out = check(&wasm, &[], &[]);
+    let text = stdout(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("verdict: refused"), "{text}");
+    assert!(
+        text.contains("init refused the manifest's configuration: config key `url` is required"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_complete_manifest_passes_init() {
+    let (_dir, wasm) = webhook_with(&format!("{WEBHOOK_HEAD}{WEBHOOK_GRANTS}{WEBHOOK_CONFIG}"));
+    let out = check(&wasm, &[], &[]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("init: ok"), "{text}");
+    assert!(text.contains("verdict: ok"), "{text}");
 }

@@ -81,7 +81,13 @@ async fn a_replaced_plugin_takes_over_under_load_losing_and_duplicating_nothing(
     receiver.set_delay(Duration::from_millis(5));
     let (old_secret, new_secret) = (new_secret(), new_secret());
     let plugins = PluginsDir::new();
-    plugins.add_webhook("hook", &receiver.url(), &[receiver.origin()], &old_secret, "");
+    plugins.add_webhook(
+        "hook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &old_secret,
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
     const EVENTS: usize = 600;
@@ -116,7 +122,13 @@ async fn a_replaced_plugin_takes_over_under_load_losing_and_duplicating_nothing(
     };
     // Replace the plugin while events flow: a new version, a new secret.
     assert!(eventually(RELOAD, || receiver.count() >= 60).await);
-    plugins.add_webhook("hook", &receiver.url(), &[receiver.origin()], &new_secret, "# 0.2\n");
+    plugins.add_webhook(
+        "hook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret,
+        "# 0.2\n",
+    );
     producer.await.unwrap();
     assert!(
         eventually(Duration::from_secs(60), || {
@@ -207,14 +219,27 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
     let before = load_failures(&d, "hook").await;
     assert!(before >= 1, "the refusal is counted");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(load_failures(&d, "hook").await, before, "the folder is rescanned without a change");
+    assert_eq!(
+        load_failures(&d, "hook").await,
+        before,
+        "the folder is rescanned without a change"
+    );
     // A change elsewhere in the folder rescans it: the refused file, unchanged,
     // is still refused, but not loaded, logged or counted again.
     plugins.write("notes.txt", b"unrelated");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(load_failures(&d, "hook").await, before, "an unchanged refusal is counted again");
+    assert_eq!(
+        load_failures(&d, "hook").await,
+        before,
+        "an unchanged refusal is counted again"
+    );
     let (_, ready) = d.get("/ready").await;
-    assert!(ready["checks"]["plugins"]["refused"].to_string().contains("broken.wasm"), "{ready}");
+    assert!(
+        ready["checks"]["plugins"]["refused"]
+            .to_string()
+            .contains("broken.wasm"),
+        "{ready}"
+    );
     assert_eq!(sink_state(&d, "hook").await, "loaded");
 
     // The old version still delivers.
@@ -227,7 +252,12 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
     assert!(receiver.seen().iter().all(|r| verify_signature(&secret, r)));
 
     // A good manifest again: the refusal clears.
-    plugins.write("hook.toml", manifest.replace("0.1.0\"\ncomponent", "0.3.0\"\ncomponent").as_bytes());
+    plugins.write(
+        "hook.toml",
+        manifest
+            .replace("0.1.0\"\ncomponent", "0.3.0\"\ncomponent")
+            .as_bytes(),
+    );
     let start = std::time::Instant::now();
     loop {
         let (status, ready) = d.get("/ready").await;
@@ -306,11 +336,17 @@ async fn a_plugin_dropped_in_while_running_loads_and_delivers() {
     plugins.add_webhook("b", &b.url(), &[b.origin()], &secret, "");
     wait_state(&d, "b", "loaded").await;
     post_events(&d, "both", 4, 2, 4).await;
-    assert!(eventually(RELOAD, || a.count() == 4 && b.count() == 4).await,
-        "a got {}, b got {}", a.count(), b.count());
+    assert!(
+        eventually(RELOAD, || a.count() == 4 && b.count() == 4).await,
+        "a got {}, b got {}",
+        a.count(),
+        b.count()
+    );
     let metrics = d.metrics_text().await;
     assert!(
-        metrics.lines().any(|l| l == "outboxd_plugin_loads_total{plugin=\"b\"} 1"),
+        metrics
+            .lines()
+            .any(|l| l == "outboxd_plugin_loads_total{plugin=\"b\"} 1"),
         "{metrics}"
     );
     d.stop().await;
@@ -321,10 +357,19 @@ async fn a_renamed_manifest_keeps_serving_and_its_broken_edit_is_refused() {
     init_logs();
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("hook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "hook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     let d = TestDaemon::start(plugins.path()).await;
 
-    let (old, new) = (plugins.path().join("hook.toml"), plugins.path().join("sink-hook.toml"));
+    let (old, new) = (
+        plugins.path().join("hook.toml"),
+        plugins.path().join("sink-hook.toml"),
+    );
     std::fs::rename(&old, &new).unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await; // a rescan: unchanged
     assert_eq!(sink_state(&d, "hook").await, "loaded");
@@ -334,13 +379,20 @@ async fn a_renamed_manifest_keeps_serving_and_its_broken_edit_is_refused() {
     let start = std::time::Instant::now();
     loop {
         let (_, ready) = d.get("/ready").await;
-        if ready["checks"]["plugins"]["refused"].as_array().is_some_and(|a| !a.is_empty()) {
+        if ready["checks"]["plugins"]["refused"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+        {
             break;
         }
         assert!(start.elapsed() < RELOAD, "refusal not reported: {ready}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(sink_state(&d, "hook").await, "loaded", "a broken edit must not park the sink");
+    assert_eq!(
+        sink_state(&d, "hook").await,
+        "loaded",
+        "a broken edit must not park the sink"
+    );
     post_events(&d, "after", 3, 1, 3).await;
     assert!(eventually(RELOAD, || receiver.count() == 3).await);
     d.stop().await;

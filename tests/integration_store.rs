@@ -111,7 +111,11 @@ async fn the_same_id_twice_in_one_request_is_a_duplicate_or_a_conflict(backend: 
         .unwrap();
     assert!(!r[0].duplicate && !r[1].duplicate);
     assert!(r[2].duplicate, "the repeat is a duplicate");
-    assert_eq!((r[2].sequence, r[1].sequence), (1, 2), "the repeat keeps the first's sequence");
+    assert_eq!(
+        (r[2].sequence, r[1].sequence),
+        (1, 2),
+        "the repeat keeps the first's sequence"
+    );
     assert_eq!(deliveries(&store, "d1").await, 1, "one delivery, not two");
     let err = store
         .ingest(&[
@@ -120,8 +124,14 @@ async fn the_same_id_twice_in_one_request_is_a_duplicate_or_a_conflict(backend: 
         ])
         .await
         .unwrap_err();
-    assert!(matches!(err, IngestError::Conflict { index: 1, .. }), "{err}");
-    assert!(store.event("d3").await.unwrap().is_none(), "nothing of the request stored");
+    assert!(
+        matches!(err, IngestError::Conflict { index: 1, .. }),
+        "{err}"
+    );
+    assert!(
+        store.event("d3").await.unwrap().is_none(),
+        "nothing of the request stored"
+    );
     db.cleanup().await;
 }
 
@@ -344,7 +354,11 @@ async fn a_retry_waits_its_delay(backend: Backend) {
     let (_, d) = store.event("e").await.unwrap().unwrap();
     assert_eq!(d[0].last_error.as_deref(), Some("HTTP 503"));
     assert!(store
-        .finish(again[0].delivery_id, &again[0].lease_token, &Finish::Delivered)
+        .finish(
+            again[0].delivery_id,
+            &again[0].lease_token,
+            &Finish::Delivered
+        )
         .await
         .unwrap());
     let (_, d) = store.event("e").await.unwrap().unwrap();
@@ -411,7 +425,10 @@ async fn claim_ids(store: &Arc<dyn Store>, sink: &str) -> Vec<String> {
 /// Finish every delivery of a claim: the first of each stream with
 /// `first`, the rest released (as the engine does behind a failure).
 async fn finish_claim(store: &Arc<dyn Store>, sink: &str, first: &Finish) -> Vec<String> {
-    let claimed = store.claim(sink, 10, Duration::from_secs(30)).await.unwrap();
+    let claimed = store
+        .claim(sink, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
     let mut seen = BTreeSet::new();
     for c in &claimed {
         let f = if seen.insert(c.event.event.stream.clone()) {
@@ -419,7 +436,10 @@ async fn finish_claim(store: &Arc<dyn Store>, sink: &str, first: &Finish) -> Vec
         } else {
             &Finish::Release
         };
-        assert!(store.finish(c.delivery_id, &c.lease_token, f).await.unwrap());
+        assert!(store
+            .finish(c.delivery_id, &c.lease_token, f)
+            .await
+            .unwrap());
     }
     claimed.into_iter().map(|c| c.event.event.id).collect()
 }
@@ -430,7 +450,11 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
     let items: Vec<IngestItem> = ["a1", "a2", "a3"]
         .iter()
         .map(|id| item(id, "a", json!({}), &["x"]))
-        .chain(["c1", "c2"].iter().map(|id| item(id, "c", json!({}), &["x"])))
+        .chain(
+            ["c1", "c2"]
+                .iter()
+                .map(|id| item(id, "c", json!({}), &["x"])),
+        )
         .collect();
     store.ingest(&items).await.unwrap();
     let block = Finish::Dead {
@@ -449,17 +473,27 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
             "c1" => &move_on,
             _ => &Finish::Release,
         };
-        assert!(store.finish(c.delivery_id, &c.lease_token, f).await.unwrap());
+        assert!(store
+            .finish(c.delivery_id, &c.lease_token, f)
+            .await
+            .unwrap());
     }
     assert_eq!(
         finish_claim(&store, "x", &Finish::Delivered).await,
         vec!["c2"],
         "only the moved-on stream goes on"
     );
-    assert_eq!(store.next_due_in("x").await.unwrap(), None, "a blocked head is never due");
+    assert_eq!(
+        store.next_due_in("x").await.unwrap(),
+        None,
+        "a blocked head is never due"
+    );
 
     // A new event of the blocked stream waits too.
-    store.ingest(&[item("a4", "a", json!({}), &["x"])]).await.unwrap();
+    store
+        .ingest(&[item("a4", "a", json!({}), &["x"])])
+        .await
+        .unwrap();
     assert!(claim_ids(&store, "x").await.is_empty());
 
     // Replayed, the dead letter goes first, and the stream follows it.
@@ -468,7 +502,10 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
         ..Default::default()
     };
     assert_eq!(store.replay_dead(&only_a, 100).await.unwrap(), 1);
-    assert_eq!(finish_claim(&store, "x", &block).await, vec!["a1", "a2", "a3", "a4"]);
+    assert_eq!(
+        finish_claim(&store, "x", &block).await,
+        vec!["a1", "a2", "a3", "a4"]
+    );
     assert!(claim_ids(&store, "x").await.is_empty(), "blocked again");
 
     // Purged, the stream moves on without it.
@@ -483,7 +520,10 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
         .map(|id| item(id, "b", json!({}), &["y"]))
         .collect();
     store.ingest(&b).await.unwrap();
-    assert_eq!(finish_claim(&store, "y", &move_on).await, vec!["b1", "b2", "b3"]);
+    assert_eq!(
+        finish_claim(&store, "y", &move_on).await,
+        vec!["b1", "b2", "b3"]
+    );
     assert_eq!(finish_claim(&store, "y", &block).await, vec!["b2", "b3"]);
     let event = |id: &str| outboxd::store::DeadFilter {
         event_id: Some(id.into()),
@@ -493,6 +533,57 @@ async fn a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged(backen
     assert!(claim_ids(&store, "y").await.is_empty(), "b2 still blocks");
     assert_eq!(store.replay_dead(&event("b2"), 100).await.unwrap(), 1);
     assert_eq!(claim_ids(&store, "y").await, vec!["b1", "b2", "b3"]);
+    db.cleanup().await;
+}
+
+/// Found by the model (model/README.md, `NO_BLOCK_HEAD_CHECK`): a worker
+/// whose lease on a batch ran out finishes the follower of a head that
+/// another worker took over and dead-lettered, blocking. The follower must
+/// not take the blocked head (a replay of it alone would then let the
+/// stream pass the first dead letter): it is released and waits.
+async fn a_stale_follower_never_blocks_ahead_of_an_earlier_dead_letter(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let items: Vec<IngestItem> = ["e1", "e2"]
+        .iter()
+        .map(|id| item(id, "a", json!({}), &["x"]))
+        .collect();
+    store.ingest(&items).await.unwrap();
+    let block = Finish::Dead {
+        reason: "rejected: no".into(),
+        blocks_stream: true,
+    };
+    let old = store
+        .claim("x", 10, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(old.len(), 2, "head and its run");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The takeover claims only the head.
+    let new = store.claim("x", 1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(new.len(), 1);
+    assert_eq!(new[0].event.event.id, "e1");
+    assert!(store
+        .finish(new[0].delivery_id, &new[0].lease_token, &block)
+        .await
+        .unwrap());
+    // The stale worker's outcomes: e1 fenced off, e2 still under its token.
+    let stale: Vec<(i64, &str, &Finish)> = old
+        .iter()
+        .map(|c| (c.delivery_id, c.lease_token.as_str(), &block))
+        .collect();
+    assert_eq!(store.finish_many(&stale).await.unwrap(), vec![false, true]);
+    let (_, d) = store.event("e2").await.unwrap().unwrap();
+    assert_ne!(d[0].status, "dead", "e2 waits behind e1, it does not block");
+    assert_eq!(d[0].attempts, 0, "the release does not charge the attempt");
+    let event = |id: &str| outboxd::store::DeadFilter {
+        event_id: Some(id.into()),
+        ..Default::default()
+    };
+    assert_eq!(store.replay_dead(&event("e2"), 100).await.unwrap(), 0);
+    assert!(claim_ids(&store, "x").await.is_empty(), "e1 still blocks");
+    assert_eq!(store.replay_dead(&event("e1"), 100).await.unwrap(), 1);
+    assert_eq!(claim_ids(&store, "x").await, vec!["e1", "e2"]);
     db.cleanup().await;
 }
 
@@ -525,6 +616,7 @@ both_stores!(
     a_retry_waits_its_delay,
     four_workers_never_claim_the_same_delivery,
     a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged,
+    a_stale_follower_never_blocks_ahead_of_an_earlier_dead_letter,
 );
 
 /// An application's own transaction enqueues with `outboxd.enqueue`: a

@@ -213,7 +213,10 @@ async fn bad_input_is_a_4xx_naming_the_field_and_stores_nothing() {
         let mut ev = event("bad-1", "s", "t", json!({}));
         ev.as_object_mut().unwrap().remove(missing);
         let (status, body) = d
-            .post("application/cloudevents+json", serde_json::to_vec(&ev).unwrap())
+            .post(
+                "application/cloudevents+json",
+                serde_json::to_vec(&ev).unwrap(),
+            )
             .await;
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["field"], missing, "{body}");
@@ -433,7 +436,13 @@ async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_do
 async fn a_builtin_discard_sink_acknowledges_every_event_without_sending_it() {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("webhook", &receiver.url(), &[receiver.origin()], &new_secret(), "");
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
     plugins.write(
         "drain.toml",
         b"name = \"drain\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\nbuiltin = \"discard\"\n",

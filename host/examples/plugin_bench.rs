@@ -57,10 +57,12 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 fn native_deliver(batch: &[Event]) -> Vec<Outcome> {
     batch
         .iter()
-        .map(|e| match fnv1a(&[e.id.as_bytes(), e.stream.as_bytes(), &e.data]) {
-            0 => Outcome::Reject("checksum is zero".into()),
-            _ => Outcome::Delivered,
-        })
+        .map(
+            |e| match fnv1a(&[e.id.as_bytes(), e.stream.as_bytes(), &e.data]) {
+                0 => Outcome::Reject("checksum is zero".into()),
+                _ => Outcome::Delivered,
+            },
+        )
         .collect()
 }
 
@@ -76,7 +78,9 @@ fn events(n: usize, data_bytes: usize) -> Vec<Event> {
             time: "2026-11-30T00:00:00Z".into(),
             datacontenttype: Some("application/json".into()),
             dataschema: None,
-            data: (0..data_bytes).map(|b| b"0123456789abcdef"[(i + b) % 16]).collect(),
+            data: (0..data_bytes)
+                .map(|b| b"0123456789abcdef"[(i + b) % 16])
+                .collect(),
             extensions: vec![],
             attempt: 1,
             ingested_at: "2026-11-30T00:00:00Z".into(),

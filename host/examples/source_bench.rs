@@ -12,7 +12,7 @@
 //! acknowledged. Both sides take batches of `--batch` (prefetch twice
 //! that) in one transaction each:
 //!
-//! - **outboxd**: the source itself ([`outboxd::sources::start`]) with
+//! - **outboxd**: the source itself ([`outboxd::sources::spawn_all`]) with
 //!   `stream = "header:x-stream"`, no sinks (the store writes the events and
 //!   their streams, no deliveries);
 //! - **lapin + sqlx**: lock the batch's `outboxd.streams` rows, assign
@@ -40,7 +40,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use outboxd::metrics::{Metrics, SourceOutcomeLabel};
-use outboxd::sources::{SourceConfig, SourceContext, SourceStates};
+use outboxd::sources::{SourceConfig, SourceContext, Statuses};
 use sha2::{Digest, Sha256};
 use sqlx::{Connection as _, PgPool};
 
@@ -169,14 +169,14 @@ async fn fill_queue(ch: &Channel, queue: &str, n: usize, streams: usize, dlx: &s
 async fn run_outboxd(url: &str, queue: &str, n: usize, batch: usize) -> f64 {
     let store = outboxd::store::open(url).await.unwrap();
     let metrics = Metrics::new();
-    let states = Arc::new(SourceStates::default());
+    let statuses = Arc::new(Statuses::default());
     let ctx = SourceContext {
         store,
         routes: Arc::new(outboxd::ingest::routes::Router::new(None, Vec::new()).unwrap()),
         metrics: metrics.clone(),
         wake: Arc::new(tokio::sync::Notify::new()),
+        db_timeout: outboxd::config::DeliveryConfig::default().db_timeout,
         amqp: outboxd::plugin::amqp::AmqpPool::new(),
-        states,
     };
     let config: SourceConfig = toml::from_str(&format!(
         "kind = \"amqp\"\nurl = {:?}\nqueue = {queue:?}\nprefetch = {}\nbatch-size = {batch}\n\
@@ -192,7 +192,7 @@ async fn run_outboxd(url: &str, queue: &str, n: usize, batch: usize) -> f64 {
         outcome: "stored".into(),
     };
     let started = Instant::now();
-    let tasks = outboxd::sources::start(&sources, ctx, stop_rx);
+    let tasks = outboxd::sources::spawn_all(&sources, ctx, statuses, stop_rx);
     while (metrics.source_messages.get_or_create(&label).get() as usize) < n {
         tokio::time::sleep(Duration::from_millis(2)).await;
         assert!(

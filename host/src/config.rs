@@ -9,7 +9,6 @@
 //! Must never: read configuration anywhere else, or hold a duration as a bare
 //! integer of unknown unit (durations are `Duration`, written "30s", "5m").
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,9 +60,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Admin API settings.
     pub admin: AdminConfig,
-    /// Sources (`[sources.NAME]`, `kind = "amqp"`, ...): relays that take
-    /// events from an application's systems into the store.
-    pub sources: BTreeMap<String, crate::sources::SourceConfig>,
+    /// Sources outboxd pulls events from, by name (`[sources.NAME]`, with
+    /// `kind = "couchdb"`, ...). Default none.
+    pub sources: std::collections::BTreeMap<String, crate::sources::SourceConfig>,
 }
 
 /// The admin API (`/v1/admin/...`).
@@ -88,7 +87,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             log_format: LogFormat::Text,
             admin: AdminConfig::default(),
-            sources: BTreeMap::new(),
+            sources: Default::default(),
         }
     }
 }

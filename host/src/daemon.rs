@@ -107,7 +107,7 @@ impl Daemon {
         let known = plugins.known_sinks();
         for plugin in plugins.loaded.values() {
             admit(plugin, &known, config.delivery.lease).map_err(StartError::Config)?;
-            crate::sources::check_routes_apart(&config.sources, plugin.manifest())
+            crate::sources::amqp::check_routes_apart(&config.sources, plugin.manifest())
                 .map_err(StartError::Config)?;
         }
         let routes = Arc::new(Routes::new(config.routes.clone(), known)?);
@@ -151,11 +151,14 @@ impl Daemon {
             plugins,
             Box::new(move |plugin, known| {
                 admit(plugin, known, lease)?;
-                crate::sources::check_routes_apart(&source_configs, plugin.manifest())
+                crate::sources::amqp::check_routes_apart(&source_configs, plugin.manifest())
             }),
             Box::new(move |sink, current| {
                 if !sink_routes.add_sink(sink) {
-                    tracing::warn!(sink, "no route names this sink: it gets no events until the routes do");
+                    tracing::warn!(
+                        sink,
+                        "no route names this sink: it gets no events until the routes do"
+                    );
                 }
                 let task = tokio::spawn(crate::delivery::run_sink(
                     sink_shared.clone(),
@@ -169,17 +172,18 @@ impl Daemon {
         );
         tasks.push(registry.clone().watch(shutdown_rx.clone()));
 
-        let sources = Arc::new(crate::sources::SourceStates::default());
-        tasks.extend(crate::sources::start(
+        let sources = Arc::new(crate::sources::Statuses::default());
+        tasks.extend(crate::sources::spawn_all(
             &config.sources,
             crate::sources::SourceContext {
                 store: store.clone(),
                 routes: routes.clone(),
-                metrics: metrics.clone(),
                 wake: wake.clone(),
+                metrics: metrics.clone(),
+                db_timeout: config.delivery.db_timeout,
                 amqp: runtime.amqp().clone(),
-                states: sources.clone(),
             },
+            sources.clone(),
             shutdown_rx.clone(),
         ));
 
@@ -259,6 +263,24 @@ impl Daemon {
 /// ([`crate::delivery::minimum_lease`]) and its `after` must name another
 /// known sink. `Err` says what to change.
 fn admit(plugin: &Plugin, known: &[String], lease: std::time::Duration) -> Result<(), String> {
+    admit_lease(plugin, lease)?;
+    if let Some(after) = &plugin.manifest().after {
+        if !known.contains(after) || after == plugin.name() {
+            return Err(format!(
+                "sink {:?}: `after = {after:?}` names no other sink (known: {})",
+                plugin.name(),
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The lease half of [`admit`]: whether a daemon whose delivery lease is
+/// `lease` can serve `plugin`, whose deadline the lease must outlast
+/// ([`crate::delivery::minimum_lease`]). `Err` says which setting to
+/// change and to what. `outboxd plugin check` applies this same rule.
+pub fn admit_lease(plugin: &Plugin, lease: std::time::Duration) -> Result<(), String> {
     let deadline = plugin.manifest().limits.deadline;
     let needed = crate::delivery::minimum_lease(deadline);
     if lease < needed {
@@ -270,15 +292,6 @@ fn admit(plugin: &Plugin, known: &[String], lease: std::time::Duration) -> Resul
             humantime::format_duration(deadline),
             humantime::format_duration(needed),
         ));
-    }
-    if let Some(after) = &plugin.manifest().after {
-        if !known.contains(after) || after == plugin.name() {
-            return Err(format!(
-                "sink {:?}: `after = {after:?}` names no other sink (known: {})",
-                plugin.name(),
-                known.join(", ")
-            ));
-        }
     }
     Ok(())
 }

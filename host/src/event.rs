@@ -124,6 +124,110 @@ pub fn is_json_content_type(ct: Option<&str>) -> bool {
     }
 }
 
+/// The CloudEvents Integer range (CloudEvents 1.0 spec, "Type System":
+/// a whole number from -2,147,483,648 to +2,147,483,647, 32-bit signed).
+pub const CE_INTEGER_MIN: i64 = i32::MIN as i64;
+/// See [`CE_INTEGER_MIN`].
+pub const CE_INTEGER_MAX: i64 = i32::MAX as i64;
+
+/// A `token` character of a media type (RFC 2045 §5.1, as RFC 7230 §3.2.6
+/// lists them): visible ASCII except separators.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(is_tchar)
+}
+
+/// Check that `s` is a media type as RFC 2046 §1 / RFC 2045 §5.1 write it:
+/// `type "/" subtype *( OWS ";" OWS name "=" ( token / quoted-string ) )`.
+/// The error says what is wrong, for `datacontenttype`.
+pub fn check_media_type(s: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "must be a media type (RFC 2046) such as \"application/json\" or \"text/plain; charset=utf-8\", got {s:?}: {why}"
+        ))
+    };
+    let (essence, mut rest) = match s.find(';') {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, ""),
+    };
+    let Some((ty, subtype)) = essence.trim_end().split_once('/') else {
+        return bad("no \"/\" between type and subtype");
+    };
+    if !is_token(ty) || !is_token(subtype) {
+        return bad("type and subtype must be non-empty tokens");
+    }
+    while !rest.is_empty() {
+        // `rest` starts with ';' here.
+        rest = rest[1..].trim_start_matches([' ', '\t']);
+        let Some(eq) = rest.find('=') else {
+            return bad("a parameter has no \"=\"");
+        };
+        if !is_token(&rest[..eq]) {
+            return bad("a parameter name must be a token");
+        }
+        rest = &rest[eq + 1..];
+        if let Some(quoted) = rest.strip_prefix('"') {
+            // quoted-string: up to the closing quote; `\` escapes one byte.
+            let bytes = quoted.as_bytes();
+            let mut i = 0;
+            let mut closed = None;
+            while i < bytes.len() {
+                match bytes[i] {
+                    b'\\' => i += 2,
+                    b'"' => {
+                        closed = Some(i);
+                        break;
+                    }
+                    _ => i += 1,
+                }
+            }
+            let Some(end) = closed else {
+                return bad("a quoted parameter value is not closed");
+            };
+            rest = &quoted[end + 1..];
+        } else {
+            let end = rest.find([';', ' ', '\t']).unwrap_or(rest.len());
+            if !is_token(&rest[..end]) {
+                return bad("a parameter value must be a token or a quoted string");
+            }
+            rest = &rest[end..];
+        }
+        rest = rest.trim_start_matches([' ', '\t']);
+        if !rest.is_empty() && !rest.starts_with(';') {
+            return bad("parameters are separated by \";\"");
+        }
+    }
+    Ok(())
+}
+
+/// Check that `s` is an absolute URI (RFC 3986 §4.3): a scheme (a letter,
+/// then letters, digits, `+`, `-`, `.`), `:`, and no whitespace or control
+/// characters.
+fn check_uri(s: &str) -> Result<(), String> {
+    let scheme = &s[..s.find(':').unwrap_or(0)];
+    let scheme_ok = scheme
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic())
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.');
+    if !scheme_ok {
+        return Err(format!(
+            "must be an absolute URI (RFC 3986) such as \"https://example.com/schema.json\", got {s:?}"
+        ));
+    }
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "must be a URI (RFC 3986) without spaces or control characters, got {s:?}"
+        ));
+    }
+    Ok(())
+}
+
 fn text_attr(name: &str, raw: &RawValue, max: usize) -> Result<String, EventError> {
     let value: String =
         serde_json::from_str(raw.get()).map_err(|_| err(name, "must be a JSON string"))?;
@@ -168,6 +272,13 @@ impl NewEvent {
             }
         };
 
+        // The attribute table of the CloudEvents 1.0 spec ("Context
+        // Attributes"), rule by rule. The JSON format (json-format.md §2.2,
+        // "Type System Mapping") carries String, URI, URI-reference and
+        // Timestamp as JSON strings, Integer as a JSON number, Boolean as
+        // true/false; `null` for an OPTIONAL attribute means absent.
+
+        // specversion: REQUIRED, String, non-empty; this is 1.0.
         let specversion = text_attr("specversion", required("specversion")?, 16)?;
         if specversion != "1.0" {
             return Err(err(
@@ -175,26 +286,62 @@ impl NewEvent {
                 format!("must be \"1.0\", got {specversion:?}"),
             ));
         }
+        // id: REQUIRED, String, non-empty ("REQUIRED Attributes").
         let id = text_attr("id", required("id")?, MAX_ID_BYTES)?;
         if id.is_empty() {
             return Err(err("id", "must not be empty"));
         }
+        // source: REQUIRED, URI-reference, non-empty ("REQUIRED
+        // Attributes"). A relative reference is allowed: no scheme needed.
         let source = text_attr("source", required("source")?, MAX_ATTRIBUTE_BYTES)?;
         if source.is_empty() {
             return Err(err("source", "must not be empty"));
         }
+        // type: REQUIRED, String, non-empty ("REQUIRED Attributes").
         let ty = text_attr("type", required("type")?, MAX_ATTRIBUTE_BYTES)?;
         if ty.is_empty() {
             return Err(err("type", "must not be empty"));
         }
+        // subject: OPTIONAL, String, non-empty when present ("OPTIONAL
+        // Attributes"), whatever the stream key is.
         let subject = optional_text("subject")?;
+        if subject.as_deref() == Some("") {
+            return Err(err(
+                "subject",
+                "must not be empty when present (CloudEvents 1.0, subject); leave it out instead",
+            ));
+        }
+        // time: OPTIONAL, Timestamp, RFC 3339 ("Type System"): seconds, and
+        // `Z` or a `±hh:mm` offset with hours 00–23.
         let time = optional_text("time")?;
         if let Some(t) = &time {
             time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
                 .map_err(|_| err("time", format!("must be an RFC 3339 timestamp, got {t:?}")))?;
         }
+        // datacontenttype: OPTIONAL, String per RFC 2046, non-empty when
+        // present ("OPTIONAL Attributes").
         let datacontenttype = optional_text("datacontenttype")?;
+        if let Some(ct) = &datacontenttype {
+            if ct.is_empty() {
+                return Err(err(
+                    "datacontenttype",
+                    "must not be empty when present (CloudEvents 1.0, datacontenttype); leave it out for JSON data",
+                ));
+            }
+            check_media_type(ct).map_err(|problem| err("datacontenttype", problem))?;
+        }
+        // dataschema: OPTIONAL, URI (absolute), non-empty when present
+        // ("OPTIONAL Attributes").
         let dataschema = optional_text("dataschema")?;
+        if let Some(schema) = &dataschema {
+            if schema.is_empty() {
+                return Err(err(
+                    "dataschema",
+                    "must not be empty when present (CloudEvents 1.0, dataschema); leave it out instead",
+                ));
+            }
+            check_uri(schema).map_err(|problem| err("dataschema", problem))?;
+        }
 
         let mut partitionkey = None;
         let mut sequence = None;
@@ -203,10 +350,19 @@ impl NewEvent {
             match name.as_str() {
                 "specversion" | "id" | "source" | "type" | "subject" | "time"
                 | "datacontenttype" | "dataschema" | "data" | "data_base64" => {}
+                // partitionkey: the Partitioning extension (String), the
+                // stream key.
                 "partitionkey" => {
                     partitionkey = Some(text_attr("partitionkey", value, MAX_STREAM_BYTES)?)
                 }
+                // sequence: outboxd's own position in the stream, an
+                // integer or a string of digits from 1 to 2^63-1; not the
+                // CloudEvents Integer range.
                 "sequence" => sequence = Some(parse_sequence(value)?),
+                // Extension context attributes ("Extension Context
+                // Attributes"), named per "Attribute Naming Convention"
+                // (lower-case a-z and 0-9; 20 characters recommended, 64
+                // accepted here), typed by the type system.
                 _ => {
                     let field = format!("extensions.{name}");
                     if name.is_empty()
@@ -219,7 +375,23 @@ impl NewEvent {
                     }
                     let text = match serde_json::from_str::<serde_json::Value>(value.get()) {
                         Ok(serde_json::Value::String(s)) => s,
-                        Ok(serde_json::Value::Number(n)) => n.to_string(),
+                        // A JSON number is a CloudEvents Integer (json-format.md
+                        // §2.2): whole and 32-bit signed. There is no float type.
+                        Ok(serde_json::Value::Number(n)) => match n.as_i64() {
+                            Some(i) if (CE_INTEGER_MIN..=CE_INTEGER_MAX).contains(&i) => {
+                                i.to_string()
+                            }
+                            Some(_) => {
+                                return Err(err(&field, format!(
+                                    "{n} is outside the CloudEvents Integer range ({CE_INTEGER_MIN} to {CE_INTEGER_MAX}); send it as a string"
+                                )))
+                            }
+                            None => {
+                                return Err(err(&field, format!(
+                                    "{n} is not a whole number: a JSON number is a CloudEvents Integer (there is no float type); send it as a string"
+                                )))
+                            }
+                        },
                         Ok(serde_json::Value::Bool(b)) => b.to_string(),
                         Ok(serde_json::Value::Null) => continue,
                         _ => return Err(err(&field, "must be a string, number or boolean")),
@@ -382,8 +554,9 @@ fn parse_sequence(raw: &RawValue) -> Result<u64, EventError> {
     }
 }
 
-/// Parse a batch in the CloudEvents JSON batch format: a JSON array of
-/// events. Errors are prefixed with the item index (`[3].id: is required`).
+/// Parse a batch in the CloudEvents JSON batch format (json-format.md §4):
+/// a JSON array of events, possibly empty. Errors are prefixed with the
+/// item index (`[3].id: is required`).
 pub fn parse_batch(body: &[u8]) -> Result<Vec<NewEvent>, EventError> {
     let items: Vec<Box<RawValue>> = serde_json::from_slice(body)
         .map_err(|e| err("body", format!("is not a JSON array of events: {e}")))?;
@@ -516,6 +689,74 @@ mod tests {
             ev(r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"x":"a\u0000b"}}"#)
                 .unwrap();
         assert_eq!(ok.data, br#"{"x":"a\u0000b"}"#);
+    }
+
+    #[test]
+    fn media_types_follow_rfc_2046() {
+        for ok in [
+            "application/json",
+            "text/plain; charset=utf-8",
+            "application/cloudevents+json",
+            "multipart/form-data; boundary=\"a;b c\"",
+            "text/plain;charset=utf-8;format=flowed",
+        ] {
+            assert_eq!(check_media_type(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "xyz",
+            "",
+            "/json",
+            "application/",
+            "text plain/x",
+            "text/plain; charset",
+            "text/plain; =x",
+            "text/plain; a=\"open",
+            "text/plain; a=b c",
+        ] {
+            assert!(check_media_type(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The attribute table of the CloudEvents 1.0 spec, one case a rule.
+    #[test]
+    fn attribute_table_rules() {
+        let field = |extra: &str| {
+            ev(&format!(
+                "{{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"t\",{extra}}}"
+            ))
+            .err()
+            .map(|e| e.field)
+        };
+        let is =
+            |extra: &str, want: &str| assert_eq!(field(extra).as_deref(), Some(want), "{extra}");
+        let ok = |extra: &str| assert_eq!(field(extra), None, "{extra}");
+        is(r#""datacontenttype":"xyz""#, "datacontenttype");
+        is(r#""datacontenttype":"""#, "datacontenttype");
+        ok(r#""datacontenttype":"text/plain; charset=utf-8""#);
+        is(r#""dataschema":"""#, "dataschema");
+        is(r#""dataschema":"schema.json""#, "dataschema");
+        ok(r#""dataschema":"https://example.com/s.json""#);
+        is(r#""subject":"""#, "subject");
+        is(r#""partitionkey":"p","subject":"""#, "subject");
+        is(r#""ext":1.5"#, "extensions.ext");
+        is(r#""ext":2147483648"#, "extensions.ext");
+        is(r#""ext":-2147483649"#, "extensions.ext");
+        ok(r#""ext":2147483647"#);
+        ok(r#""ext":-2147483648"#);
+        ok(r#""ext":true"#);
+        ok(r#""sequence":4294967296"#);
+        is(r#""time":"2024-01-02T18:31Z""#, "time");
+        is(r#""time":"2024-01-02T18:31:00+25:00""#, "time");
+        is(r#""time":"2024-01-02T18:31:00+05""#, "time");
+        ok(r#""time":"2024-01-02T18:31:00+05:30""#);
+        // An empty value is named as such, not as a malformed one.
+        for empty in ["datacontenttype", "dataschema", "subject"] {
+            let e = ev(&format!(
+                "{{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"t\",\"{empty}\":\"\"}}"
+            ))
+            .unwrap_err();
+            assert!(e.problem.contains("must not be empty"), "{e}");
+        }
     }
 
     #[test]

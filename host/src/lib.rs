@@ -6,7 +6,7 @@
 //! Layering (data flows one way: producers → ingest → store ← delivery →
 //! plugin): the ground floor ([`config`], [`event`]) imports nothing of
 //! ours; [`store`] and [`plugin`] import only the ground floor; [`delivery`]
-//! and [`ingest`] sit above them, and [`sources`] beside ingest; [`ops`] and [`daemon`] sit on top.
+//! and [`ingest`] sit above them; [`ops`] and [`daemon`] sit on top.
 
 pub mod config;
 pub mod daemon;

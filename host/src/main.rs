@@ -1,4 +1,5 @@
-//! The `outboxd` command line: `run`, `migrate`, `plugin check`.
+//! The `outboxd` command line: `run`, `migrate`, `plugin check|wit|new|run`,
+//! and the admin commands.
 //!
 //! Owns: parsing flags into a partial configuration (flags win over the
 //! environment and the file, see [`outboxd::config`]), logging set-up, exit
@@ -144,6 +145,61 @@ enum PluginCommand {
         #[arg(long)]
         manifest: Option<PathBuf>,
     },
+    /// Write the WIT this binary speaks (`sink.wit`) into a folder.
+    Wit {
+        /// Folder to write into (created when missing).
+        #[arg(long, default_value = "wit")]
+        out: PathBuf,
+    },
+    /// Create a sink project outside this repository: WIT, build settings,
+    /// manifest, README and unit tests, ready to build into a component.
+    New {
+        /// Sink name (lower-case letters, digits, '-' and '_'); also the
+        /// project folder's name.
+        name: String,
+        /// Language of the project.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: NewLang,
+        /// Folder to create the project in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Run sample events through a plugin, as the daemon would (fresh
+    /// sandbox per batch, `init` then `deliver`, the manifest's grants and
+    /// limits), and print each outcome and the plugin's log lines. No
+    /// database, nothing retried.
+    Run {
+        /// The component (`.wasm`).
+        file: PathBuf,
+        /// Its manifest; default: the `.toml` beside it.
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        /// CloudEvents in the JSON format, one per line.
+        #[arg(long)]
+        events: PathBuf,
+        /// Lowest level of the plugin's log lines shown (RUST_LOG, when
+        /// set, wins).
+        #[arg(long, value_enum, default_value = "info")]
+        log_level: PluginLogLevel,
+    },
+}
+
+/// `plugin new --lang`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum NewLang {
+    Rust,
+    Js,
+    Python,
+}
+
+/// `plugin run --log-level`: the levels of the WIT's `log` interface.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PluginLogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
 }
 
 /// Flags that override configuration keys. Unset flags leave the key alone.
@@ -417,7 +473,84 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             command: PluginCommand::Check { file, manifest },
         } => {
             init_logging(LogFormat::Text);
-            Ok(outboxd::plugin::check::run(&file, manifest.as_deref()))
+            // The lease the daemon would run with: the same configuration
+            // (file, environment, flags) and the same admission rule.
+            let lease = Config::load(cli.config.as_deref(), flags)?.delivery.lease;
+            let admit = move |p: &outboxd::plugin::Plugin| outboxd::daemon::admit_lease(p, lease);
+            Ok(outboxd::plugin::check::run(&file, manifest.as_deref(), &admit).await)
+        }
+        Command::Plugin {
+            command: PluginCommand::Wit { out },
+        } => {
+            for file in outboxd::plugin::wit::write_to(&out)? {
+                println!("wrote {}", file.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin {
+            command: PluginCommand::New { name, lang, dir },
+        } => {
+            let lang = match lang {
+                NewLang::Rust => outboxd::plugin::scaffold::Lang::Rust,
+                NewLang::Js => outboxd::plugin::scaffold::Lang::Js,
+                NewLang::Python => outboxd::plugin::scaffold::Lang::Python,
+            };
+            let project = outboxd::plugin::scaffold::create(&name, lang, &dir)?;
+            let build = match lang {
+                outboxd::plugin::scaffold::Lang::Rust => {
+                    "cargo build --release --target wasm32-wasip2"
+                }
+                outboxd::plugin::scaffold::Lang::Js => "npm install && npm run build",
+                outboxd::plugin::scaffold::Lang::Python => "./build.sh",
+            };
+            println!(
+                "created {}: build it with `{build}` there (see its README.md)",
+                project.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin {
+            command:
+                PluginCommand::Run {
+                    file,
+                    manifest,
+                    events,
+                    log_level,
+                },
+        } => {
+            // The plugin's lines (logged by the runtime, tagged with the
+            // plugin's name) go to stdout among the outcomes.
+            let level = match log_level {
+                PluginLogLevel::Trace => "trace",
+                PluginLogLevel::Debug => "debug",
+                PluginLogLevel::Info => "info",
+                PluginLogLevel::Warn => "warn",
+                PluginLogLevel::Error => "error",
+            };
+            let filter =
+                tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new(format!(
+                        "warn,outboxd::plugin::runtime={level},wasmtime=warn,cranelift=warn"
+                    ))
+                });
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stdout)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+                .without_time()
+                .init();
+            let tally = outboxd::plugin::trial::run(
+                &file,
+                manifest.as_deref(),
+                &events,
+                &mut std::io::stdout(),
+            )
+            .await?;
+            Ok(if tally.failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }

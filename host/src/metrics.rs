@@ -68,18 +68,21 @@ pub struct PluginLabel {
     pub plugin: String,
 }
 
-/// Per source (`[sources.NAME]`) and outcome of a message it took:
-/// `consumed`, `stored`, `duplicate`, `dead_lettered`.
+/// Per configured source (`[sources.NAME]`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
+/// Per source and entry outcome: `relayed` (stored as a new event),
+/// `duplicate` (found again, already stored), `already_published`,
+/// `malformed`, `conflict` (its event id is stored with other content, or
+/// its sequence does not advance the stream). An `amqp` source's
+/// messages: `consumed`, `stored`, `duplicate`, `dead_lettered`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceOutcomeLabel {
     pub source: String,
     pub outcome: String,
-}
-
-/// Per source.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabel {
-    pub source: String,
 }
 
 fn latency_histogram() -> Histogram {
@@ -104,6 +107,9 @@ pub struct Metrics {
     pub plugin_quarantines: Family<PluginLabel, Counter>,
     pub plugin_loads: Family<PluginLabel, Counter>,
     pub plugin_load_failures: Family<PluginLabel, Counter>,
+    pub source_entries: Family<SourceOutcomeLabel, Counter>,
+    pub source_checkpoint_lag: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub source_oldest_pending_age: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// `outboxd_source_messages_total{source, outcome}`.
     pub source_messages: Family<SourceOutcomeLabel, Counter>,
     /// `outboxd_source_unacked{source}`: messages a source holds and has
@@ -130,6 +136,9 @@ impl Metrics {
             plugin_quarantines: Family::default(),
             plugin_loads: Family::default(),
             plugin_load_failures: Family::default(),
+            source_entries: Family::default(),
+            source_checkpoint_lag: Family::default(),
+            source_oldest_pending_age: Family::default(),
             source_messages: Family::default(),
             source_unacked: Family::default(),
             registry: Registry::default(),
@@ -201,6 +210,21 @@ impl Metrics {
             m.plugin_load_failures.clone(),
         );
         registry.register(
+            "source_entries",
+            "Outbox entries a source found, by source and outcome",
+            m.source_entries.clone(),
+        );
+        registry.register(
+            "source_checkpoint_lag_seconds",
+            "Time since a source's change feed was last caught up with its database",
+            m.source_checkpoint_lag.clone(),
+        );
+        registry.register(
+            "source_oldest_pending_age_seconds",
+            "Age of the oldest entry still pending in a source's database, as of its last scan",
+            m.source_oldest_pending_age.clone(),
+        );
+        registry.register(
             "source_messages",
             "Messages taken by a source, by source and outcome (consumed, stored, duplicate, dead_lettered)",
             m.source_messages.clone(),
@@ -241,6 +265,20 @@ impl Metrics {
     pub fn ingested(&self, outcome: &str, n: u64) {
         self.events_ingested
             .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// Count `n` entries of `source` with `outcome` (see
+    /// [`SourceOutcomeLabel`]).
+    pub fn source_entries(&self, source: &str, outcome: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.source_entries
+            .get_or_create(&SourceOutcomeLabel {
+                source: source.to_string(),
                 outcome: outcome.to_string(),
             })
             .inc_by(n);

@@ -4,6 +4,8 @@
 //! SQLite database and plugins folder.
 #![allow(dead_code)]
 
+pub mod couchdb;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -57,6 +59,24 @@ pub fn built_js_plugins() -> PathBuf {
                 .expect("run scripts/build-js-plugins.sh");
             assert!(status.success(), "building the JavaScript plugins failed");
             root.join("target/plugins-js")
+        })
+        .clone()
+}
+
+/// Build the sinks written in Python (`plugins/py-*`, once per test
+/// process, with componentize-py) and return the folder holding
+/// `<name>.wasm` and `<name>.toml`.
+pub fn built_py_plugins() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = repo_root();
+            let status = std::process::Command::new("bash")
+                .arg(root.join("scripts/build-py-plugins.sh"))
+                .status()
+                .expect("run scripts/build-py-plugins.sh");
+            assert!(status.success(), "building the Python plugins failed");
+            root.join("target/plugins-py")
         })
         .clone()
 }

@@ -28,7 +28,7 @@ use super::routes::Router as Routes;
 use crate::config::IngestConfig;
 use crate::event::{self, DataFormat, EventError};
 use crate::metrics::Metrics;
-use crate::store::{IngestError, IngestItem, Store};
+use crate::store::{IngestError, Store};
 
 /// What the ingest handlers need.
 #[derive(Clone)]
@@ -135,27 +135,22 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
             ),
         );
     }
+    // An empty batch is a valid batch (CloudEvents JSON format §4, "JSON
+    // Batch Format"): nothing to store, nothing stored.
     if batch && events.is_empty() {
-        return error(StatusCode::BAD_REQUEST, Some("body"), "batch is empty");
+        return (StatusCode::OK, Json(json!({ "events": [] }))).into_response();
     }
-    let items: Vec<IngestItem> = events
-        .into_iter()
-        .map(|event| {
-            let sinks = state.routes.sinks_for(&event);
-            IngestItem { event, sinks }
-        })
-        .collect();
-    match state.store.ingest(&items).await {
+    match super::submit(
+        &*state.store,
+        &state.routes,
+        &state.wake,
+        &state.metrics,
+        events,
+    )
+    .await
+    {
         Ok(results) => {
-            let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
-            state
-                .metrics
-                .ingested("stored", results.len() as u64 - duplicates);
-            state.metrics.ingested("duplicate", duplicates);
             let created = results.iter().any(|r| !r.duplicate);
-            if created {
-                state.wake.notify_waiters();
-            }
             let status = if created {
                 StatusCode::CREATED
             } else {

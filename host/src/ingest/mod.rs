@@ -1,10 +1,48 @@
 //! Ingest: events in from producers.
 //!
-//! Owns: the HTTP ingest and read API ([`http`]) and routing ([`routes`]).
-//! The acknowledgement is sent only after the store committed.
+//! Owns: the HTTP ingest and read API ([`http`]), routing ([`routes`]), and
+//! [`submit`], the one path by which events reach the store — the HTTP API
+//! and every configured source (`crate::sources`) go through it. The
+//! acknowledgement is sent only after the store committed.
 //!
 //! Must never: acknowledge before commit, store part of a refused request,
 //! or answer bad input with a 5xx.
 
 pub mod http;
 pub mod routes;
+
+use tokio::sync::Notify;
+
+use crate::event::NewEvent;
+use crate::metrics::Metrics;
+use crate::store::{IngestError, IngestItem, Ingested, Store};
+
+/// Route `events`, store them with their deliveries in one transaction
+/// (all or nothing, idempotent on id: see [`Store::ingest`]), count the
+/// stored and duplicate ones in `outboxd_events_ingested`, and wake the
+/// delivery loops when anything new was queued.
+///
+/// Errors: [`IngestError`] as the store reports it; nothing was stored.
+pub async fn submit(
+    store: &dyn Store,
+    routes: &routes::Router,
+    wake: &Notify,
+    metrics: &Metrics,
+    events: Vec<NewEvent>,
+) -> Result<Vec<Ingested>, IngestError> {
+    let items: Vec<IngestItem> = events
+        .into_iter()
+        .map(|event| {
+            let sinks = routes.sinks_for(&event);
+            IngestItem { event, sinks }
+        })
+        .collect();
+    let results = store.ingest(&items).await?;
+    let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
+    metrics.ingested("stored", results.len() as u64 - duplicates);
+    metrics.ingested("duplicate", duplicates);
+    if results.iter().any(|r| !r.duplicate) {
+        wake.notify_waiters();
+    }
+    Ok(results)
+}

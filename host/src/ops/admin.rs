@@ -269,7 +269,9 @@ pub async fn run_backfill(
     }
 }
 
-/// Every configured source with its status (ready, last error, last cycle).
+/// Every configured source with its status, as `/ready` shows it under
+/// `checks.sources.sources` ([`crate::sources::Statuses::snapshot`]).
 async fn list_sources(State(state): State<OpsState>) -> Response {
-    Json(json!({ "sources": state.sources.snapshot() })).into_response()
+    let (_, sources) = state.sources.snapshot();
+    Json(json!({ "sources": sources })).into_response()
 }

@@ -3,9 +3,8 @@
 //! Owns: `/health` (200 while the process serves and every delivery loop
 //! has finished a turn within its stale limit), `/ready` (database answers,
 //! no migration pending, every loop fresh *and* succeeding, plugins
-//! loaded, every source attached; with queue figures), `/metrics`
-//! (Prometheus text), and the admin API under `/v1/admin/` (bearer token
-//! when configured).
+//! loaded; with queue figures), `/metrics` (Prometheus text), and the
+//! admin API under `/v1/admin/` (bearer token when configured).
 //!
 //! Must never: run an unbounded query on a probe path — counts are capped
 //! and every store call has a short timeout, so a huge backlog cannot make
@@ -50,8 +49,8 @@ pub struct OpsState {
     pub amqp: crate::plugin::amqp::AmqpPool,
     /// The routing table (backfill routes past events with it).
     pub routes: Arc<crate::ingest::routes::Router>,
-    /// The configured sources' status (`[sources.NAME]`).
-    pub sources: Arc<crate::sources::SourceStates>,
+    /// The configured sources' status (readiness shows each).
+    pub sources: Arc<crate::sources::Statuses>,
 }
 
 /// The ops routes.
@@ -155,8 +154,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
     // for one sink's plugin would stop ingest for every sink (README,
     // Operations).
     let quarantined = state.quarantines.current();
-    let sources = state.sources.snapshot();
-    let sources_ok = sources.values().all(|s| s.ready);
+    let (sources_ok, sources) = state.sources.snapshot();
     let ok = database.is_ok()
         && migrations.is_ok()
         && workers_ok

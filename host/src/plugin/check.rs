@@ -2,24 +2,38 @@
 //! dropping a plugin in.
 //!
 //! Owns: printing a component's imports and exports, the verdict of the
-//! same checks the daemon makes at load, and — apart from that verdict —
-//! the manifest's `${VAR}` references this shell leaves unset, named as what
-//! the daemon will need in its environment at start.
+//! same checks the daemon makes — at load (the component against the world,
+//! the manifest's limits and grants), at start (the daemon's admission rule,
+//! handed in by the caller, e.g. the deadline against the configured lease),
+//! and at the first batch (`init` called in the sandbox with the resolved
+//! configuration) — and, apart from that verdict, the manifest's `${VAR}`
+//! references this shell leaves unset, named as what the daemon will need in
+//! its environment at start.
 //!
-//! Must never: run the plugin's code (nothing is instantiated).
+//! Must never: hand the plugin an event (`init` runs with an empty batch,
+//! exactly as the daemon's sandbox runs it), or count an `init` refusal
+//! caused by an unset `${VAR}` as the component's fault.
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use super::{compile_checked, Manifest, Runtime};
+use super::{compile_checked, Manifest, Plugin, Runtime, SinkFailure};
 
 /// Check `file` (with `manifest`, or the `.toml` beside it when present),
 /// print the report on stdout, and return the exit code: success when the
-/// component and its manifest pass the daemon's load checks. Unset
+/// component and its manifest pass the daemon's load checks, `admit` (the
+/// daemon's start-time rule for a loaded plugin, with the configured lease)
+/// accepts it, and `init` accepts the manifest's configuration. Unset
 /// environment variables the manifest refers to do not fail the check (they
 /// belong to the daemon's environment, not to the plugin); they are listed
-/// under `needs at start`.
-pub fn run(file: &Path, manifest: Option<&Path>) -> ExitCode {
+/// under `needs at start`, and an `init` refusal while a `config` value is
+/// unset is reported as a note, since the daemon would give `init` the
+/// value.
+pub async fn run(
+    file: &Path,
+    manifest: Option<&Path>,
+    admit: &dyn Fn(&Plugin) -> Result<(), String>,
+) -> ExitCode {
     let runtime = match Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -93,19 +107,44 @@ pub fn run(file: &Path, manifest: Option<&Path>) -> ExitCode {
             Err(e) => return refuse(e.to_string()),
         }
     };
-    match runtime.prepare(manifest, &component) {
-        Ok(_) => {
-            println!("verdict: ok (matches world outboxd:sink/sink)");
-            if !unresolved.is_empty() {
-                println!(
-                    "needs at start: the daemon refuses this manifest until its environment sets"
-                );
-                for u in &unresolved {
-                    println!("  {} (for {})", u.var, u.key);
-                }
-            }
-            ExitCode::SUCCESS
-        }
-        Err(reason) => refuse(reason),
+    let plugin = match runtime.prepare(manifest, &component) {
+        Ok(p) => p,
+        Err(reason) => return refuse(reason),
+    };
+    if let Err(reason) = admit(&plugin) {
+        return refuse(reason);
     }
+    let unset_config: Vec<&str> = unresolved
+        .iter()
+        .filter(|u| u.key.starts_with("config."))
+        .map(|u| u.key.as_str())
+        .collect();
+    // The daemon calls `init` at the start of every batch: an empty batch
+    // runs exactly that, in the same sandbox, and sends nothing.
+    match plugin.deliver(&[]).await {
+        Ok(_) => println!("init: ok (accepted the manifest's configuration)"),
+        Err(SinkFailure::Init(reason)) if !unset_config.is_empty() => println!(
+            "init: refused with {} left empty: {reason} (check again with the environment set)",
+            unset_config.join(", ")
+        ),
+        Err(SinkFailure::Init(reason)) => {
+            return refuse(format!(
+                "init refused the manifest's configuration: {reason} \
+                 (the daemon would fail every batch of this sink with it)"
+            ))
+        }
+        Err(trap) => {
+            return refuse(format!(
+                "init failed in the sandbox: {trap} (the daemon would fail every batch of this sink with it)"
+            ))
+        }
+    }
+    println!("verdict: ok (matches world outboxd:sink/sink)");
+    if !unresolved.is_empty() {
+        println!("needs at start: the daemon refuses this manifest until its environment sets");
+        for u in &unresolved {
+            println!("  {} (for {})", u.var, u.key);
+        }
+    }
+    ExitCode::SUCCESS
 }

@@ -663,7 +663,11 @@ mod tests {
             send(&mut hooks, &uri, None).await,
             Err(HttpError::HttpRequestDenied)
         ));
-        assert_eq!(seen.lock().unwrap().len(), 2, "the third request left the host");
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            2,
+            "the third request left the host"
+        );
     }
 
     #[tokio::test]
@@ -701,7 +705,11 @@ mod tests {
                 let (response, _) = Box::into_pin(hooks.send_request(request, None, fut))
                     .await
                     .unwrap();
-                response.into_body().collect().await.map(|b| b.to_bytes().len())
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes().len())
             }
         };
         assert_eq!(read(1 << 20).await.unwrap(), 64 << 10);

@@ -300,15 +300,16 @@ impl Manifest {
         if m.retry.factor < 1.0 || !m.retry.factor.is_finite() {
             return Err(invalid("retry.factor: must be at least 1".into()));
         }
-        let mut resolve = |key: String, value: &str, placeholder: &str| {
-            match (interpolate_checked(value), unresolved.as_deref_mut()) {
-                (Ok(v), _) => Ok(v),
-                (Err(Interpolation::Unset(var)), Some(list)) => {
-                    list.push(Unresolved { key, var });
-                    Ok(placeholder.to_string())
-                }
-                (Err(e), _) => Err(invalid(format!("{key}: {e}"))),
+        let mut resolve = |key: String, value: &str, placeholder: &str| match (
+            interpolate_checked(value),
+            unresolved.as_deref_mut(),
+        ) {
+            (Ok(v), _) => Ok(v),
+            (Err(Interpolation::Unset(var)), Some(list)) => {
+                list.push(Unresolved { key, var });
+                Ok(placeholder.to_string())
             }
+            (Err(e), _) => Err(invalid(format!("{key}: {e}"))),
         };
         for (key, value) in m.config.iter_mut() {
             *value = resolve(format!("config.{key}"), value, "")?;

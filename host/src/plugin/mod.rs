@@ -21,6 +21,9 @@ pub mod log_limit;
 pub mod manifest;
 pub mod registry;
 pub mod runtime;
+pub mod scaffold;
+pub mod trial;
+pub mod wit;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

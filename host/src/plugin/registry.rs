@@ -195,7 +195,10 @@ impl Registry {
     /// every file, and must not set itself off. A directory that cannot be
     /// watched is logged and left alone (plugins then change only with a
     /// restart).
-    pub fn watch(self: Arc<Registry>, shutdown: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+    pub fn watch(
+        self: Arc<Registry>,
+        shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
         use notify::Watcher;
         let (tx, rx) = mpsc::unbounded_channel();
         let watching = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
@@ -438,7 +441,9 @@ impl Registry {
         let reason = match name.as_ref().filter(|_| serving) {
             Some(sink) => {
                 tracing::error!(file = %file.display(), sink = %sink, "replacement refused, the running version keeps serving: {reason}");
-                format!("{reason} (replacement refused; the running version of {sink:?} keeps serving)")
+                format!(
+                    "{reason} (replacement refused; the running version of {sink:?} keeps serving)"
+                )
             }
             None => {
                 tracing::error!(file = %file.display(), "plugin refused: {reason}");

@@ -54,7 +54,7 @@ use lapin::{Channel, Confirmation, ExchangeKind};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::SourceContext;
+use super::{SourceConfig, SourceContext, StatusHandle};
 use crate::event::NewEvent;
 use crate::metrics::SourceLabel;
 use crate::plugin::amqp::redact_url;
@@ -336,6 +336,11 @@ fn exchange_kind(kind: &str) -> Option<ExchangeKind> {
     }
 }
 
+/// The readiness check of an `amqp` source: its consumer is registered on
+/// the queue (a replica waiting its turn under `x-single-active-consumer`
+/// is attached too).
+pub const CONSUMER_ATTACHED: &str = "consumer_attached";
+
 /// Run one session of source `name` until `shutdown` (then `Ok`) or a
 /// failure (`Err`, naming what failed; the supervisor starts again). The
 /// session's channel is closed at the end, so the broker requeues whatever
@@ -344,6 +349,7 @@ pub async fn run(
     name: &str,
     config: &AmqpSourceConfig,
     ctx: &SourceContext,
+    status: &StatusHandle,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let mapping = config.mapping().map_err(|(k, p)| format!("{k}: {p}"))?;
@@ -354,12 +360,17 @@ pub async fn run(
         name,
         config,
         ctx,
+        status,
         mapping,
         channel: channel.clone(),
         held: 0,
     };
     let result = session.consume(shutdown).await;
-    ctx.states.set_ready(name, false);
+    let detached = match &result {
+        Ok(()) => "stopped".to_string(),
+        Err(e) => e.clone(),
+    };
+    status.check(CONSUMER_ATTACHED, false, Some(detached), None);
     session.set_held(0);
     if channel.status().connected() {
         let _ = tokio::time::timeout(
@@ -387,6 +398,7 @@ struct Session<'a> {
     name: &'a str,
     config: &'a AmqpSourceConfig,
     ctx: &'a SourceContext,
+    status: &'a StatusHandle,
     mapping: Mapping,
     channel: Channel,
     /// Messages taken and not yet acknowledged or rejected.
@@ -525,8 +537,8 @@ impl Session<'_> {
             ),
         )
         .await?;
-        self.ctx.states.set_ready(self.name, true);
-        self.ctx.states.cycled(self.name);
+        self.status.check(CONSUMER_ATTACHED, true, None, None);
+        self.status.cycle();
         tracing::info!(source = %self.name, queue = %self.config.queue, "AMQP source consuming");
 
         let lost = |e: Option<lapin::Error>| match e {
@@ -604,7 +616,17 @@ impl Session<'_> {
         let (mut stored, mut duplicate) = (0u64, 0u64);
         while !mapped.is_empty() {
             let events: Vec<NewEvent> = mapped.iter().map(|(_, e)| e.clone()).collect();
-            match self.ctx.ingest(events).await {
+            let ctx = self.ctx;
+            let submitted =
+                crate::ingest::submit(&*ctx.store, &ctx.routes, &ctx.wake, &ctx.metrics, events)
+                    .await;
+            if matches!(
+                submitted,
+                Err(IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. })
+            ) {
+                ctx.metrics.ingested("conflict", 1);
+            }
+            match submitted {
                 Ok(results) => {
                     duplicate = results.iter().filter(|r| r.duplicate).count() as u64;
                     stored = results.len() as u64 - duplicate;
@@ -645,7 +667,7 @@ impl Session<'_> {
                         batch.len()
                     );
                     tracing::warn!(source = %self.name, retry_in = ?delay, "{error}");
-                    self.ctx.states.failed(self.name, error.clone());
+                    self.status.error(error.clone());
                     if !self.channel.status().connected() {
                         return Err(format!(
                             "{error}; the channel closed meanwhile, so the broker redelivers them"
@@ -683,7 +705,7 @@ impl Session<'_> {
         m.source_message(self.name, "duplicate", duplicate);
         m.source_message(self.name, "dead_lettered", poison.len() as u64);
         self.set_held(self.held.saturating_sub(batch.len()));
-        self.ctx.states.cycled(self.name);
+        self.status.cycle();
         Ok(Flow::Continue)
     }
 
@@ -772,6 +794,22 @@ fn truncate(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// Whether the sink of manifest `sink` keeps apart from every `amqp`
+/// source's ingress routes (called by the daemon for each sink it admits):
+/// `Err` names the sink, the source and the binding its published events
+/// could land on (see [`loops`]).
+pub fn check_routes_apart(
+    sources: &std::collections::BTreeMap<String, SourceConfig>,
+    sink: &crate::plugin::manifest::Manifest,
+) -> Result<(), String> {
+    for (name, config) in sources {
+        if let SourceConfig::Amqp(c) = config {
+            check_sink(name, c, sink)?;
+        }
+    }
+    Ok(())
 }
 
 /// Give the start-time check a shape the daemon can call: `Err` names the

@@ -1,51 +1,43 @@
-//! Sources: relays that take events from an application's own systems
-//! (a broker queue, an outbox in another database) and hand them to the
-//! store.
+//! Sources: relays that pull events out of an application's own outbox.
 //!
-//! Owns what every source needs and nothing kind-specific: the
-//! `[sources.NAME]` configuration dispatch ([`SourceConfig`], tagged by
-//! `kind`, one variant per kind, each variant's struct in its kind's file),
-//! starting each configured source as its own task supervised with backoff
-//! ([`start`]), the per-source status that `/ready` and the admin API show
-//! ([`SourceStates`]), and the one way a source stores events
-//! ([`SourceContext::ingest`]): the routes and the store's ingest path, as
-//! the HTTP ingest uses them (idempotent on id: same content → duplicate
-//! success, other content → conflict).
+//! Owns only what every source needs: the `[sources.NAME]` configuration
+//! dispatch ([`SourceConfig`], tagged by `kind = "..."`, one variant per
+//! kind, each variant's struct in its own file), starting each configured
+//! source as its own task supervised with backoff ([`spawn_all`]), and the
+//! per-source status (ready / last error / last cycle time / named checks)
+//! that `/ready` and `GET /v1/admin/sources` show ([`Statuses`]).
 //!
-//! Must never: write events or deliveries around the store's ingest path;
-//! let one source's failure (an error, a panic) stop the daemon or another
-//! source; acknowledge anything upstream before the store committed it (each
-//! kind keeps that rule in its own file).
+//! Each kind lives in `sources/<kind>.rs`. A source hands events to the
+//! store through [`crate::ingest::submit`], the path the HTTP ingest uses
+//! (idempotent on id), never by writing rows around it.
+//!
+//! Must never: let one source's failure stop the daemon or another source
+//! (each runs in its own task; an error is logged, shown, and retried after
+//! a backoff), or hold kind-specific logic here.
 
 pub mod amqp;
+pub mod couchdb;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use crate::event::NewEvent;
 use crate::ingest::routes::Router as Routes;
 use crate::metrics::Metrics;
-use crate::plugin::amqp::AmqpPool;
-use crate::store::{IngestError, IngestItem, Ingested, Store};
+use crate::store::Store;
 
-/// Wait before the first restart of a failed source; it doubles with each
-/// failure in a row, up to [`RESTART_BACKOFF_MAX`].
-pub const RESTART_BACKOFF_MIN: Duration = Duration::from_millis(200);
-/// Longest wait between two restarts of a failed source. A run that lasted
-/// longer than this counts as healthy: the next failure starts the backoff
-/// afresh.
-pub const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(10);
-
-/// One `[sources.NAME]` table: `kind` picks the variant.
+/// One `[sources.NAME]` table: `kind` picks the variant, the other keys are
+/// the kind's own (unknown keys are refused, naming the key).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum SourceConfig {
-    /// `kind = "amqp"`: consume a RabbitMQ queue ([`amqp`]).
+    /// Pending entries kept inside CouchDB documents ([`couchdb`]).
+    Couchdb(couchdb::CouchdbConfig),
+    /// Messages of a RabbitMQ queue ([`amqp`]).
     Amqp(amqp::AmqpSourceConfig),
 }
 
@@ -53,14 +45,16 @@ impl SourceConfig {
     /// The `kind` value.
     pub fn kind(&self) -> &'static str {
         match self {
+            SourceConfig::Couchdb(_) => "couchdb",
             SourceConfig::Amqp(_) => "amqp",
         }
     }
 
-    /// Check the values types alone cannot. `Err((key, problem))`, the key
-    /// relative to the table (`queue`, `bindings[0].exchange`).
+    /// Check what types alone cannot. `Err((key, problem))` names the key
+    /// under `sources.NAME.`.
     pub fn validate(&self) -> Result<(), (String, String)> {
         match self {
+            SourceConfig::Couchdb(c) => c.validate(),
             SourceConfig::Amqp(c) => c.validate(),
         }
     }
@@ -69,244 +63,254 @@ impl SourceConfig {
     /// for `outboxd config show`.
     pub fn redacted(&self) -> SourceConfig {
         match self {
+            SourceConfig::Couchdb(c) => SourceConfig::Couchdb(c.clone()), // credentials are env names
             SourceConfig::Amqp(c) => SourceConfig::Amqp(c.redacted()),
         }
     }
 }
 
-/// Whether the sink of manifest `sink` keeps apart from every source's
-/// ingress routes: `Err` names the sink, the source and the binding its
-/// published events could land on (see [`amqp::loops`]).
-pub fn check_routes_apart(
-    sources: &BTreeMap<String, SourceConfig>,
-    sink: &crate::plugin::manifest::Manifest,
-) -> Result<(), String> {
-    for (name, config) in sources {
-        match config {
-            SourceConfig::Amqp(c) => amqp::check_sink(name, c, sink)?,
-        }
-    }
-    Ok(())
-}
+/// First wait after a source's run failed; doubles per failure in a row up
+/// to [`BACKOFF_MAX`].
+pub const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+/// Longest wait between two runs of a failing source.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A run that lasted this long before failing resets the backoff.
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
-/// What a running source uses: the store's ingest path and the host's
-/// shared connections.
+/// What a running source may use: the ingest path and the metrics.
 #[derive(Clone)]
 pub struct SourceContext {
     pub store: Arc<dyn Store>,
     pub routes: Arc<Routes>,
-    pub metrics: Arc<Metrics>,
-    /// Woken after a commit that queued deliveries.
+    /// Woken after an ingest that queued deliveries.
     pub wake: Arc<Notify>,
-    /// The host's AMQP connections (shared with the plugins).
-    pub amqp: AmqpPool,
-    pub states: Arc<SourceStates>,
+    pub metrics: Arc<Metrics>,
+    /// Timeout of each store call a source makes.
+    pub db_timeout: Duration,
+    /// The host's AMQP connections, shared with the plugins.
+    pub amqp: crate::plugin::amqp::AmqpPool,
 }
 
-impl SourceContext {
-    /// Store `events` in one transaction through the store's ingest path,
-    /// routed as HTTP ingest routes them, and count the outcome in
-    /// `outboxd_events_ingested_total`. All or nothing: on `Err` nothing of
-    /// `events` was stored (a conflict names the item by index).
-    pub async fn ingest(&self, events: Vec<NewEvent>) -> Result<Vec<Ingested>, IngestError> {
-        let items: Vec<IngestItem> = events
-            .into_iter()
-            .map(|event| {
-                let sinks = self.routes.sinks_for(&event);
-                IngestItem { event, sinks }
-            })
-            .collect();
-        match self.store.ingest(&items).await {
-            Ok(results) => {
-                let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
-                self.metrics
-                    .ingested("stored", results.len() as u64 - duplicates);
-                self.metrics.ingested("duplicate", duplicates);
-                if results.iter().any(|r| !r.duplicate) {
-                    self.wake.notify_waiters();
-                }
-                Ok(results)
-            }
-            Err(e) => {
-                if matches!(
-                    e,
-                    IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. }
-                ) {
-                    self.metrics.ingested("conflict", 1);
-                }
-                Err(e)
-            }
-        }
-    }
-}
-
-/// What `/ready` and `GET /v1/admin/sources` show of one source.
-#[derive(Debug, Clone, Serialize)]
-pub struct SourceStatus {
-    /// The `kind` of its configuration.
-    pub kind: String,
-    /// Attached to its upstream and taking events (an `amqp` source: its
-    /// consumer is registered on the queue).
-    pub ready: bool,
-    /// The last failure (connect, declare, store), cleared by the next
-    /// successful cycle.
-    pub last_error: Option<String>,
-    /// Time since the source last finished a cycle (a batch stored and
-    /// acknowledged), ms; `None` before the first.
-    pub last_cycle_age_ms: Option<u64>,
-    /// Times the source was started again after a failure.
-    pub restarts: u64,
-}
-
+/// A named readiness check of one source (e.g. `couchdb_reachable`).
 #[derive(Debug, Clone)]
-struct State {
-    kind: String,
-    ready: bool,
+struct Check {
+    ok: bool,
+    detail: Option<String>,
+    at: Instant,
+    /// The check turns not-ok when not renewed within this long.
+    stale_after: Option<Duration>,
+}
+
+/// The state of one source.
+#[derive(Debug, Clone)]
+struct SourceStatus {
+    kind: &'static str,
     last_error: Option<String>,
-    last_cycle: Option<Instant>,
+    last_cycle_at: Option<SystemTime>,
+    checks: BTreeMap<String, Check>,
+    /// Runs started again after a failure.
     restarts: u64,
 }
 
-/// The status of every configured source, by name.
+/// The status of every configured source, shared with `/ready`.
 #[derive(Debug, Default)]
-pub struct SourceStates {
-    states: Mutex<BTreeMap<String, State>>,
+pub struct Statuses {
+    inner: Mutex<BTreeMap<String, SourceStatus>>,
 }
 
-impl SourceStates {
-    fn with<R>(&self, name: &str, f: impl FnOnce(&mut State) -> R) -> Option<R> {
-        let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
-        states.get_mut(name).map(f)
+impl Statuses {
+    fn with<R>(&self, name: &str, f: impl FnOnce(&mut SourceStatus) -> R) -> Option<R> {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.get_mut(name).map(f)
     }
 
-    /// Start tracking source `name` of `kind` (not ready).
-    pub fn register(&self, name: &str, kind: &str) {
-        self.states
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                name.to_string(),
-                State {
-                    kind: kind.to_string(),
-                    ready: false,
-                    last_error: None,
-                    last_cycle: None,
-                    restarts: 0,
+    /// Every source as JSON (`ok`, `kind`, `last_error`, `last_cycle_at_ms`,
+    /// `restarts`, `checks`), and whether all are ready. A source is ready when its
+    /// last run has no error and every check is ok and fresh.
+    pub fn snapshot(&self) -> (bool, serde_json::Value) {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all_ok = true;
+        let mut out = serde_json::Map::new();
+        for (name, s) in map.iter() {
+            let mut ok = s.last_error.is_none();
+            let mut checks = serde_json::Map::new();
+            for (check, c) in &s.checks {
+                let age = c.at.elapsed();
+                let fresh = c.stale_after.is_none_or(|limit| age <= limit);
+                let check_ok = c.ok && fresh;
+                ok &= check_ok;
+                let mut v = serde_json::json!({ "ok": check_ok, "age_ms": age.as_millis() as u64 });
+                if let Some(d) = &c.detail {
+                    v["detail"] = serde_json::json!(d);
+                } else if !fresh {
+                    v["detail"] = serde_json::json!(format!(
+                        "not renewed for {:.0?} (limit {:?})",
+                        age,
+                        c.stale_after.unwrap_or_default()
+                    ));
+                }
+                checks.insert(check.clone(), v);
+            }
+            if s.checks.is_empty() {
+                ok = false; // not started yet
+            }
+            all_ok &= ok;
+            out.insert(
+                name.clone(),
+                serde_json::json!({
+                    "ok": ok,
+                    "kind": s.kind,
+                    "last_error": s.last_error,
+                    "last_cycle_at_ms": s.last_cycle_at
+                        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                        .map(|d| d.as_millis() as u64),
+                    "restarts": s.restarts,
+                    "checks": checks,
+                }),
+            );
+        }
+        (all_ok, serde_json::Value::Object(out))
+    }
+}
+
+/// One source's handle on its own status.
+#[derive(Clone)]
+pub struct StatusHandle {
+    name: String,
+    statuses: Arc<Statuses>,
+}
+
+impl StatusHandle {
+    /// Set check `check`; with `stale_after`, it turns not-ok unless set
+    /// again within that time.
+    pub fn check(
+        &self,
+        check: &str,
+        ok: bool,
+        detail: Option<String>,
+        stale_after: Option<Duration>,
+    ) {
+        self.statuses.with(&self.name, |s| {
+            s.checks.insert(
+                check.to_string(),
+                Check {
+                    ok,
+                    detail,
+                    at: Instant::now(),
+                    stale_after,
                 },
             );
+        });
     }
 
-    /// The source is (or is no longer) attached to its upstream.
-    pub fn set_ready(&self, name: &str, ready: bool) {
-        self.with(name, |s| s.ready = ready);
-    }
-
-    /// Record a failure; the source stays as ready as it was.
-    pub fn failed(&self, name: &str, error: String) {
-        self.with(name, |s| s.last_error = Some(error));
-    }
-
-    /// A cycle finished well: clears the last error.
-    pub fn cycled(&self, name: &str) {
-        self.with(name, |s| {
-            s.last_cycle = Some(Instant::now());
+    /// A cycle (a poll, a scan page) finished without error.
+    pub fn cycle(&self) {
+        self.statuses.with(&self.name, |s| {
+            s.last_cycle_at = Some(SystemTime::now());
             s.last_error = None;
         });
     }
 
-    fn restarted(&self, name: &str) {
-        self.with(name, |s| {
-            s.restarts += 1;
-            s.ready = false;
-        });
+    /// Record a failure the source retries by itself (the run goes on);
+    /// the next [`cycle`](Self::cycle) clears it.
+    pub fn error(&self, error: String) {
+        self.statuses
+            .with(&self.name, |s| s.last_error = Some(error));
     }
 
-    /// Every source's status, by name.
-    pub fn snapshot(&self) -> BTreeMap<String, SourceStatus> {
-        self.states
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|(name, s)| {
-                (
-                    name.clone(),
-                    SourceStatus {
-                        kind: s.kind.clone(),
-                        ready: s.ready,
-                        last_error: s.last_error.clone(),
-                        last_cycle_age_ms: s.last_cycle.map(|t| t.elapsed().as_millis() as u64),
-                        restarts: s.restarts,
-                    },
-                )
-            })
-            .collect()
+    fn restarted(&self) {
+        self.statuses.with(&self.name, |s| s.restarts += 1);
     }
 }
 
-/// Start every configured source as its own supervised task. Each runs
-/// until `shutdown` turns true; a run that fails (or panics) is started
-/// again after a backoff, and never affects another source.
-pub fn start(
+/// Register and start every configured source, each in its own task that
+/// runs it again after a failure or a panic (backoff [`BACKOFF_INITIAL`] doubling to
+/// [`BACKOFF_MAX`]), until `shutdown` turns true.
+pub fn spawn_all(
     sources: &BTreeMap<String, SourceConfig>,
     ctx: SourceContext,
+    statuses: Arc<Statuses>,
     shutdown: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
-    sources
-        .iter()
-        .map(|(name, config)| {
-            ctx.states.register(name, config.kind());
-            tokio::spawn(supervise(
+    let mut tasks = Vec::new();
+    for (name, config) in sources {
+        statuses
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
                 name.clone(),
-                config.clone(),
-                ctx.clone(),
-                shutdown.clone(),
-            ))
-        })
-        .collect()
+                SourceStatus {
+                    kind: config.kind(),
+                    last_error: None,
+                    last_cycle_at: None,
+                    checks: BTreeMap::new(),
+                    restarts: 0,
+                },
+            );
+        let status = StatusHandle {
+            name: name.clone(),
+            statuses: statuses.clone(),
+        };
+        tasks.push(tokio::spawn(supervise(
+            name.clone(),
+            config.clone(),
+            ctx.clone(),
+            status,
+            shutdown.clone(),
+        )));
+    }
+    tasks
 }
 
-/// Run one source until shutdown, restarting it with backoff.
 async fn supervise(
     name: String,
     config: SourceConfig,
     ctx: SourceContext,
+    status: StatusHandle,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut failures: u32 = 0;
+    let mut backoff = BACKOFF_INITIAL;
     loop {
         if *shutdown.borrow() {
             return;
         }
         let started = Instant::now();
+        // Each run in a task of its own, so a panic is a failure like any
+        // other: shown, and run again after the backoff.
         let run = {
-            let (name, ctx, shutdown) = (name.clone(), ctx.clone(), shutdown.clone());
-            let config = config.clone();
+            let (name, config, ctx, status) =
+                (name.clone(), config.clone(), ctx.clone(), status.clone());
+            let shutdown = shutdown.clone();
             tokio::spawn(async move {
-                match config {
-                    SourceConfig::Amqp(c) => amqp::run(&name, &c, &ctx, shutdown).await,
+                match &config {
+                    SourceConfig::Couchdb(c) => couchdb::run(&name, c, &ctx, &status, shutdown)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    SourceConfig::Amqp(c) => amqp::run(&name, c, &ctx, &status, shutdown).await,
                 }
             })
         };
-        let error = match run.await {
-            Ok(Ok(())) => return, // stopped by shutdown
-            Ok(Err(e)) => e,
-            Err(e) if e.is_panic() => format!("source task panicked: {e}"),
-            Err(e) => format!("source task ended: {e}"),
+        let result = match run.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => Err(format!("source task panicked: {e}")),
+            Err(e) => Err(format!("source task ended: {e}")),
         };
-        ctx.states.set_ready(&name, false);
-        ctx.states.failed(&name, error.clone());
-        if started.elapsed() > RESTART_BACKOFF_MAX {
-            failures = 0;
+        match result {
+            Ok(()) => return, // shutdown
+            Err(error) => {
+                if started.elapsed() >= BACKOFF_RESET_AFTER {
+                    backoff = BACKOFF_INITIAL;
+                }
+                tracing::warn!(source = %name, kind = config.kind(), retry_in = ?backoff, "source failed: {error}");
+                status.error(error);
+            }
         }
-        failures += 1;
-        let backoff = RESTART_BACKOFF_MIN
-            .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))
-            .min(RESTART_BACKOFF_MAX);
-        tracing::warn!(source = %name, failures, retry_in = ?backoff, "source failed: {error}");
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.changed() => return,
         }
-        ctx.states.restarted(&name);
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+        status.restarted();
     }
 }

@@ -251,7 +251,9 @@ pub trait Store: Send + Sync + 'static {
         lease_token: &str,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
-        let kept = self.finish_many(&[(delivery_id, lease_token, finish)]).await?;
+        let kept = self
+            .finish_many(&[(delivery_id, lease_token, finish)])
+            .await?;
         Ok(kept.first().copied().unwrap_or(false))
     }
 
@@ -331,6 +333,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Check that the database answers.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// The checkpoint source `source` (a `[sources.NAME]` name) last saved,
+    /// as it saved it; `None` before its first save. A checkpoint is a
+    /// shortcut for where to resume, never a reason to skip work.
+    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError>;
+
+    /// Save `checkpoint` as source `source`'s, replacing the previous one.
+    async fn save_source_checkpoint(
+        &self,
+        source: &str,
+        checkpoint: &str,
+    ) -> Result<(), StoreError>;
 }
 
 /// Open the store named by a database URL: `postgres://…` /
@@ -411,7 +425,10 @@ pub(crate) fn assemble_claims(
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         let event = events.get(&row.event_id).cloned().ok_or_else(|| {
-            StoreError::Corrupt(format!("delivery refers to missing event {:?}", row.event_id))
+            StoreError::Corrupt(format!(
+                "delivery refers to missing event {:?}",
+                row.event_id
+            ))
         })?;
         claimed.push(Claimed {
             delivery_id: row.delivery_id,
@@ -526,7 +543,15 @@ where
 
 /// A dead letter as both stores select it: event id, sink, stream,
 /// sequence, attempts, last error, finished at (Unix ms).
-pub(crate) type DeadRow = (String, String, String, i64, i64, Option<String>, Option<i64>);
+pub(crate) type DeadRow = (
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    Option<String>,
+    Option<i64>,
+);
 
 /// [`DeadRow`]s as [`DeadLetter`]s.
 pub(crate) fn dead_letters(rows: Vec<DeadRow>) -> Vec<DeadLetter> {
@@ -551,7 +576,8 @@ pub(crate) fn fold_stats(
     ages: Vec<(String, i64)>,
     cap: u64,
 ) -> QueueStats {
-    let mut by_sink: std::collections::BTreeMap<String, SinkQueue> = std::collections::BTreeMap::new();
+    let mut by_sink: std::collections::BTreeMap<String, SinkQueue> =
+        std::collections::BTreeMap::new();
     let mut total = 0u64;
     for (sink, status, n) in rows {
         let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {

@@ -78,6 +78,16 @@ pub const MOVE_HEADS_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id,
                          ORDER BY sequence LIMIT 1) AS n \
      WHERE h.sink = m.sink AND h.stream = m.stream AND h.delivery_id = m.id";
 
+/// Of the deliveries `$1` (ids), those behind an undelivered earlier
+/// delivery of their (sink, stream): a pending one, or a dead letter
+/// blocking the head (due `infinity`).
+pub const BEHIND_EARLIER_SQL: &str = "SELECT c.id FROM outboxd.deliveries c WHERE c.id = ANY($1) AND ( \
+       EXISTS (SELECT 1 FROM outboxd.deliveries e WHERE e.sink = c.sink AND e.stream = c.stream \
+               AND e.status = 'pending' AND e.sequence < c.sequence) \
+       OR EXISTS (SELECT 1 FROM outboxd.heads h JOIN outboxd.deliveries hd ON hd.id = h.delivery_id \
+               WHERE h.sink = c.sink AND h.stream = c.stream AND h.due_at = 'infinity' \
+                 AND hd.sequence < c.sequence))";
+
 /// Point the head of (`$1` sink, `$2` stream) at its earliest live
 /// delivery (after a replay or a backfill added one that may sit before
 /// the current head).
@@ -130,7 +140,6 @@ const EVENT_COLUMNS: &str =
     "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
      producer_sequence, extensions, data, data_format, \
      (extract(epoch FROM ingested_at) * 1000)::bigint AS ingested_at_ms";
-
 
 /// True for errors after which the whole transaction may simply be re-run.
 fn is_retryable(e: &IngestError) -> bool {
@@ -231,7 +240,14 @@ impl NewRows {
         .bind(&self.routed)
         .execute(&mut **tx)
         .await?;
-        insert_deliveries(tx, &self.d_event, &self.d_sink, &self.d_stream, &self.d_sequence).await
+        insert_deliveries(
+            tx,
+            &self.d_event,
+            &self.d_sink,
+            &self.d_stream,
+            &self.d_sequence,
+        )
+        .await
     }
 }
 
@@ -794,8 +810,10 @@ impl Store for PgStore {
             .push(" FOR UPDATE) RETURNING id, sink, stream");
         let rows: Vec<(i64, String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
         let replayed: Vec<i64> = rows.iter().map(|r| r.0).collect();
-        let pairs: BTreeSet<(String, String)> =
-            rows.iter().map(|(_, sink, stream)| (stream.clone(), sink.clone())).collect();
+        let pairs: BTreeSet<(String, String)> = rows
+            .iter()
+            .map(|(_, sink, stream)| (stream.clone(), sink.clone()))
+            .collect();
         let streams: BTreeSet<String> = pairs.iter().map(|(stream, _)| stream.clone()).collect();
         lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
         // The replayed letter may sit before its stream's current head.
@@ -835,7 +853,8 @@ impl Store for PgStore {
                 .or_default()
                 .push(*id);
         }
-        let streams: BTreeSet<String> = by_stream.keys().map(|(stream, _)| stream.clone()).collect();
+        let streams: BTreeSet<String> =
+            by_stream.keys().map(|(stream, _)| stream.clone()).collect();
         lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
         for ((stream, sink), ids) in by_stream {
             let held = sqlx::query(
@@ -1007,6 +1026,31 @@ impl Store for PgStore {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
+
+    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT checkpoint FROM outboxd.source_checkpoints WHERE source = $1",
+        )
+        .bind(source)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn save_source_checkpoint(
+        &self,
+        source: &str,
+        checkpoint: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO outboxd.source_checkpoints (source, checkpoint, updated_at) VALUES ($1, $2, now()) \
+             ON CONFLICT (source) DO UPDATE SET checkpoint = EXCLUDED.checkpoint, updated_at = EXCLUDED.updated_at",
+        )
+        .bind(source)
+        .bind(checkpoint)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
 }
 
 fn push_dead_filter(q: &mut QueryBuilder<'_, Postgres>, f: &DeadFilter) {
@@ -1051,8 +1095,11 @@ async fn finish_batch(
     items: &[(i64, &str, &Finish)],
 ) -> Result<Vec<bool>, StoreError> {
     let mut kept = vec![false; items.len()];
-    let index: std::collections::HashMap<i64, usize> =
-        items.iter().enumerate().map(|(i, (id, _, _))| (*id, i)).collect();
+    let index: std::collections::HashMap<i64, usize> = items
+        .iter()
+        .enumerate()
+        .map(|(i, (id, _, _))| (*id, i))
+        .collect();
 
     let moving: Vec<i64> = items
         .iter()
@@ -1112,6 +1159,40 @@ async fn finish_batch(
         waiting.extend(rows);
     }
 
+    // A blocking dead letter must be its stream's first undelivered
+    // delivery (the delivered ones of this batch are already marked). When
+    // an earlier one is still pending or blocking (its lease was taken over
+    // after this batch was claimed, model/README.md `NO_BLOCK_HEAD_CHECK`),
+    // it is released to wait behind it instead.
+    let blocking_ids: Vec<i64> = items
+        .iter()
+        .filter(|(_, _, f)| {
+            matches!(
+                f,
+                Finish::Dead {
+                    blocks_stream: true,
+                    ..
+                }
+            )
+        })
+        .map(|(id, _, _)| *id)
+        .collect();
+    let mut rewritten: Vec<(i64, &str, &Finish)> = items.to_vec();
+    if !blocking_ids.is_empty() {
+        let behind: std::collections::HashSet<i64> = sqlx::query_scalar(BEHIND_EARLIER_SQL)
+            .bind(&blocking_ids)
+            .fetch_all(&mut **tx)
+            .await?
+            .into_iter()
+            .collect();
+        for item in rewritten.iter_mut() {
+            if behind.contains(&item.0) {
+                item.2 = &Finish::Release;
+            }
+        }
+    }
+    let items = &rewritten[..];
+
     let (ids, tokens, extra) = pick_with(items, |f| match f {
         Finish::Dead {
             reason,
@@ -1168,11 +1249,11 @@ async fn finish_batch(
     if !moved.is_empty() {
         let (ids, sinks, streams) = columns(&moved);
         sqlx::query(MOVE_HEADS_SQL)
-        .bind(&ids)
-        .bind(&sinks)
-        .bind(&streams)
-        .execute(&mut **tx)
-        .await?;
+            .bind(&ids)
+            .bind(&sinks)
+            .bind(&streams)
+            .execute(&mut **tx)
+            .await?;
         // Heads still on a finished delivery had no live one behind them.
         sqlx::query(
             "DELETE FROM outboxd.heads h USING unnest($1::bigint[], $2::text[], $3::text[]) AS m(id, sink, stream) \

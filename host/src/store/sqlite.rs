@@ -20,8 +20,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
     new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter, DeliveryInfo,
-    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError,
-    StoredEvent,
+    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError, StoredEvent,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -80,7 +79,6 @@ async fn now_ms(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
 const EVENT_COLUMNS: &str =
     "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
      producer_sequence, extensions, data, data_format, ingested_at AS ingested_at_ms";
-
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -533,13 +531,14 @@ impl Store for SqliteStore {
         // still holds the head: the stream moves on to its next live
         // delivery.
         for (sink, stream, id) in &rows {
-            let held = sqlx::query("DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?")
-                .bind(sink)
-                .bind(stream)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+            let held =
+                sqlx::query("DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?")
+                    .bind(sink)
+                    .bind(stream)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
             if held > 0 {
                 reset_head(&mut tx, sink, stream, &[]).await?;
             }
@@ -670,6 +669,31 @@ impl Store for SqliteStore {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
     }
+
+    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT checkpoint FROM source_checkpoints WHERE source = ?")
+                .bind(source)
+                .fetch_optional(&self.reader)
+                .await?,
+        )
+    }
+
+    async fn save_source_checkpoint(
+        &self,
+        source: &str,
+        checkpoint: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO source_checkpoints (source, checkpoint, updated_at) VALUES (?, ?, {NOW_MS}) \
+             ON CONFLICT (source) DO UPDATE SET checkpoint = excluded.checkpoint, updated_at = excluded.updated_at"
+        ))
+        .bind(source)
+        .bind(checkpoint)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
 }
 
 fn push_dead_filter(q: &mut QueryBuilder<'_, Sqlite>, f: &DeadFilter) {
@@ -741,13 +765,42 @@ async fn reset_head(
     Ok(())
 }
 
-/// One fenced finish inside `tx` (see [`Store::finish`]).
+/// True (for the delivery `c`) when an earlier delivery of its (sink,
+/// stream) is still undelivered: pending, or a dead letter blocking the
+/// head (`?` = [`BLOCKED`]).
+const BEHIND_EARLIER: &str = "EXISTS (SELECT 1 FROM deliveries e WHERE e.sink = c.sink AND e.stream = c.stream \
+       AND e.status = 'pending' AND e.sequence < c.sequence) \
+     OR EXISTS (SELECT 1 FROM heads h JOIN deliveries hd ON hd.id = h.delivery_id \
+       WHERE h.sink = c.sink AND h.stream = c.stream AND h.due_at = ? AND hd.sequence < c.sequence)";
+
+/// One fenced finish inside `tx` (see [`Store::finish`]). A blocking dead
+/// letter behind an undelivered earlier delivery is released instead.
 async fn finish_in(
     tx: &mut sqlx::Transaction<'_, Sqlite>,
     delivery_id: i64,
     lease_token: &str,
     finish: &Finish,
 ) -> Result<bool, StoreError> {
+    if let Finish::Dead {
+        blocks_stream: true,
+        ..
+    } = finish
+    {
+        // A blocking dead letter must be its stream's first undelivered
+        // delivery. When an earlier one is still pending or blocking (its
+        // lease was taken over after this batch was claimed, model/README.md
+        // `NO_BLOCK_HEAD_CHECK`), this one is released to wait behind it.
+        let behind: bool = sqlx::query_scalar(&format!(
+            "SELECT EXISTS (SELECT 1 FROM deliveries c WHERE c.id = ? AND ({BEHIND_EARLIER})) "
+        ))
+        .bind(delivery_id)
+        .bind(BLOCKED)
+        .fetch_one(&mut **tx)
+        .await?;
+        if behind {
+            return Box::pin(finish_in(tx, delivery_id, lease_token, &Finish::Release)).await;
+        }
+    }
     let now = now_ms(&mut **tx).await?;
     let fence = "WHERE id = ? AND lease_token = ? AND status = 'pending' RETURNING sink, stream, next_attempt_at";
     let (sql, reason) = match finish {

@@ -22,11 +22,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::bindings::outboxd::sink::amqp::{Message, PublishError};
-use crate::bindings::outboxd::sink::types::RetryInfo;
-use crate::bindings::{Event, Outcome};
 use crate::config::{Config, Ordering, Unroutable};
 use crate::message;
+use outboxd_sink::amqp::{Message, PublishError};
+use outboxd_sink::RetryInfo;
+use outboxd_sink::{Event, Outcome};
 
 /// Publishes every event of `batch` with `publish` (the host's
 /// `publish-batch`); `outcomes[i]` answers `batch[i]`.

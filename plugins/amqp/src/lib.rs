@@ -18,28 +18,20 @@ mod deliver;
 mod message;
 mod template;
 
-/// Bindings for the `outboxd:sink/sink` world, generated from `wit/` at the
-/// repository root.
-mod bindings {
-    wit_bindgen::generate!({
-        path: "../../wit",
-        world: "sink",
-    });
-}
+// The `outboxd:sink/sink` world's bindings come from the guest SDK
+// (`plugins/sdk`, crate `outboxd_sink`).
 
 use std::sync::{Mutex, PoisonError};
 
-use bindings::outboxd::sink::log::{log, Level};
-use bindings::outboxd::sink::types::RetryInfo;
-use bindings::{Event, Outcome};
 use config::Config;
+use outboxd_sink::{log, Event, Level, Outcome, RetryInfo};
 
 /// The configuration `init` accepted, for this instance's `deliver` call.
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
 
 struct Amqp;
 
-impl bindings::Guest for Amqp {
+impl outboxd_sink::Guest for Amqp {
     fn init(config: Vec<(String, String)>) -> Result<(), String> {
         let config = Config::parse(&config)?;
         *CONFIG.lock().unwrap_or_else(PoisonError::into_inner) = Some(config);
@@ -60,8 +52,7 @@ impl bindings::Guest for Amqp {
                 })
                 .collect();
         };
-        let outcomes =
-            deliver::deliver(config, &batch, bindings::outboxd::sink::amqp::publish_batch);
+        let outcomes = deliver::deliver(config, &batch, outboxd_sink::amqp::publish_batch);
         log(Level::Debug, &summary(&outcomes));
         outcomes
     }
@@ -83,4 +74,4 @@ fn summary(outcomes: &[Outcome]) -> String {
     )
 }
 
-bindings::export!(Amqp with_types_in bindings);
+outboxd_sink::export!(Amqp);

@@ -13,9 +13,9 @@
 //! and the `mandatory` flag, so an unroutable event comes back instead of
 //! being dropped.
 
-use crate::bindings::outboxd::sink::amqp::Message;
-use crate::bindings::Event;
 use crate::config::Config;
+use outboxd_sink::amqp::Message;
+use outboxd_sink::Event;
 
 /// Attributes this sink writes itself; an extension of the same name is
 /// skipped (the event's own field wins).

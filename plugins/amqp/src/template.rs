@@ -8,7 +8,7 @@
 //! for literal braces. An event that lacks an attribute the template needs
 //! cannot be routed as configured and is rejected.
 
-use crate::bindings::Event;
+use outboxd_sink::Event;
 
 /// A parsed template.
 #[derive(Clone, Debug, PartialEq, Eq)]

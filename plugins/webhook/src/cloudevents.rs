@@ -9,8 +9,8 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use hmac::Mac as _;
 
-use crate::bindings::Event;
 use crate::config::SigningKey;
+use outboxd_sink::Event;
 
 /// A header as `wasi:http/types.fields.from-list` takes it.
 pub type Header = (String, Vec<u8>);

@@ -13,12 +13,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use wasip2::io::poll::{self, Pollable};
 
-use crate::bindings::outboxd::sink::types::RetryInfo;
-use crate::bindings::{Event, Outcome};
 use crate::cloudevents;
 use crate::config::Config;
-use crate::outcome;
 use crate::send::{self, Progress, Request};
+use outboxd_sink::outcome;
+use outboxd_sink::RetryInfo;
+use outboxd_sink::{Event, Outcome};
 
 /// POSTs every event of `batch`; `outcomes[i]` answers `batch[i]`.
 pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {

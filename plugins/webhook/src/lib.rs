@@ -14,30 +14,24 @@
 mod cloudevents;
 mod config;
 mod deliver;
-mod outcome;
 mod send;
 
-/// Bindings for the `outboxd:sink/sink` world, generated from `wit/` at the
-/// repository root. WASI comes from the `wasip2` crate instead.
-mod bindings {
-    wit_bindgen::generate!({
-        path: "../../wit",
-        world: "sink",
-    });
-}
+/// The `outboxd:sink/sink` world's bindings and the outcome of an HTTP
+/// answer, from the guest SDK (`plugins/sdk`). WASI comes from the `wasip2`
+/// crate.
+use outboxd_sink::outcome;
 
 use std::sync::{Mutex, PoisonError};
 
-use bindings::outboxd::sink::log::{log, Level};
-use bindings::{Event, Outcome};
 use config::Config;
+use outboxd_sink::{log, Event, Level, Outcome};
 
 /// The configuration `init` accepted, for this instance's `deliver` call.
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
 
 struct Webhook;
 
-impl bindings::Guest for Webhook {
+impl outboxd_sink::Guest for Webhook {
     fn init(config: Vec<(String, String)>) -> Result<(), String> {
         let config = Config::parse(&config)?;
         *CONFIG.lock().unwrap_or_else(PoisonError::into_inner) = Some(config);
@@ -75,4 +69,4 @@ fn summary(outcomes: &[Outcome]) -> String {
     )
 }
 
-bindings::export!(Webhook with_types_in bindings);
+outboxd_sink::export!(Webhook);

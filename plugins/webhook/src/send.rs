@@ -28,10 +28,10 @@ use wasip2::http::types::{
 use wasip2::io::poll::Pollable;
 use wasip2::io::streams::{InputStream, OutputStream};
 
-use crate::bindings::Outcome;
 use crate::cloudevents::Header;
 use crate::config::{self, Config};
-use crate::outcome::{self, Class};
+use outboxd_sink::outcome::{self, Class};
+use outboxd_sink::Outcome;
 
 /// Most bytes of a response body read (and then discarded); the rest is left
 /// unread. Enough to drain a typical acknowledgement so the connection can be

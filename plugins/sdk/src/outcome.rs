@@ -1,5 +1,5 @@
-//! What a response or a transport error means for the event: delivered,
-//! retry (with the target's `Retry-After` hint) or reject.
+//! What an HTTP response or a transport error means for the event:
+//! delivered, retry (with the target's `Retry-After` hint) or reject.
 //!
 //! | answer                                   | outcome                                  |
 //! |------------------------------------------|------------------------------------------|
@@ -12,8 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use wasip2::http::types::ErrorCode;
 
-use crate::bindings::outboxd::sink::types::RetryInfo;
-use crate::bindings::Outcome;
+use crate::{Outcome, RetryInfo};
 
 /// Characters of the response body quoted in a reject reason.
 const REASON_BODY_CHARS: usize = 200;

@@ -1,0 +1,44 @@
+//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.0`, from the WIT in
+//! `wit/`).
+//!
+//! - The world's bindings under plain names: [`Event`], [`Outcome`],
+//!   [`RetryInfo`], [`Guest`], [`log()`] and [`Level`], the [`amqp`]
+//!   interface, and [`export!`] to export your sink.
+//! - [`http`]: one blocking request over `wasi:http/outgoing-handler` that
+//!   drops host resources in the order the host requires.
+//! - [`outcome`]: what an HTTP answer means — 2xx delivered; 408, 425, 429
+//!   and 5xx retry with the `Retry-After` hint (delta-seconds or HTTP-date);
+//!   anything else reject; a transport error retry, named.
+//!
+//! ```ignore
+//! struct MySink;
+//! impl outboxd_sink::Guest for MySink {
+//!     fn init(config: Vec<(String, String)>) -> Result<(), String> { Ok(()) }
+//!     fn deliver(batch: Vec<outboxd_sink::Event>) -> Vec<outboxd_sink::Outcome> {
+//!         batch.iter().map(|_| outboxd_sink::Outcome::Delivered).collect()
+//!     }
+//! }
+//! outboxd_sink::export!(MySink);
+//! ```
+//!
+//! Must never: hold state across batches (the host instantiates a sink
+//! afresh for each), or decide retries beyond one answer's meaning.
+
+/// Bindings generated from `wit/` for the world `outboxd:sink/sink`.
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "wit",
+        world: "sink",
+        pub_export_macro: true,
+        export_macro_name: "export",
+        default_bindings_module: "outboxd_sink::bindings",
+    });
+}
+
+pub mod http;
+pub mod outcome;
+
+pub use bindings::outboxd::sink::amqp;
+pub use bindings::outboxd::sink::log::{log, Level};
+pub use bindings::outboxd::sink::types::RetryInfo;
+pub use bindings::{export, Event, Guest, Outcome};
