@@ -34,6 +34,7 @@ use crate::store::Store;
 /// the kind's own (unknown keys are refused, naming the key).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
+#[allow(clippy::large_enum_variant)] // a few per process, read once at start
 pub enum SourceConfig {
     /// Pending entries kept inside CouchDB documents ([`couchdb`]).
     Couchdb(couchdb::CouchdbConfig),
