@@ -42,11 +42,11 @@ PG_BASE = ADMIN.rsplit("/", 1)[0]
 
 SIZES = {
     # n, streams, claim backlogs, memory backlog, seconds of memory run
-    "ci": dict(plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
+    "ci": dict(source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
                peer_timeout=60, latency_s=3),
-    "small": dict(plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
+    "small": dict(source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
                   memory_s=15, peer_timeout=120, latency_s=10),
-    "full": dict(plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
+    "full": dict(source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
                  plugin_n=20_000,
                  memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30),
 }
@@ -165,7 +165,8 @@ def build(ctx, args):
     if args.no_build:
         return
     cargo = ["cargo", "build", "-p", "outboxd", "--bin", "outboxd", "--example", "bench_http",
-             "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench"]
+             "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench",
+             "--example", "source_bench"]
     if ctx.profile == "release":
         cargo.insert(2, "--release")
     sh(cargo, cwd=ROOT)
@@ -402,6 +403,17 @@ def plugin_cost(ctx):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def source_cost(ctx):
+    """host/examples/source_bench.rs: the `amqp` source (consume, store
+    through the ingest path, ack after commit) against a plain lapin
+    consumer inserting the same rows with sqlx and acking after commit,
+    alternating rounds on the same broker and PostgreSQL."""
+    out = subprocess.run([ctx.example("source_bench"), "--messages", str(ctx.size["source_n"]),
+                          "--rounds", str(ctx.size["source_rounds"])],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def fill_backlog(url, n, streams):
     """n pending deliveries to `webhook` straight in SQL (what is measured is
     the daemon holding a backlog, not ingest)."""
@@ -601,6 +613,9 @@ def summarise(ctx):
         s["wasm noop / wasm webhook (e2e)"] = ratio(ps["noop"]["e2e_eps"], ps["webhook"]["e2e_eps"])
         if 1 in raw:
             s["wasm noop / raw_pipeline_1"] = ratio(ps["noop"]["e2e_eps"], raw[1]["pipeline_eps"])
+    sc = R.get("source_cost")
+    if sc:
+        s["amqp source / lapin + sqlx consumer"] = sc["ratio"]
     pc = R.get("plugin_cost")
     if pc:
         for row in pc["sizes"]:
@@ -693,6 +708,18 @@ def markdown(ctx):
         if 1 in raw:
             out.append(f"| raw-SQL pipeline (W=1, no sink) | {fmt(raw[1]['pipeline_eps'])} | "
                        f"{fmt(raw[1]['insert_eps'])} |")
+    sc = R.get("source_cost")
+    if sc:
+        out += ["", "## 4c. The amqp source against a plain consumer", "",
+                "`host/examples/source_bench.rs`: a queue pre-filled with "
+                f"{sc['messages']:,} persistent 256-byte JSON messages, consumed and stored in batches of "
+                f"{sc['batch']} (one transaction each, acknowledged after the commit) by outboxd's `amqp` source "
+                "and by a plain lapin consumer inserting the same rows with sqlx; medians of "
+                f"{sc['rounds']} alternating rounds.", "",
+                "| consumer | messages/s |", "|---|---|",
+                f"| outboxd `amqp` source | {fmt(sc['outboxd_msgs_per_s'])} |",
+                f"| lapin + sqlx | {fmt(sc['lapin_sqlx_msgs_per_s'])} |",
+                f"| **ratio** | **{sc['ratio']:.2f}** |"]
     pc = R.get("plugin_cost")
     if pc:
         out += ["", "## 4b. The plugin call against a native sink", "",
@@ -759,7 +786,7 @@ def main():
     ap.add_argument("--ci", action="store_true", help="tiny sizes, debug build, no peers")
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,plugincost,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,plugincost,source,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -811,6 +838,10 @@ def main():
             log("plugin call against a native sink")
             ctx.results["plugin_cost"] = plugin_cost(ctx)
             log(json.dumps(ctx.results["plugin_cost"]))
+        if "source" not in ctx.skip:
+            log("amqp source against a plain lapin + sqlx consumer")
+            ctx.results["source_cost"] = source_cost(ctx)
+            log(json.dumps(ctx.results["source_cost"]))
         if "claim" not in ctx.skip:
             log(f"claim cost at {ctx.size['claim']}")
             ctx.results["claim_cost"] = claim_cost(ctx)

@@ -107,6 +107,8 @@ impl Daemon {
         let known = plugins.known_sinks();
         for plugin in plugins.loaded.values() {
             admit(plugin, &known, config.delivery.lease).map_err(StartError::Config)?;
+            crate::sources::amqp::check_routes_apart(&config.sources, plugin.manifest())
+                .map_err(StartError::Config)?;
         }
         let routes = Arc::new(Routes::new(config.routes.clone(), known)?);
 
@@ -141,12 +143,16 @@ impl Daemon {
         let sink_shutdown = shutdown_rx.clone();
         let sink_routes = routes.clone();
         let sink_tasks: SinkTasks = Arc::default();
+        let source_configs = config.sources.clone();
         let spawned = sink_tasks.clone();
         let registry = Registry::new(
             runtime.clone(),
             &config.plugins_dir,
             plugins,
-            Box::new(move |plugin, known| admit(plugin, known, lease)),
+            Box::new(move |plugin, known| {
+                admit(plugin, known, lease)?;
+                crate::sources::amqp::check_routes_apart(&source_configs, plugin.manifest())
+            }),
             Box::new(move |sink, current| {
                 if !sink_routes.add_sink(sink) {
                     tracing::warn!(
@@ -175,6 +181,7 @@ impl Daemon {
                 wake: wake.clone(),
                 metrics: metrics.clone(),
                 db_timeout: config.delivery.db_timeout,
+                amqp: runtime.amqp().clone(),
             },
             sources.clone(),
             shutdown_rx.clone(),

@@ -502,6 +502,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 .database_url
                 .as_deref()
                 .map(outboxd::store::redact_url);
+            for source in config.sources.values_mut() {
+                *source = source.redacted();
+            }
             print!("{}", toml::to_string_pretty(&config)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -81,6 +81,8 @@ pub struct SourceLabel {
 /// The neo4j relay also counts `failed` (retried later), `dead` (refused for
 /// good, reason on the node) and `lease_lost` (a finish whose lease token no
 /// longer matched: nothing changed).
+/// An `amqp` source's messages: `consumed`, `stored`, `duplicate`,
+/// `dead_lettered`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceOutcomeLabel {
     pub source: String,
@@ -114,6 +116,11 @@ pub struct Metrics {
     pub source_oldest_pending_age: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub source_cycle_duration: Family<SourceLabel, Histogram, fn() -> Histogram>,
     pub source_ready: Family<SourceLabel, Gauge>,
+    /// `outboxd_source_messages_total{source, outcome}`.
+    pub source_messages: Family<SourceOutcomeLabel, Counter>,
+    /// `outboxd_source_unacked{source}`: messages a source holds and has
+    /// not yet acknowledged (or dead-lettered).
+    pub source_unacked: Family<SourceLabel, Gauge>,
 }
 
 impl Metrics {
@@ -142,6 +149,8 @@ impl Metrics {
                 latency_histogram as fn() -> Histogram,
             ),
             source_ready: Family::default(),
+            source_messages: Family::default(),
+            source_unacked: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -235,6 +244,16 @@ impl Metrics {
             "1 when a source is ready (no error on its last run, every check ok and fresh)",
             m.source_ready.clone(),
         );
+        registry.register(
+            "source_messages",
+            "Messages taken by a source, by source and outcome (consumed, stored, duplicate, dead_lettered)",
+            m.source_messages.clone(),
+        );
+        registry.register(
+            "source_unacked",
+            "Messages a source holds and has not yet acknowledged, by source",
+            m.source_unacked.clone(),
+        );
         for outcome in INGEST_OUTCOMES {
             drop(m.events_ingested.get_or_create(&OutcomeLabel {
                 outcome: outcome.to_string(),
@@ -278,6 +297,19 @@ impl Metrics {
             return;
         }
         self.source_entries
+            .get_or_create(&SourceOutcomeLabel {
+                source: source.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// Count `n` messages of `source` with `outcome`.
+    pub fn source_message(&self, source: &str, outcome: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.source_messages
             .get_or_create(&SourceOutcomeLabel {
                 source: source.to_string(),
                 outcome: outcome.to_string(),

@@ -141,6 +141,29 @@ impl AmqpPool {
         .await
     }
 
+    /// The pool's connection to the broker at `url` (opened on first use,
+    /// reopened after a loss no sooner than the reconnect backoff allows),
+    /// for a consumer of the host's own, such as the `amqp` source. The
+    /// broker then shows in [`status`](Self::status) like a plugin's.
+    ///
+    /// Errors: `url` is not an AMQP URL, or the broker is unreachable; the
+    /// message never carries the password.
+    pub async fn connection(&self, url: &str) -> Result<Arc<Connection>, String> {
+        let broker = {
+            let mut brokers = self.brokers.lock().unwrap_or_else(PoisonError::into_inner);
+            match brokers.get(url) {
+                Some(broker) => broker.clone(),
+                None => {
+                    let uri = parse_url(url)?;
+                    let broker = Arc::new(Broker::new(uri, redact_url(url)));
+                    brokers.insert(url.to_string(), broker.clone());
+                    broker
+                }
+            }
+        };
+        broker.connection().await
+    }
+
     fn brokers(&self) -> Vec<Arc<Broker>> {
         let mut brokers: Vec<Arc<Broker>> = self
             .brokers
@@ -152,6 +175,26 @@ impl AmqpPool {
         brokers.sort_by(|a, b| a.shown.cmp(&b.shown));
         brokers
     }
+}
+
+/// Whether two broker URLs name the same broker and virtual host (host,
+/// port and vhost compared; user and password ignored). A URL that does not
+/// parse names no broker: `false`.
+pub fn same_broker(a: &str, b: &str) -> bool {
+    match (parse_url(a), parse_url(b)) {
+        (Ok(a), Ok(b)) => {
+            a.authority.host.eq_ignore_ascii_case(&b.authority.host)
+                && a.authority.port == b.authority.port
+                && a.vhost == b.vhost
+        }
+        _ => false,
+    }
+}
+
+/// Check a broker URL as the pool would parse it; the error never repeats
+/// the password.
+pub fn check_url(url: &str) -> Result<(), String> {
+    parse_url(url).map(|_| ())
 }
 
 /// Parse a broker URL with lapin's parser; errors never repeat the URL.

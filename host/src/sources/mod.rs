@@ -16,6 +16,7 @@
 //! (each runs in its own task; an error is logged, shown, and retried after
 //! a backoff), or hold kind-specific logic here.
 
+pub mod amqp;
 pub mod couchdb;
 pub mod neo4j;
 
@@ -35,15 +36,18 @@ use crate::store::Store;
 /// the kind's own (unknown keys are refused, naming the key).
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
+#[allow(clippy::large_enum_variant)] // a few per process, read once at start
 pub enum SourceConfig {
     /// Pending entries kept inside CouchDB documents ([`couchdb`]).
     Couchdb(couchdb::CouchdbConfig),
     /// Outbox nodes in a Neo4j graph ([`neo4j`]).
     Neo4j(neo4j::Neo4jSourceConfig),
+    /// Messages of a RabbitMQ queue ([`amqp`]).
+    Amqp(amqp::AmqpSourceConfig),
 }
 
 /// The kinds `kind` may name.
-pub const KINDS: &[&str] = &["couchdb", "neo4j"];
+pub const KINDS: &[&str] = &["amqp", "couchdb", "neo4j"];
 
 impl<'de> Deserialize<'de> for SourceConfig {
     /// By `kind`, then the kind's own table; an error names the key inside
@@ -77,6 +81,9 @@ impl<'de> Deserialize<'de> for SourceConfig {
             "neo4j" => serde_path_to_error::deserialize(value)
                 .map(SourceConfig::Neo4j)
                 .map_err(named),
+            "amqp" => serde_path_to_error::deserialize(value)
+                .map(SourceConfig::Amqp)
+                .map_err(named),
             other => Err(D::Error::custom(format!(
                 "`kind = {other:?}` is not a source kind (one of: {})",
                 KINDS.join(", ")
@@ -91,6 +98,7 @@ impl SourceConfig {
         match self {
             SourceConfig::Couchdb(_) => "couchdb",
             SourceConfig::Neo4j(_) => "neo4j",
+            SourceConfig::Amqp(_) => "amqp",
         }
     }
 
@@ -100,6 +108,17 @@ impl SourceConfig {
         match self {
             SourceConfig::Couchdb(c) => c.validate(),
             SourceConfig::Neo4j(c) => c.validate(),
+            SourceConfig::Amqp(c) => c.validate(),
+        }
+    }
+
+    /// The same configuration with secrets (passwords in URLs) replaced,
+    /// for `outboxd config show`.
+    pub fn redacted(&self) -> SourceConfig {
+        match self {
+            SourceConfig::Couchdb(c) => SourceConfig::Couchdb(c.clone()), // credentials are env names
+            SourceConfig::Neo4j(c) => SourceConfig::Neo4j(c.clone()), // password is an env name
+            SourceConfig::Amqp(c) => SourceConfig::Amqp(c.redacted()),
         }
     }
 }
@@ -122,6 +141,8 @@ pub struct SourceContext {
     pub metrics: Arc<Metrics>,
     /// Timeout of each store call a source makes.
     pub db_timeout: Duration,
+    /// The host's AMQP connections, shared with the plugins.
+    pub amqp: crate::plugin::amqp::AmqpPool,
 }
 
 /// A named readiness check of one source (e.g. `couchdb_reachable`).
@@ -141,6 +162,8 @@ struct SourceStatus {
     last_error: Option<String>,
     last_cycle_at: Option<SystemTime>,
     checks: BTreeMap<String, Check>,
+    /// Runs started again after a failure.
+    restarts: u64,
 }
 
 /// The status of every configured source, shared with `/ready`.
@@ -156,7 +179,7 @@ impl Statuses {
     }
 
     /// Every source as JSON (`ok`, `kind`, `last_error`, `last_cycle_at_ms`,
-    /// `checks`), and whether all are ready. A source is ready when its
+    /// `restarts`, `checks`), and whether all are ready. A source is ready when its
     /// last run has no error and every check is ok and fresh.
     pub fn snapshot(&self) -> (bool, serde_json::Value) {
         let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -195,6 +218,7 @@ impl Statuses {
                     "last_cycle_at_ms": s.last_cycle_at
                         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
                         .map(|d| d.as_millis() as u64),
+                    "restarts": s.restarts,
                     "checks": checks,
                 }),
             );
@@ -263,14 +287,20 @@ impl StatusHandle {
         });
     }
 
-    fn error(&self, error: String) {
+    /// Record a failure the source retries by itself (the run goes on);
+    /// the next [`cycle`](Self::cycle) clears it.
+    pub fn error(&self, error: String) {
         self.statuses
             .with(&self.name, |s| s.last_error = Some(error));
+    }
+
+    fn restarted(&self) {
+        self.statuses.with(&self.name, |s| s.restarts += 1);
     }
 }
 
 /// Register and start every configured source, each in its own task that
-/// runs it again after a failure (backoff [`BACKOFF_INITIAL`] doubling to
+/// runs it again after a failure or a panic (backoff [`BACKOFF_INITIAL`] doubling to
 /// [`BACKOFF_MAX`]), until `shutdown` turns true.
 pub fn spawn_all(
     sources: &BTreeMap<String, SourceConfig>,
@@ -291,6 +321,7 @@ pub fn spawn_all(
                     last_error: None,
                     last_cycle_at: None,
                     checks: BTreeMap::new(),
+                    restarts: 0,
                 },
             );
         let status = StatusHandle {
@@ -321,13 +352,28 @@ async fn supervise(
             return;
         }
         let started = Instant::now();
-        let result = match &config {
-            SourceConfig::Couchdb(c) => couchdb::run(&name, c, &ctx, &status, shutdown.clone())
-                .await
-                .map_err(|e| e.to_string()),
-            SourceConfig::Neo4j(c) => neo4j::run(&name, c, &ctx, &status, shutdown.clone())
-                .await
-                .map_err(|e| e.to_string()),
+        // Each run in a task of its own, so a panic is a failure like any
+        // other: shown, and run again after the backoff.
+        let run = {
+            let (name, config, ctx, status) =
+                (name.clone(), config.clone(), ctx.clone(), status.clone());
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                match &config {
+                    SourceConfig::Couchdb(c) => couchdb::run(&name, c, &ctx, &status, shutdown)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    SourceConfig::Neo4j(c) => neo4j::run(&name, c, &ctx, &status, shutdown)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    SourceConfig::Amqp(c) => amqp::run(&name, c, &ctx, &status, shutdown).await,
+                }
+            })
+        };
+        let result = match run.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => Err(format!("source task panicked: {e}")),
+            Err(e) => Err(format!("source task ended: {e}")),
         };
         match result {
             Ok(()) => return, // shutdown
@@ -344,5 +390,6 @@ async fn supervise(
             _ = shutdown.changed() => return,
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
+        status.restarted();
     }
 }
