@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
+
+# The house's habits first: formatted, and clippy without a warning.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+
 bash scripts/build-plugins.sh
 cargo test --workspace --no-fail-fast
 

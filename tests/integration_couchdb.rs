@@ -1161,8 +1161,12 @@ async fn an_entry_published_meanwhile_or_a_deleted_document_is_success_without_a
     assert!(r.status().is_success());
     let e1 = entry("meanwhile-1", "m-1", 1, "new", "person");
     let e2 = entry("gone-1", "m-2", 1, "new", "person");
-    couch.save(DB, "m-1", &document("person", json!({}), &[e1])).await;
-    let rev2 = couch.save(DB, "m-2", &document("person", json!({}), &[e2])).await;
+    couch
+        .save(DB, "m-1", &document("person", json!({}), &[e1]))
+        .await;
+    let rev2 = couch
+        .save(DB, "m-2", &document("person", json!({}), &[e2]))
+        .await;
     queue.wait_for(2).await;
     // Meanwhile another marker publishes m-1's entry, and m-2 is deleted.
     let mut doc = couch.get(DB, "m-1").await.unwrap();
@@ -1177,8 +1181,10 @@ async fn an_entry_published_meanwhile_or_a_deleted_document_is_success_without_a
         .unwrap();
     assert!(r.status().is_success());
     for id in ["meanwhile-1", "gone-1"] {
-        d.wait_sink(id, "couchdb-mark", WAIT, |x| x["status"] == json!("delivered"))
-            .await;
+        d.wait_sink(id, "couchdb-mark", WAIT, |x| {
+            x["status"] == json!("delivered")
+        })
+        .await;
     }
     let doc = couch.get(DB, "m-1").await.unwrap();
     assert_eq!(doc["_rev"], json!(rev1), "not written again: {doc}");
@@ -1186,7 +1192,10 @@ async fn an_entry_published_meanwhile_or_a_deleted_document_is_success_without_a
         doc["extensions"]["_server_outbox"][0]["published_at"],
         json!("2026-12-01T11:00:00.000Z")
     );
-    assert!(couch.get(DB, "m-2").await.is_none(), "the deleted document stays deleted");
+    assert!(
+        couch.get(DB, "m-2").await.is_none(),
+        "the deleted document stays deleted"
+    );
     d.stop().await;
     queue.delete().await;
     delete_exchange(&exchange).await;

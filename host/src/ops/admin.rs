@@ -274,10 +274,3 @@ pub async fn run_backfill(
         }
     }
 }
-
-/// Every configured source with its status, as `/ready` shows it under
-/// `checks.sources.sources` ([`crate::sources::Statuses::snapshot`]).
-async fn list_sources(State(state): State<OpsState>) -> Response {
-    let (_, sources) = state.sources.snapshot();
-    Json(json!({ "sources": sources })).into_response()
-}

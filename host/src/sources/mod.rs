@@ -117,7 +117,7 @@ impl SourceConfig {
     pub fn redacted(&self) -> SourceConfig {
         match self {
             SourceConfig::Couchdb(c) => SourceConfig::Couchdb(c.clone()), // credentials are env names
-            SourceConfig::Neo4j(c) => SourceConfig::Neo4j(c.clone()), // password is an env name
+            SourceConfig::Neo4j(c) => SourceConfig::Neo4j(c.clone()),     // password is an env name
             SourceConfig::Amqp(c) => SourceConfig::Amqp(c.redacted()),
         }
     }
