@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 pub mod couchdb;
+pub mod private_pg;
+pub use private_pg::PrivatePostgres;
 pub mod neo4j;
 
 use std::collections::VecDeque;
