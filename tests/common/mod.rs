@@ -6,6 +6,7 @@
 
 pub mod couchdb;
 pub mod private_pg;
+#[allow(unused_imports)] // used by the tests that stop their server
 pub use private_pg::PrivatePostgres;
 pub mod neo4j;
 
