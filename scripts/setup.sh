@@ -168,7 +168,22 @@ amqp_ready || fail "RabbitMQ does not answer on 127.0.0.1:5672 after ${AMQP_READ
 # from Maven Central once (~120 MB into ~/.m2) and builds the launcher into
 # target/neo4j-embedded/; tests/common/neo4j.rs starts it with plain java.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mvn -q -B package -DskipTests -f "$root/tests/neo4j/pom.xml" ||
-    fail "mvn package -f tests/neo4j/pom.xml" "run it by hand; it needs Maven Central once"
+neo4j_out="$root/target/neo4j-embedded/classes"
+if [[ ! -d "$neo4j_out" ]] || [[ -n "$(find "$root/tests/neo4j" -newer "$neo4j_out" -type f 2>/dev/null | head -n1)" ]]; then
+    say "building the embedded Neo4j of the tests (tests/neo4j)"
+    mvn -q -B package -DskipTests -f "$root/tests/neo4j/pom.xml" ||
+        fail "mvn package -f tests/neo4j/pom.xml" "run it by hand; it needs Maven Central once"
+fi
+
+# --- pouchdb-server (tests) -------------------------------------------------
+# The CouchDB-protocol server of the couchdb source's tests, pinned by
+# tests/couchdb/package-lock.json (tests/common/couchdb.rs runs the same
+# install when it is missing).
+pouch="$root/tests/couchdb"
+if [[ ! -d "$pouch/node_modules" ]] || [[ "$pouch/package-lock.json" -nt "$pouch/node_modules" ]]; then
+    say "installing pouchdb-server (tests/couchdb)"
+    npm ci --prefix "$pouch" --no-audit --no-fund --loglevel=error ||
+        fail "npm ci --prefix tests/couchdb" "run it by hand; it needs the npm registry once"
+fi
 
 say "ready: PostgreSQL $pg_version on 127.0.0.1:5432, RabbitMQ on 127.0.0.1:5672, wasm32-wasip2, $(java -version 2>&1 | head -n1), node $(node --version)"
