@@ -874,7 +874,7 @@ async fn wait_ready(d: &TestDaemon) -> (u16, Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn readiness_shows_couchdb_unreachable_and_recovers() {
+async fn readiness_shows_couchdb_unreachable_while_health_stays_up() {
     let mut couch = CouchServer::start().await;
     couch.create_db(DB).await;
     let db = TestDb::new(Backend::Sqlite).await;
