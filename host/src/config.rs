@@ -63,6 +63,33 @@ pub struct Config {
     /// Sources outboxd pulls events from, by name (`[sources.NAME]`, with
     /// `kind = "couchdb"`, ...). Default none.
     pub sources: std::collections::BTreeMap<String, crate::sources::SourceConfig>,
+    /// Destinations (configured targets of sinks, kept in the database).
+    pub destinations: DestinationsConfig,
+}
+
+/// Knobs of destinations (`[destinations]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct DestinationsConfig {
+    /// How often each process reads the destinations again, so a change
+    /// made through another replica (or the database) takes effect here.
+    /// Changes made through this process apply at once. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub refresh_interval: Duration,
+    /// A destination whose every attempt failed for this long, with no
+    /// success, is disabled (its deliveries wait; `resume` re-enables it).
+    /// Default 5 days, as Svix disables a failing endpoint.
+    #[serde(with = "humantime_serde")]
+    pub disable_after: Duration,
+}
+
+impl Default for DestinationsConfig {
+    fn default() -> Self {
+        DestinationsConfig {
+            refresh_interval: Duration::from_secs(1),
+            disable_after: Duration::from_secs(5 * 24 * 3600),
+        }
+    }
 }
 
 /// The admin API (`/v1/admin/...`).
@@ -88,6 +115,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             admin: AdminConfig::default(),
             sources: Default::default(),
+            destinations: DestinationsConfig::default(),
         }
     }
 }

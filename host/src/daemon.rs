@@ -110,7 +110,10 @@ impl Daemon {
             crate::sources::amqp::check_routes_apart(&config.sources, plugin.manifest())
                 .map_err(StartError::Config)?;
         }
-        let routes = Arc::new(Routes::new(config.routes.clone(), known)?);
+        let live = crate::destinations::live::Live::load(store.clone()).await?;
+        let routes = Arc::new(
+            Routes::new(config.routes.clone(), known)?.with_destinations(live.subscribe()),
+        );
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let wake = Arc::new(Notify::new());
@@ -139,12 +142,20 @@ impl Daemon {
             shutdown_rx.clone(),
         )));
         let lease = config.delivery.lease;
-        let sink_shared = shared.clone();
-        let sink_shutdown = shutdown_rx.clone();
         let sink_routes = routes.clone();
         let sink_tasks: SinkTasks = Arc::default();
         let source_configs = config.sources.clone();
-        let spawned = sink_tasks.clone();
+        let serve = crate::destinations::live::ServeContext {
+            shared: shared.clone(),
+            live: live.clone(),
+            disable_after: config.destinations.disable_after,
+            spawned: sink_tasks.clone(),
+            shutdown: shutdown_rx.clone(),
+        };
+        tasks.push(
+            live.clone()
+                .run(config.destinations.refresh_interval, shutdown_rx.clone()),
+        );
         let registry = Registry::new(
             runtime.clone(),
             &config.plugins_dir,
@@ -160,13 +171,7 @@ impl Daemon {
                         "no route names this sink: it gets no events until the routes do"
                     );
                 }
-                let task = tokio::spawn(crate::delivery::run_sink(
-                    sink_shared.clone(),
-                    sink.to_string(),
-                    current,
-                    sink_shutdown.clone(),
-                ));
-                spawned.lock().unwrap().push(task);
+                crate::destinations::live::serve_sink(serve.clone(), sink.to_string(), current);
             }),
             metrics.clone(),
         );
@@ -204,6 +209,7 @@ impl Daemon {
             amqp: runtime.amqp().clone(),
             routes,
             sources,
+            live,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

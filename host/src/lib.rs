@@ -11,6 +11,7 @@
 pub mod config;
 pub mod daemon;
 pub mod delivery;
+pub mod destinations;
 pub mod event;
 pub mod ingest;
 pub mod metrics;

@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod cli_destinations;
+
 use clap::{Args, Parser, Subcommand};
 use outboxd::config::{Config, LogFormat};
 use outboxd::daemon::{Daemon, Migrations};
@@ -64,6 +66,13 @@ enum Command {
     Sinks {
         #[command(subcommand)]
         command: SinksCommand,
+    },
+    /// Create, change, list, pause, resume or delete destinations (the
+    /// targets of sinks, kept in the database), through the running daemon
+    /// (at `listen`), which checks them against its plugins.
+    Destinations {
+        #[command(subcommand)]
+        command: cli_destinations::DestinationsCommand,
     },
     /// Show the configured sources and their status, as the running daemon
     /// (at `listen`) reports them.
@@ -432,6 +441,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Destinations { command } => {
+            let config = Config::load(cli.config.as_deref(), flags)?;
+            cli_destinations::run(&config, command).await
+        }
         Command::Sources {
             command: SourcesCommand::List,
         } => {
@@ -487,7 +500,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let (scanned, created) =
-                outboxd::ops::admin::run_backfill(&*store, &routes, &sink, since_ms).await?;
+                outboxd::ingest::routes::backfill(&*store, &routes, &sink, since_ms).await?;
             println!("{sink}: scanned {scanned} events, created {created} deliveries");
             Ok(ExitCode::SUCCESS)
         }

@@ -17,6 +17,7 @@
 pub mod heartbeat;
 pub mod quarantine;
 pub mod retry;
+pub mod target;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,10 +27,11 @@ use tokio::sync::{watch, Notify};
 use crate::config::DeliveryConfig;
 use crate::metrics::{Metrics, PluginLabel, SinkLabel, TrapLabel};
 use crate::plugin::bindings::{Event, Outcome};
-use crate::plugin::{Plugin, SinkFailure};
+use crate::plugin::SinkFailure;
 use crate::store::{Claimed, Finish, Store};
 pub use heartbeat::Heartbeats;
 pub use quarantine::Quarantines;
+pub use target::{Target, TurnObserver};
 
 /// The minimum lease for a sink with deadline `d`: `2·d + 5 s`. A lease
 /// shorter than this could expire while the batch is still running and let
@@ -147,25 +149,28 @@ pub async fn run_retention(shared: Shared, mut shutdown: watch::Receiver<bool>) 
     }
 }
 
-/// Run the delivery loop of one sink until `shutdown` turns true. An
-/// in-flight batch is finished before the loop returns.
+/// Run the delivery loop of one delivery key — a sink, or one destination
+/// of a sink (`crate::destinations`) — until `shutdown` turns true or the
+/// sender of `current` is dropped. An in-flight batch is finished before
+/// the loop returns.
 ///
-/// `current` holds the plugin version serving the sink (see
-/// `plugin::registry`): each batch runs on the version current when it
-/// starts. While it holds `None` the sink was removed: nothing is claimed,
-/// its deliveries wait (no busy loop, no dead letters), and the loop
-/// resumes when a version comes back.
+/// `current` holds the [`Target`] the key is served by (see
+/// `plugin::registry` and `crate::destinations`): each batch runs on the
+/// plugin version current when it starts. While it holds `None` the sink
+/// was removed: nothing is claimed, its deliveries wait (no busy loop, no
+/// dead letters), and the loop resumes when a version comes back. Metrics
+/// are labelled by the plugin's sink name, never by the key.
 pub async fn run_sink(
     shared: Shared,
     sink: String,
-    mut current: watch::Receiver<Option<Plugin>>,
+    mut current: watch::Receiver<Option<Target>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let config = &shared.config;
     let store = &*shared.store;
     let lease = config.lease;
     // Read at the first turn, and whenever the registry swaps it.
-    let mut serving: Option<Plugin> = None;
+    let mut serving: Option<Target> = None;
     let mut traps = quarantine::TrapCounter::default();
     // While set and in the future the sink is quarantined: nothing is
     // claimed, ingest wake-ups do not end it, the loop still beats.
@@ -178,7 +183,6 @@ pub async fn run_sink(
     // Set when a wait below saw `current` change (which marks it seen).
     let mut swapped = true;
     tracing::info!(sink = %sink, lease = ?lease, "delivery loop started");
-    shared.metrics.sink_started(&sink);
     loop {
         if *shutdown.borrow() {
             break;
@@ -189,14 +193,15 @@ pub async fn run_sink(
             traps.reset(&shared.quarantines, &sink);
             quarantined_until = None;
             batch_limit = u32::MAX;
-            if let Some(plugin) = &serving {
+            if let Some(Target { plugin, .. }) = &serving {
+                shared.metrics.sink_started(plugin.name());
                 shared.heartbeats.register(
                     &sink,
                     stale_after(config, plugin.manifest().limits.deadline),
                 );
             }
         }
-        let Some(plugin) = serving.clone() else {
+        let Some(target) = serving.clone() else {
             // Removed: beat (the loop is alive and means to be idle) and
             // wait for the plugin to come back.
             shared.heartbeats.turn(&sink, true);
@@ -226,8 +231,13 @@ pub async fn run_sink(
             }
             continue;
         }
+        let plugin = target.plugin.clone();
         let deadline = plugin.manifest().limits.deadline;
-        let batch_size = plugin.manifest().limits.max_batch;
+        let batch_size = target
+            .max_in_flight
+            .map_or(plugin.manifest().limits.max_batch, |cap| {
+                cap.min(plugin.manifest().limits.max_batch)
+            });
         batch_limit = batch_limit.min(batch_size);
         // A turn may take the plugin's deadline plus its database calls;
         // past this it is abandoned (its leases then expire and others
@@ -246,13 +256,27 @@ pub async fn run_sink(
             };
             paused_read = Some(std::time::Instant::now());
         }
-        let sleep = if paused {
+        let held = paused || target.hold.is_some();
+        let sleep = if held {
             shared.heartbeats.turn(&sink, true);
             PAUSE_RECHECK
         } else {
+            // A rate-limited key takes its permits before it claims, so it
+            // never holds a lease while it waits for one.
+            let limit = match target.rate.as_deref() {
+                None => batch_limit,
+                Some(rate) => match target::take_permits(rate, batch_limit) {
+                    0 => {
+                        shared.heartbeats.turn(&sink, true);
+                        rate.until_ready().await;
+                        1
+                    }
+                    n => n,
+                },
+            };
             let result = match tokio::time::timeout(
                 turn_deadline,
-                turn(&shared, &plugin, &sink, batch_limit, lease),
+                turn(&shared, &target, &sink, limit, lease),
             )
             .await
             {
@@ -301,7 +325,7 @@ pub async fn run_sink(
                             .metrics
                             .plugin_quarantines
                             .get_or_create(&PluginLabel {
-                                plugin: sink.clone(),
+                                plugin: plugin.name().to_string(),
                             })
                             .inc();
                         tracing::error!(
@@ -343,7 +367,7 @@ pub async fn run_sink(
         }
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
-            _ = &mut notified, if !paused => {}
+            _ = &mut notified, if !held => {}
             Ok(()) = current.changed() => swapped = true,
             _ = shutdown.changed() => {}
         }
@@ -367,11 +391,15 @@ struct TurnReport {
 /// One turn: claim, deliver, finish.
 async fn turn(
     shared: &Shared,
-    plugin: &Plugin,
+    target: &Target,
     sink: &str,
     batch_size: u32,
     lease: Duration,
 ) -> Result<TurnReport, String> {
+    let plugin = &target.plugin;
+    // Metrics are labelled by sink, so the label count stays bounded by the
+    // plugins loaded, however many destinations each serves.
+    let label = plugin.name();
     let store = &*shared.store;
     let db_timeout = shared.config.db_timeout;
     let metrics = &shared.metrics;
@@ -393,7 +421,7 @@ async fn turn(
     let (claimed, over_budget) = fit_bytes(claimed, plugin.manifest().limits.batch_bytes());
     let fitted = (!over_budget.is_empty()).then_some(claimed.len() as u32);
     if !over_budget.is_empty() {
-        release(shared, sink, &over_budget).await?;
+        release(shared, label, &over_budget).await?;
     }
     let batch: Vec<Event> = claimed.iter().map(to_wit_event).collect();
     let started = std::time::Instant::now();
@@ -401,7 +429,7 @@ async fn turn(
     metrics
         .attempt_duration
         .get_or_create(&SinkLabel {
-            sink: sink.to_string(),
+            sink: label.to_string(),
         })
         .observe(started.elapsed().as_secs_f64());
     let policy = &plugin.manifest().retry;
@@ -430,7 +458,7 @@ async fn turn(
                 metrics
                     .plugin_traps
                     .get_or_create(&TrapLabel {
-                        plugin: sink.to_string(),
+                        plugin: label.to_string(),
                         kind: kind.clone(),
                     })
                     .inc();
@@ -471,7 +499,7 @@ async fn turn(
     for ((c, finish), kept) in claimed.iter().zip(&finishes).zip(kept_all) {
         let ev = &c.event.event;
         if !kept {
-            metrics.delivery(sink, "lease_lost");
+            metrics.delivery(label, "lease_lost");
             tracing::warn!(
                 event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
                 "lease lost before the outcome was recorded; outcome dropped"
@@ -479,7 +507,7 @@ async fn turn(
             continue;
         }
         metrics.delivery(
-            sink,
+            label,
             match finish {
                 Finish::Delivered => "delivered",
                 Finish::Retry { .. } => "retry",
@@ -493,7 +521,7 @@ async fn turn(
             metrics
                 .delivery_latency
                 .get_or_create(&SinkLabel {
-                    sink: sink.to_string(),
+                    sink: label.to_string(),
                 })
                 .observe(latency);
         }
@@ -517,6 +545,19 @@ async fn turn(
                 event_id = %ev.id, stream = %ev.stream, sink, "not tried: an earlier event of its stream failed"
             ),
         }
+    }
+    if let Some(observer) = &target.observer {
+        let delivered = finishes
+            .iter()
+            .filter(|f| matches!(f, Finish::Delivered))
+            .count();
+        let last_error = failure_reason.clone().or_else(|| {
+            finishes.iter().find_map(|f| match f {
+                Finish::Retry { reason, .. } | Finish::Dead { reason, .. } => Some(reason.clone()),
+                _ => None,
+            })
+        });
+        observer.turn(delivered, claimed.len() - delivered, last_error.as_deref());
     }
     Ok(TurnReport {
         claimed: claimed.len(),
@@ -579,7 +620,8 @@ fn fit_bytes(claimed: Vec<Claimed>, budget: u64) -> (Vec<Claimed>, Vec<Claimed>)
 
 /// Give back the leases of claimed deliveries not handed to the plugin,
 /// without charging an attempt.
-async fn release(shared: &Shared, sink: &str, claimed: &[Claimed]) -> Result<(), String> {
+/// Give `claimed` back untried; counted under sink `label`.
+async fn release(shared: &Shared, label: &str, claimed: &[Claimed]) -> Result<(), String> {
     let db_timeout = shared.config.db_timeout;
     let items: Vec<(i64, &str, &Finish)> = claimed
         .iter()
@@ -590,7 +632,7 @@ async fn release(shared: &Shared, sink: &str, claimed: &[Claimed]) -> Result<(),
         .map_err(|_| format!("release timed out after {db_timeout:?}"))?
         .map_err(|e| format!("release: {e}"))?;
     for _ in claimed {
-        shared.metrics.delivery(sink, "released");
+        shared.metrics.delivery(label, "released");
     }
     Ok(())
 }

@@ -1,14 +1,20 @@
-//! Routing: which sinks get a delivery of an event.
+//! Routing: which delivery keys get a delivery of an event.
 //!
 //! Owns: matching an event's `type` and stream against the configured
-//! routes, and checking at start that every route names a known sink.
+//! routes, checking at start that every route names a known sink, and
+//! expanding each routed sink into its destinations whose filters match
+//! (`crate::destinations::Snapshot::expand`; a sink without destinations
+//! is its own key); [`backfill`] over past events by the same rule.
 //!
 //! Must never: look at anything but the event's attributes (routing is
 //! decided once, at ingest, inside the ingest transaction's input).
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::watch;
 
 use crate::config::Route;
+use crate::destinations::Snapshot;
 use crate::event::{glob_match, NewEvent};
 
 /// The routing table.
@@ -20,6 +26,8 @@ pub struct Router {
     /// one removed stays, so events keep waiting for it rather than being
     /// routed nowhere.
     sinks: RwLock<Vec<String>>,
+    /// The destinations, as the daemon last read them (empty without).
+    destinations: watch::Receiver<Arc<Snapshot>>,
 }
 
 /// A route that names a sink no plugin manifest declares.
@@ -56,7 +64,14 @@ impl Router {
         Ok(Router {
             routes,
             sinks: RwLock::new(sinks),
+            destinations: watch::channel(Arc::new(Snapshot::default())).1,
         })
+    }
+
+    /// Route by the destinations `snapshot` follows too.
+    pub fn with_destinations(mut self, snapshot: watch::Receiver<Arc<Snapshot>>) -> Router {
+        self.destinations = snapshot;
+        self
     }
 
     /// A sink loaded while running. Without configured routes it gets every
@@ -75,10 +90,23 @@ impl Router {
         }
     }
 
-    /// The sinks `event` goes to, sorted, without repeats.
+    /// The delivery keys `event` goes to — sinks, and destinations in
+    /// place of the sinks that have them — sorted, without repeats.
     pub fn sinks_for(&self, event: &NewEvent) -> Vec<String> {
+        let snapshot = self.destinations.borrow().clone();
+        snapshot.expand(self.routed_sinks(event, &snapshot), event)
+    }
+
+    /// The sinks `event` is routed to. Without routes: every sink this
+    /// process has loaded, and every sink a stored destination names (the
+    /// destinations are shared by every replica, the plugins folder is not).
+    fn routed_sinks(&self, event: &NewEvent, snapshot: &Snapshot) -> Vec<String> {
         let Some(routes) = &self.routes else {
-            return self.sinks.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut sinks = self.sinks.read().unwrap_or_else(|e| e.into_inner()).clone();
+            sinks.extend(snapshot.by_name.values().map(|d| d.sink.clone()));
+            sinks.sort();
+            sinks.dedup();
+            return sinks;
         };
         let mut out: Vec<String> = routes
             .iter()
@@ -89,5 +117,32 @@ impl Router {
         out.sort();
         out.dedup();
         out
+    }
+}
+
+/// Events per backfill page (one transaction each).
+pub const BACKFILL_PAGE: u32 = 500;
+
+/// Backfill delivery key `sink` (a sink, or a destination) over every event since `since_ms`, page by page.
+/// Returns (events scanned, deliveries created). Running it twice creates
+/// nothing the second time.
+pub async fn backfill(
+    store: &dyn crate::store::Store,
+    routes: &Router,
+    sink: &str,
+    since_ms: i64,
+) -> Result<(u64, u64), crate::store::StoreError> {
+    let route = |e: &crate::event::NewEvent| routes.sinks_for(e);
+    let (mut scanned, mut created, mut after) = (0, 0, 0);
+    loop {
+        let page = store
+            .backfill_page(sink, since_ms, after, BACKFILL_PAGE, &route)
+            .await?;
+        scanned += page.scanned;
+        created += page.created;
+        match page.next_after {
+            Some(next) => after = next,
+            None => return Ok((scanned, created)),
+        }
     }
 }

@@ -34,6 +34,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/backfill", post(backfill))
         .route("/v1/admin/sinks/{sink}/pause", post(pause))
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
+        .merge(super::destinations::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
 }
@@ -239,38 +240,13 @@ async fn backfill(State(state): State<OpsState>, Json(req): Json<BackfillRequest
         )
             .into_response();
     }
-    match run_backfill(&*state.store, &state.routes, &req.sink, req.since_ms).await {
+    match crate::ingest::routes::backfill(&*state.store, &state.routes, &req.sink, req.since_ms)
+        .await
+    {
         Ok((scanned, created)) => {
             Json(json!({ "sink": req.sink, "scanned": scanned, "created": created }))
                 .into_response()
         }
         Err(e) => store_error(e),
-    }
-}
-
-/// Events per backfill page (one transaction each).
-pub const BACKFILL_PAGE: u32 = 500;
-
-/// Backfill `sink` over every event since `since_ms`, page by page.
-/// Returns (events scanned, deliveries created). Running it twice creates
-/// nothing the second time.
-pub async fn run_backfill(
-    store: &dyn crate::store::Store,
-    routes: &crate::ingest::routes::Router,
-    sink: &str,
-    since_ms: i64,
-) -> Result<(u64, u64), crate::store::StoreError> {
-    let route = |e: &crate::event::NewEvent| routes.sinks_for(e);
-    let (mut scanned, mut created, mut after) = (0, 0, 0);
-    loop {
-        let page = store
-            .backfill_page(sink, since_ms, after, BACKFILL_PAGE, &route)
-            .await?;
-        scanned += page.scanned;
-        created += page.created;
-        match page.next_after {
-            Some(next) => after = next,
-            None => return Ok((scanned, created)),
-        }
     }
 }

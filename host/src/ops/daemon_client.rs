@@ -1,14 +1,15 @@
 //! What the CLI asks a running daemon: state that lives only in the
-//! daemon's process, not in the database: which sinks are quarantined, and
-//! the status of the configured sources.
+//! daemon's process, not in the database (which sinks are quarantined, the
+//! status of the configured sources), and the actions that need the
+//! daemon's loaded plugins to check their input (destinations, [`call`]).
 //!
-//! Owns: one `GET /v1/admin/sinks` (or `/v1/admin/sources`) to the daemon
-//! at the configured `listen`
+//! Owns: one request to the daemon at the configured `listen`
 //! address (loopback when it listens on every address), with the admin
 //! token when one is configured, bounded by [`CLIENT_TIMEOUT`].
 //!
-//! Must never: change anything in the daemon, or make a CLI command fail
-//! because no daemon answers (the caller says so and goes on).
+//! Must never: change anything in the daemon except through [`call`], or
+//! make a read-only CLI command fail because no daemon answers (the caller
+//! says so and goes on).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -78,6 +79,87 @@ pub async fn sources(
     }
 }
 
+/// `method path` with a JSON `body` on the daemon at `listen`, bounded by
+/// [`CLIENT_TIMEOUT`] (a destination create that backfills may take
+/// longer: `timeout` overrides it). Returns the status and the JSON body
+/// (`null` when there is none), whatever the status.
+pub async fn call(
+    listen: SocketAddr,
+    token: Option<&str>,
+    method: http::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+    timeout: Option<Duration>,
+) -> Result<(u16, serde_json::Value), DaemonClientError> {
+    let addr = loopback_for(listen);
+    let limit = timeout.unwrap_or(CLIENT_TIMEOUT);
+    tokio::time::timeout(limit, send(addr, method, path, token, body))
+        .await
+        .map_err(|_| DaemonClientError::Unreachable {
+            addr,
+            reason: format!("no answer within {limit:?}"),
+        })?
+}
+
+async fn send(
+    addr: SocketAddr,
+    method: http::Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> Result<(u16, serde_json::Value), DaemonClientError> {
+    let unreachable = |reason: String| DaemonClientError::Unreachable { addr, reason };
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+    tokio::spawn(connection);
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, addr.to_string())
+        .header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = token.filter(|t| !t.is_empty()) {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::from(bytes)))
+        .map_err(|e| unreachable(e.to_string()))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let status = response.status().as_u16();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?
+        .to_bytes();
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    ))
+}
+
+/// The address to reach a daemon listening on `listen`: loopback when it
+/// listens on every address.
+fn loopback_for(listen: SocketAddr) -> SocketAddr {
+    match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), listen.port())
+        }
+        _ => listen,
+    }
+}
+
 const SINKS_PATH: &str = "/v1/admin/sinks";
 const SOURCES_PATH: &str = "/v1/admin/sources";
 
@@ -88,15 +170,7 @@ async fn get(
     path: &'static str,
     token: Option<&str>,
 ) -> Result<(SocketAddr, serde_json::Value), DaemonClientError> {
-    let addr = match listen.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port())
-        }
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), listen.port())
-        }
-        _ => listen,
-    };
+    let addr = loopback_for(listen);
     let body = tokio::time::timeout(CLIENT_TIMEOUT, get_json(addr, path, token))
         .await
         .map_err(|_| DaemonClientError::Unreachable {

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod daemon_client;
+pub mod destinations;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,6 +52,20 @@ pub struct OpsState {
     pub routes: Arc<crate::ingest::routes::Router>,
     /// The configured sources' status (readiness shows each).
     pub sources: Arc<crate::sources::Statuses>,
+    /// The destinations this process routes by.
+    pub live: Arc<crate::destinations::live::Live>,
+}
+
+impl OpsState {
+    /// The context of the destination actions.
+    pub fn destinations(&self) -> crate::destinations::actions::Context {
+        crate::destinations::actions::Context {
+            store: self.store.clone(),
+            live: self.live.clone(),
+            plugins: self.plugins.clone(),
+            routes: self.routes.clone(),
+        }
+    }
 }
 
 /// The ops routes.

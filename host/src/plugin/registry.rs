@@ -131,6 +131,15 @@ impl Registry {
         registry
     }
 
+    /// The version serving `sink` now, if one is loaded.
+    pub fn serving(&self, sink: &str) -> Option<Plugin> {
+        let state = self.state.lock().unwrap();
+        state
+            .sinks
+            .get(sink)
+            .and_then(|e| e.current.borrow().clone())
+    }
+
     /// Sinks with a version loaded.
     pub fn loaded(&self) -> Vec<String> {
         let state = self.state.lock().unwrap();

@@ -433,6 +433,27 @@ impl Plugin {
         &self.manifest
     }
 
+    /// This version serving one destination of its sink: `config` merged
+    /// over the manifest's `[config]` (a key given replaces the manifest's;
+    /// `init` receives the result, sorted by key), and `retry` in place of
+    /// the manifest's retry policy when given. Cheap: the compiled
+    /// component, client and limits are shared.
+    pub fn for_destination(
+        &self,
+        config: &std::collections::BTreeMap<String, String>,
+        retry: Option<crate::plugin::manifest::RetryPolicy>,
+    ) -> Plugin {
+        let mut merged: std::collections::BTreeMap<String, String> =
+            self.config.iter().cloned().collect();
+        merged.extend(config.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let mut plugin = self.clone();
+        plugin.config = merged.into_iter().collect();
+        if let Some(retry) = retry {
+            plugin.manifest.retry = retry;
+        }
+        plugin
+    }
+
     /// Deliver one batch in a fresh instance: instantiate, `init`, `deliver`,
     /// all inside the manifest's deadline and memory cap.
     ///

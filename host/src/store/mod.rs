@@ -182,6 +182,40 @@ pub struct BackfillPage {
     pub next_after: Option<i64>,
 }
 
+/// One destination as stored (see `crate::destinations`): its name — the
+/// delivery key its deliveries are stored under — its sink, and the host's
+/// record of it as JSON text, which the store keeps whole and never reads.
+#[derive(Debug, Clone)]
+pub struct DestinationRow {
+    pub name: String,
+    pub sink: String,
+    pub record: String,
+    /// 1 when created, one more on every write.
+    pub revision: i64,
+    /// Unix ms, database clock.
+    pub updated_at_ms: i64,
+}
+
+/// How [`Store::put_destination`] may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Only when no destination of that name exists.
+    Create,
+    /// Create or replace, whatever is stored.
+    Upsert,
+    /// Only when the stored revision is this one (optimistic concurrency
+    /// for a read-modify-write).
+    Revision(i64),
+}
+
+/// What [`Store::purge_target`] deleted.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Purged {
+    /// Deliveries not yet delivered (pending, retrying or leased).
+    pub pending: u64,
+    pub dead: u64,
+}
+
 /// Routing decision handed to the store: the sinks an event goes to.
 pub type RouteFn<'a> = dyn for<'e> Fn(&'e NewEvent) -> Vec<String> + Send + Sync + 'a;
 
@@ -345,6 +379,36 @@ pub trait Store: Send + Sync + 'static {
         source: &str,
         checkpoint: &str,
     ) -> Result<(), StoreError>;
+
+    /// Every destination, by name.
+    async fn destinations(&self) -> Result<Vec<DestinationRow>, StoreError>;
+
+    /// Write destination `name` as `mode` allows. Returns the new revision,
+    /// or `None` when `mode` refused (it exists on `Create`; another
+    /// revision is stored on `Revision`).
+    async fn put_destination(
+        &self,
+        name: &str,
+        sink: &str,
+        record: &str,
+        mode: PutMode,
+    ) -> Result<Option<i64>, StoreError>;
+
+    /// Delete destination `name` and its health; its deliveries stay
+    /// (parked under its name until one of that name exists again, or
+    /// [`Store::purge_target`]). Returns whether it existed.
+    async fn delete_destination(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// Delete every delivery of delivery key `key` that is not delivered
+    /// (pending, retrying, leased and dead), and its heads, in one
+    /// transaction.
+    async fn purge_target(&self, key: &str) -> Result<Purged, StoreError>;
+
+    /// The health record (host JSON) of every destination that has one.
+    async fn destination_health(&self) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Replace the health record of destination `name`.
+    async fn save_destination_health(&self, name: &str, health: &str) -> Result<(), StoreError>;
 }
 
 /// Open the store named by a database URL: `postgres://…` /
@@ -496,6 +560,20 @@ pub(crate) fn cut_runs(
         claimed.into_iter().map(|(s, _)| s.clone()).collect(),
         held.into_iter().map(|(s, _)| s.clone()).collect(),
     )
+}
+
+/// A `(name, sink, record, revision, updated_at)` row as a
+/// [`DestinationRow`].
+pub(crate) fn destination_row(
+    (name, sink, record, revision, updated_at_ms): (String, String, String, i64, i64),
+) -> DestinationRow {
+    DestinationRow {
+        name,
+        sink,
+        record,
+        revision,
+        updated_at_ms,
+    }
 }
 
 /// Random lease token: 128 bits as 32 hex digits.

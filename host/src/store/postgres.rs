@@ -32,8 +32,9 @@ use sqlx::{PgPool, Postgres, QueryBuilder, Row, Transaction};
 use tokio::sync::{watch, Notify};
 
 use super::{
-    new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter, DeliveryInfo,
-    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError, StoredEvent,
+    destination_row, new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter,
+    DeliveryInfo, DestinationRow, Finish, IngestError, IngestItem, Ingested, Purged, PutMode,
+    QueueStats, RouteFn, Store, StoreError, StoredEvent,
 };
 use crate::event::NewEvent;
 
@@ -1047,6 +1048,95 @@ impl Store for PgStore {
         )
         .bind(source)
         .bind(checkpoint)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn destinations(&self) -> Result<Vec<DestinationRow>, StoreError> {
+        let rows: Vec<(String, String, String, i64, i64)> = sqlx::query_as(
+            "SELECT name, sink, record, revision, updated_at FROM outboxd.destinations ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(destination_row).collect())
+    }
+
+    async fn put_destination(
+        &self,
+        name: &str,
+        sink: &str,
+        record: &str,
+        mode: PutMode,
+    ) -> Result<Option<i64>, StoreError> {
+        let sql = match mode {
+            PutMode::Create => "INSERT INTO outboxd.destinations (name, sink, record, revision, updated_at) VALUES ($1, $2, $3, 1, (extract(epoch from now()) * 1000)::bigint) \
+                 ON CONFLICT (name) DO NOTHING RETURNING revision",
+            PutMode::Upsert => "INSERT INTO outboxd.destinations (name, sink, record, revision, updated_at) VALUES ($1, $2, $3, 1, (extract(epoch from now()) * 1000)::bigint) \
+                 ON CONFLICT (name) DO UPDATE SET sink = excluded.sink, record = excluded.record, \
+                 revision = outboxd.destinations.revision + 1, updated_at = excluded.updated_at RETURNING revision",
+            PutMode::Revision(_) => "UPDATE outboxd.destinations SET sink = $2, record = $3, revision = revision + 1, updated_at = (extract(epoch from now()) * 1000)::bigint \
+                 WHERE name = $1 AND revision = $4 RETURNING revision",
+        };
+        let mut query = sqlx::query_scalar(sql).bind(name).bind(sink).bind(record);
+        if let PutMode::Revision(r) = mode {
+            query = query.bind(r);
+        }
+        Ok(query.fetch_optional(&self.pool).await?)
+    }
+
+    async fn delete_destination(&self, name: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM outboxd.destination_health WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        let gone = sqlx::query("DELETE FROM outboxd.destinations WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(gone > 0)
+    }
+
+    async fn purge_target(&self, key: &str) -> Result<Purged, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM outboxd.heads WHERE sink = $1")
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+        let dead =
+            sqlx::query("DELETE FROM outboxd.deliveries WHERE sink = $1 AND status = 'dead'")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        let pending =
+            sqlx::query("DELETE FROM outboxd.deliveries WHERE sink = $1 AND status = 'pending'")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        tx.commit().await?;
+        Ok(Purged { pending, dead })
+    }
+
+    async fn destination_health(&self) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT name, health FROM outboxd.destination_health ORDER BY name")
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn save_destination_health(&self, name: &str, health: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO outboxd.destination_health (name, health, updated_at) VALUES ($1, $2, (extract(epoch from now()) * 1000)::bigint) \
+             ON CONFLICT (name) DO UPDATE SET health = excluded.health, updated_at = excluded.updated_at",
+        )
+        .bind(name)
+        .bind(health)
         .execute(&self.pool)
         .await?;
         Ok(())

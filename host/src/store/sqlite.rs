@@ -19,8 +19,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
-    new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter, DeliveryInfo,
-    Finish, IngestError, IngestItem, Ingested, QueueStats, RouteFn, Store, StoreError, StoredEvent,
+    destination_row, new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter,
+    DeliveryInfo, DestinationRow, Finish, IngestError, IngestItem, Ingested, Purged, PutMode,
+    QueueStats, RouteFn, Store, StoreError, StoredEvent,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -690,6 +691,99 @@ impl Store for SqliteStore {
         ))
         .bind(source)
         .bind(checkpoint)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    async fn destinations(&self) -> Result<Vec<DestinationRow>, StoreError> {
+        let rows: Vec<(String, String, String, i64, i64)> = sqlx::query_as(
+            "SELECT name, sink, record, revision, updated_at FROM destinations ORDER BY name",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows.into_iter().map(destination_row).collect())
+    }
+
+    async fn put_destination(
+        &self,
+        name: &str,
+        sink: &str,
+        record: &str,
+        mode: PutMode,
+    ) -> Result<Option<i64>, StoreError> {
+        let sql = match mode {
+            PutMode::Create => format!(
+                "INSERT INTO destinations (name, sink, record, revision, updated_at) VALUES (?1, ?2, ?3, 1, {NOW_MS}) \
+                 ON CONFLICT (name) DO NOTHING RETURNING revision"
+            ),
+            PutMode::Upsert => format!(
+                "INSERT INTO destinations (name, sink, record, revision, updated_at) VALUES (?1, ?2, ?3, 1, {NOW_MS}) \
+                 ON CONFLICT (name) DO UPDATE SET sink = excluded.sink, record = excluded.record, \
+                 revision = destinations.revision + 1, updated_at = excluded.updated_at RETURNING revision"
+            ),
+            PutMode::Revision(_) => format!(
+                "UPDATE destinations SET sink = ?2, record = ?3, revision = revision + 1, updated_at = {NOW_MS} \
+                 WHERE name = ?1 AND revision = ?4 RETURNING revision"
+            ),
+        };
+        let mut query = sqlx::query_scalar(&sql).bind(name).bind(sink).bind(record);
+        if let PutMode::Revision(r) = mode {
+            query = query.bind(r);
+        }
+        Ok(query.fetch_optional(&self.writer).await?)
+    }
+
+    async fn delete_destination(&self, name: &str) -> Result<bool, StoreError> {
+        let mut tx = self.writer.begin().await?;
+        sqlx::query("DELETE FROM destination_health WHERE name = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        let gone = sqlx::query("DELETE FROM destinations WHERE name = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(gone > 0)
+    }
+
+    async fn purge_target(&self, key: &str) -> Result<Purged, StoreError> {
+        let mut tx = self.writer.begin().await?;
+        sqlx::query("DELETE FROM heads WHERE sink = ?")
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+        let dead = sqlx::query("DELETE FROM deliveries WHERE sink = ? AND status = 'dead'")
+            .bind(key)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let pending = sqlx::query("DELETE FROM deliveries WHERE sink = ? AND status = 'pending'")
+            .bind(key)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(Purged { pending, dead })
+    }
+
+    async fn destination_health(&self) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT name, health FROM destination_health ORDER BY name")
+                .fetch_all(&self.reader)
+                .await?,
+        )
+    }
+
+    async fn save_destination_health(&self, name: &str, health: &str) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO destination_health (name, health, updated_at) VALUES (?, ?, {NOW_MS}) \
+             ON CONFLICT (name) DO UPDATE SET health = excluded.health, updated_at = excluded.updated_at"
+        ))
+        .bind(name)
+        .bind(health)
         .execute(&self.writer)
         .await?;
         Ok(())

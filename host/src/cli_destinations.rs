@@ -1,0 +1,199 @@
+//! `outboxd destinations …`: the CLI face of the destination actions.
+//!
+//! Owns: turning arguments into a request to the running daemon's admin
+//! API (`/v1/admin/destinations`, through `ops::daemon_client::call`) and
+//! printing its answer. The daemon checks every input against its loaded
+//! plugins; the CLI decides nothing.
+//!
+//! Must never: write destinations to the database itself (the checks live
+//! in the daemon), or hide an error the daemon gave.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Subcommand;
+use outboxd::config::Config;
+use serde_json::{json, Value};
+
+/// A create that backfills may take longer than a plain admin call.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Subcommand)]
+pub enum DestinationsCommand {
+    /// Every destination: state, health and queue, no secrets.
+    List,
+    /// One destination as JSON.
+    Show { name: String },
+    /// Create a destination (refused when the name exists). Prints its
+    /// secret once when one is generated.
+    Create {
+        name: String,
+        /// The sink (plugin manifest `name`) that serves it.
+        #[arg(long)]
+        sink: String,
+        /// Configuration for the plugin, `KEY=VALUE` (repeatable), merged
+        /// over the manifest's `[config]` (`--config` is the daemon's
+        /// configuration file, as for every command).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+        /// Event types it takes (glob, repeatable). Default: all.
+        #[arg(long = "type", value_name = "GLOB")]
+        types: Vec<String>,
+        /// Streams it takes (glob, repeatable). Default: all.
+        #[arg(long = "stream", value_name = "GLOB")]
+        streams: Vec<String>,
+        /// Attribute condition, `NAME == GLOB` or `NAME != GLOB` (repeatable).
+        #[arg(long = "where", value_name = "CONDITION")]
+        conditions: Vec<String>,
+        /// Signing secret; default: a generated `whsec_…`; `""`: none.
+        #[arg(long)]
+        secret: Option<String>,
+        /// Events per second, at most.
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Events in flight at once, at most.
+        #[arg(long)]
+        max_in_flight: Option<u32>,
+        /// Also queue the matching events stored since this time (RFC 3339).
+        #[arg(long)]
+        backfill_since: Option<String>,
+        /// Create it paused.
+        #[arg(long)]
+        paused: bool,
+    },
+    /// Create or replace a destination from a JSON spec file (the body of
+    /// `PUT /v1/admin/destinations/{name}`); the same spec again changes
+    /// nothing, so a job can sync destinations from a source of truth.
+    Update {
+        name: String,
+        #[arg(long)]
+        file: PathBuf,
+    },
+    /// Delete a destination; `--pending` says what happens to its
+    /// deliveries not yet delivered.
+    Delete {
+        name: String,
+        /// `park`: keep them waiting under its name; `purge`: delete them.
+        #[arg(long, value_parser = ["park", "purge"])]
+        pending: String,
+    },
+    /// Pause: nothing is claimed for it; events still queue for it.
+    Pause { name: String },
+    /// Resume a paused or disabled destination.
+    Resume { name: String },
+    /// Rotate its signing secret; the previous one keeps signing beside the
+    /// new one for the grace period.
+    RotateSecret {
+        name: String,
+        #[arg(long)]
+        secret: Option<String>,
+        /// e.g. `1h`; default 24 h.
+        #[arg(long)]
+        grace: Option<String>,
+    },
+}
+
+/// Run `command` against the daemon the configuration points at.
+pub async fn run(config: &Config, command: DestinationsCommand) -> anyhow::Result<ExitCode> {
+    use http::Method;
+    let base = "/v1/admin/destinations";
+    let (method, path, body) = match command {
+        DestinationsCommand::List => (Method::GET, base.to_string(), None),
+        DestinationsCommand::Show { name } => (Method::GET, format!("{base}/{name}"), None),
+        DestinationsCommand::Create {
+            name,
+            sink,
+            settings,
+            types,
+            streams,
+            conditions,
+            secret,
+            rate,
+            max_in_flight,
+            backfill_since,
+            paused,
+        } => {
+            let config: BTreeMap<String, String> = settings
+                .iter()
+                .map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .ok_or_else(|| anyhow::anyhow!("--set {kv:?}: expected KEY=VALUE"))
+                })
+                .collect::<Result<_, _>>()?;
+            let mut body = json!({
+                "name": name, "sink": sink, "config": config,
+                "filter": { "types": types, "streams": streams, "where": conditions },
+            });
+            for (key, value) in [
+                ("secret", secret.map(Value::from)),
+                ("rate_per_second", rate.map(Value::from)),
+                ("max_in_flight", max_in_flight.map(Value::from)),
+                ("backfill_since", backfill_since.map(Value::from)),
+                ("state", paused.then(|| Value::from("paused"))),
+            ] {
+                if let Some(value) = value {
+                    body[key] = value;
+                }
+            }
+            (Method::POST, base.to_string(), Some(body))
+        }
+        DestinationsCommand::Update { name, file } => {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let spec: Value = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", file.display()))?;
+            (Method::PUT, format!("{base}/{name}"), Some(spec))
+        }
+        DestinationsCommand::Delete { name, pending } => (
+            Method::DELETE,
+            format!("{base}/{name}?pending={pending}"),
+            None,
+        ),
+        DestinationsCommand::Pause { name } => (Method::POST, format!("{base}/{name}/pause"), None),
+        DestinationsCommand::Resume { name } => {
+            (Method::POST, format!("{base}/{name}/resume"), None)
+        }
+        DestinationsCommand::RotateSecret {
+            name,
+            secret,
+            grace,
+        } => {
+            let mut body = json!({});
+            if let Some(s) = secret {
+                body["secret"] = s.into();
+            }
+            if let Some(g) = grace {
+                body["grace"] = g.into();
+            }
+            (
+                Method::POST,
+                format!("{base}/{name}/rotate-secret"),
+                Some(body),
+            )
+        }
+    };
+    let (status, answer) = outboxd::ops::daemon_client::call(
+        config.listen,
+        config.admin.token.as_deref(),
+        method,
+        &path,
+        body,
+        Some(WRITE_TIMEOUT),
+    )
+    .await?;
+    if (200..300).contains(&status) {
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "outboxd: {} (HTTP {status})",
+            answer["error"]
+                .as_str()
+                .unwrap_or("the daemon refused the request")
+        );
+        Ok(ExitCode::from(1))
+    }
+}

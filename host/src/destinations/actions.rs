@@ -1,0 +1,590 @@
+//! The admin actions on destinations, shared by the HTTP admin API
+//! (`/v1/admin/destinations`) and the CLI (`outboxd destinations …`, which
+//! calls the API).
+//!
+//! Owns: checking a [`Spec`] before anything is written — unknown sink, a
+//! name taken, a URL outside the manifest's grant or on an internal
+//! address, a filter that does not parse, a rate of 0, a retry override
+//! past the manifest's, a configuration the plugin's own `init` refuses —
+//! each refused with the field it names, nothing half-created; writing
+//! records (create, idempotent put, state changes, rotation, delete with
+//! park or purge); the views (record without secrets, health, queue).
+//!
+//! Must never: return a secret except in the answer that created or
+//! rotated it; delete deliveries unless the request says `purge`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::live::{retry_within, Live};
+use super::{now_ms, secret, Destination, Filter, RetryOverride, State, MAX_NAME_BYTES};
+use crate::ingest::routes::Router;
+use crate::plugin::egress::EgressPolicy;
+use crate::plugin::registry::Registry;
+use crate::plugin::Plugin;
+use crate::store::{Purged, PutMode, Store, StoreError};
+
+/// Most live-or-dead rows counted for the queue figures of a listing (the
+/// figures say `capped` past it), as `/ready` counts.
+pub const QUEUE_CAP: u64 = 100_000;
+
+/// What the actions work on.
+#[derive(Clone)]
+pub struct Context {
+    pub store: Arc<dyn Store>,
+    pub live: Arc<Live>,
+    pub plugins: Arc<Registry>,
+    pub routes: Arc<Router>,
+}
+
+/// Why an action did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// Bad input (HTTP 400), naming the field.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// `POST` of a name that exists (HTTP 409).
+    #[error("destination {0:?} already exists (PUT replaces it)")]
+    Exists(String),
+    /// HTTP 404.
+    #[error("no destination named {0:?}")]
+    NotFound(String),
+    /// Changed by someone else between read and write (HTTP 409).
+    #[error("destination {0:?} was changed meanwhile; read it again and retry")]
+    Changed(String),
+    /// HTTP 503.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ActionError {
+    /// The HTTP status it answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            ActionError::Invalid { .. } => 400,
+            ActionError::Exists(_) | ActionError::Changed(_) => 409,
+            ActionError::NotFound(_) => 404,
+            ActionError::Store(_) => 503,
+        }
+    }
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ActionError {
+    ActionError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// A destination as a request gives it (`POST`, `PUT`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// The plugin (manifest `name`) that serves it.
+    pub sink: String,
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+    /// The signing secret, given to the plugin as config `secret`. Omitted
+    /// on create: a Standard Webhooks `whsec_…` secret is generated and
+    /// returned once. `""`: no secret. Omitted on `PUT` of an existing
+    /// destination: the stored one is kept.
+    #[serde(default)]
+    pub secret: Option<String>,
+    #[serde(default)]
+    pub filter: Filter,
+    #[serde(default)]
+    pub retry: Option<RetryOverride>,
+    #[serde(default)]
+    pub rate_per_second: Option<u32>,
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// `active` (default) or `paused`.
+    #[serde(default)]
+    pub state: Option<State>,
+    /// RFC 3339: also queue the stored events since then that match, in
+    /// stream order (only when the destination is created).
+    #[serde(default)]
+    pub backfill_since: Option<String>,
+}
+
+/// The answer of a create or put.
+#[derive(Debug, Serialize)]
+pub struct Written {
+    pub created: bool,
+    /// False when a `PUT` found the same destination stored (nothing
+    /// written).
+    pub changed: bool,
+    pub destination: Value,
+    /// The secret, in the answer that generated it only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Deliveries a `backfill_since` created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backfilled: Option<u64>,
+}
+
+/// Create destination `name`; refused if it exists.
+pub async fn create(ctx: &Context, name: &str, spec: Spec) -> Result<Written, ActionError> {
+    write(ctx, name, spec, true).await
+}
+
+/// Create or replace destination `name` (idempotent: the same spec again
+/// writes nothing).
+pub async fn put(ctx: &Context, name: &str, spec: Spec) -> Result<Written, ActionError> {
+    write(ctx, name, spec, false).await
+}
+
+async fn write(
+    ctx: &Context,
+    name: &str,
+    spec: Spec,
+    create_only: bool,
+) -> Result<Written, ActionError> {
+    check_name(ctx, name)?;
+    let stored = find(ctx, name).await?;
+    if create_only && stored.is_some() {
+        return Err(ActionError::Exists(name.to_string()));
+    }
+    let plugin = ctx.plugins.serving(&spec.sink).ok_or_else(|| {
+        invalid(
+            "sink",
+            format!(
+                "no plugin named {:?} is loaded (loaded: {})",
+                spec.sink,
+                list_or_none(&ctx.plugins.loaded())
+            ),
+        )
+    })?;
+    let since_ms = match &spec.backfill_since {
+        Some(t) => Some(parse_time(t).map_err(|e| invalid("backfill_since", e))?),
+        None => None,
+    };
+    let previous = stored.as_ref().map(|(d, _)| d);
+    let (destination, generated) = record(name, &spec, previous)?;
+    check(&plugin, &destination).await?;
+    if let Some((old, _)) = &stored {
+        if *old == destination {
+            return Ok(Written {
+                created: false,
+                changed: false,
+                destination: destination.redacted(),
+                secret: None,
+                backfilled: None,
+            });
+        }
+    }
+    let text = serde_json::to_string(&destination).map_err(|e| invalid("", e.to_string()))?;
+    let mode = match &stored {
+        None => PutMode::Create,
+        Some((_, revision)) => PutMode::Revision(*revision),
+    };
+    if ctx
+        .store
+        .put_destination(name, &destination.sink, &text, mode)
+        .await?
+        .is_none()
+    {
+        return Err(match mode {
+            PutMode::Create if create_only => ActionError::Exists(name.to_string()),
+            _ => ActionError::Changed(name.to_string()),
+        });
+    }
+    ctx.live.refresh().await?;
+    ctx.live.poke();
+    let created = stored.is_none();
+    let backfilled = match since_ms.filter(|_| created) {
+        Some(since) => Some(
+            crate::ingest::routes::backfill(&*ctx.store, &ctx.routes, name, since)
+                .await?
+                .1,
+        ),
+        None => None,
+    };
+    tracing::info!(destination = %name, sink = %destination.sink, created, "destination written");
+    Ok(Written {
+        created,
+        changed: true,
+        destination: destination.redacted(),
+        secret: generated,
+        backfilled,
+    })
+}
+
+/// Build the record `spec` asks for over `previous`; returns it and the
+/// secret generated for it, if one was.
+fn record(
+    name: &str,
+    spec: &Spec,
+    previous: Option<&Destination>,
+) -> Result<(Destination, Option<String>), ActionError> {
+    if spec.config.contains_key("secret") || spec.config.contains_key("previous-secret") {
+        return Err(invalid(
+            "config.secret",
+            "give the signing secret as the destination's `secret`, not in `config` (it is then never shown)",
+        ));
+    }
+    for key in spec.config.keys() {
+        if key.is_empty() {
+            return Err(invalid("config", "a key is empty"));
+        }
+    }
+    spec.filter
+        .validate()
+        .map_err(|(field, message)| invalid(field, message))?;
+    for (field, value) in [
+        ("rate_per_second", spec.rate_per_second),
+        ("max_in_flight", spec.max_in_flight),
+    ] {
+        if value == Some(0) {
+            return Err(invalid(field, "must be at least 1 (omit it for no limit)"));
+        }
+    }
+    let state = match spec.state {
+        None | Some(State::Active) => State::Active,
+        Some(State::Paused) => State::Paused,
+        Some(State::Disabled) => {
+            return Err(invalid(
+                "state",
+                "`disabled` is set by outboxd only; use `paused`",
+            ))
+        }
+    };
+    let mut generated = None;
+    let (secret, previous_secret, previous_until_ms) = match (&spec.secret, previous) {
+        (Some(s), _) if s.is_empty() => (None, None, None),
+        (Some(s), _) => (Some(s.clone()), None, None),
+        (None, Some(p)) => (
+            p.secret.clone(),
+            p.previous_secret.clone(),
+            p.previous_until_ms,
+        ),
+        (None, None) => {
+            let s = secret::generate();
+            generated = Some(s.clone());
+            (Some(s), None, None)
+        }
+    };
+    let keep_state_reason = previous.filter(|p| p.state == state && state != State::Active);
+    Ok((
+        Destination {
+            name: name.to_string(),
+            sink: spec.sink.clone(),
+            config: spec.config.clone(),
+            filter: spec.filter.clone(),
+            retry: spec.retry.clone(),
+            rate_per_second: spec.rate_per_second,
+            max_in_flight: spec.max_in_flight,
+            state,
+            state_reason: keep_state_reason.and_then(|p| p.state_reason.clone()),
+            secret,
+            previous_secret,
+            previous_until_ms,
+            created_at_ms: previous.map_or_else(now_ms, |p| p.created_at_ms),
+        },
+        generated,
+    ))
+}
+
+/// Check `d` against the plugin that would serve it: retry within the
+/// manifest's bounds, the URL within its grant and on no internal address
+/// it does not name, and the plugin's own `init` accepting the merged
+/// configuration.
+async fn check(plugin: &Plugin, d: &Destination) -> Result<(), ActionError> {
+    let manifest = plugin.manifest();
+    if let Some(over) = &d.retry {
+        let m = &manifest.retry;
+        for (field, given, bound) in [
+            ("retry.window", over.window, m.window),
+            ("retry.cap", over.cap, m.cap),
+            ("retry.base", over.base, m.cap),
+        ] {
+            if let Some(given) = given.filter(|g| *g > bound) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{} is past the sink's bound of {} (manifest {})",
+                        humantime::format_duration(given),
+                        humantime::format_duration(bound),
+                        manifest.file.display()
+                    ),
+                ));
+            }
+        }
+    }
+    let config = d.plugin_config(now_ms());
+    if let Some(url) = config.get("url") {
+        if !manifest.capabilities.http.is_empty() {
+            check_url(&manifest.capabilities.http, url).await?;
+        }
+    }
+    let retry = d.retry.as_ref().map(|r| retry_within(&manifest.retry, r));
+    let trial = plugin.for_destination(&config, retry);
+    match trial.deliver(&[]).await {
+        Ok(_) => Ok(()),
+        Err(crate::plugin::SinkFailure::Init(reason)) => Err(invalid(
+            "config",
+            format!("sink {:?} refused it: {reason}", d.sink),
+        )),
+        Err(other) => Err(invalid(
+            "sink",
+            format!("sink {:?} failed to start: {other}", d.sink),
+        )),
+    }
+}
+
+/// `url` must be allowed by the manifest's `capabilities.http` and, once
+/// resolved, reach no internal address the allow-list does not name.
+async fn check_url(grant: &[String], url: &str) -> Result<(), ActionError> {
+    let field = "config.url";
+    let policy = EgressPolicy::new(grant).map_err(|e| invalid("sink", e))?;
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| invalid(field, format!("{url:?} is not a URL: {e}")))?;
+    let scheme = uri.scheme_str().unwrap_or("").to_ascii_lowercase();
+    if scheme != "http" && scheme != "https" {
+        return Err(invalid(field, "must be an http:// or https:// URL"));
+    }
+    policy.check(&uri).map_err(|e| invalid(field, e))?;
+    let host = uri
+        .host()
+        .unwrap_or("")
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = uri
+        .port_u16()
+        .unwrap_or(if scheme == "https" { 443 } else { 80 });
+    let addrs = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .map_err(|e| invalid(field, format!("{host} does not resolve: {e}")))?;
+    for addr in addrs {
+        policy
+            .check_address(&scheme, &host, addr)
+            .map_err(|e| invalid(field, e))?;
+    }
+    Ok(())
+}
+
+fn check_name(ctx: &Context, name: &str) -> Result<(), ActionError> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(invalid(
+            "name",
+            format!("must be 1 to {MAX_NAME_BYTES} bytes"),
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(invalid(
+            "name",
+            format!("{name:?} may hold only letters, digits, `-`, `_` and `.`"),
+        ));
+    }
+    if ctx.plugins.known().iter().any(|s| s == name) {
+        return Err(invalid(
+            "name",
+            format!("{name:?} is the name of a sink (its own deliveries are stored under it); choose another"),
+        ));
+    }
+    Ok(())
+}
+
+async fn find(ctx: &Context, name: &str) -> Result<Option<(Destination, i64)>, ActionError> {
+    let rows = ctx.store.destinations().await?;
+    let Some(row) = rows.into_iter().find(|r| r.name == name) else {
+        return Ok(None);
+    };
+    let d = serde_json::from_str(&row.record).map_err(|e| {
+        ActionError::Store(StoreError::Corrupt(format!("destination {name:?}: {e}")))
+    })?;
+    Ok(Some((d, row.revision)))
+}
+
+async fn update(
+    ctx: &Context,
+    name: &str,
+    change: impl FnOnce(&mut Destination),
+) -> Result<Destination, ActionError> {
+    let (mut d, revision) = find(ctx, name)
+        .await?
+        .ok_or_else(|| ActionError::NotFound(name.to_string()))?;
+    change(&mut d);
+    let text = serde_json::to_string(&d).map_err(|e| invalid("", e.to_string()))?;
+    if ctx
+        .store
+        .put_destination(name, &d.sink, &text, PutMode::Revision(revision))
+        .await?
+        .is_none()
+    {
+        return Err(ActionError::Changed(name.to_string()));
+    }
+    ctx.live.refresh().await?;
+    ctx.live.poke();
+    Ok(d)
+}
+
+/// Pause (nothing claimed, deliveries still queued) or resume (also
+/// re-enables a disabled destination) destination `name`.
+pub async fn set_active(ctx: &Context, name: &str, active: bool) -> Result<Value, ActionError> {
+    let d = update(ctx, name, |d| {
+        d.state = if active { State::Active } else { State::Paused };
+        d.state_reason = (!active).then(|| "paused by an operator".to_string());
+    })
+    .await?;
+    if active {
+        // Its failing time starts afresh: the operator says the target is
+        // fixed.
+        let _ = ctx
+            .store
+            .save_destination_health(
+                name,
+                &serde_json::to_string(&super::health::Health::default()).unwrap_or_default(),
+            )
+            .await;
+    }
+    tracing::info!(destination = %name, active, "destination state changed");
+    Ok(d.redacted())
+}
+
+/// Rotate the signing secret of `name`: `new` (or a generated one) signs
+/// from now on; the previous one keeps signing beside it for `grace`.
+/// Returns the new secret — the only time it is shown.
+pub async fn rotate(
+    ctx: &Context,
+    name: &str,
+    new: Option<String>,
+    grace: Option<Duration>,
+) -> Result<Value, ActionError> {
+    if new.as_deref() == Some("") {
+        return Err(invalid("secret", "is empty"));
+    }
+    let secret = new.unwrap_or_else(secret::generate);
+    let grace = grace.unwrap_or(secret::DEFAULT_GRACE);
+    let given = secret.clone();
+    let d = update(ctx, name, move |d| {
+        d.previous_secret = d.secret.replace(given);
+        d.previous_until_ms = Some(now_ms() + grace.as_millis() as i64);
+    })
+    .await?;
+    tracing::info!(destination = %name, grace = ?grace, "destination secret rotated");
+    Ok(json!({
+        "destination": d.redacted(),
+        "secret": secret,
+        "previous_valid_until": d.previous_until_ms.map(rfc3339),
+    }))
+}
+
+/// What a delete does with the destination's deliveries not yet delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pending {
+    /// Keep them, waiting under the destination's name (a destination of
+    /// that name created later delivers them).
+    Park,
+    /// Delete them (pending, retrying and dead).
+    Purge,
+}
+
+/// Delete destination `name`, with `pending` deciding its deliveries.
+pub async fn delete(ctx: &Context, name: &str, pending: Pending) -> Result<Value, ActionError> {
+    if !ctx.store.delete_destination(name).await? {
+        return Err(ActionError::NotFound(name.to_string()));
+    }
+    ctx.live.refresh().await?;
+    ctx.live.poke();
+    let purged = match pending {
+        Pending::Purge => ctx.store.purge_target(name).await?,
+        Pending::Park => Purged::default(),
+    };
+    tracing::info!(destination = %name, ?pending, purged.pending, purged.dead, "destination deleted");
+    Ok(json!({ "deleted": name, "pending": pending, "purged": purged }))
+}
+
+/// Every destination: record (no secrets), health and queue figures.
+pub async fn list(ctx: &Context) -> Result<Vec<Value>, ActionError> {
+    let snapshot = ctx.live.current();
+    let rows = ctx.store.destinations().await?;
+    let health: BTreeMap<String, Value> = ctx
+        .store
+        .destination_health()
+        .await?
+        .into_iter()
+        .filter_map(|(n, h)| serde_json::from_str(&h).ok().map(|h| (n, h)))
+        .collect();
+    let queue = ctx.store.queue_stats(QUEUE_CAP).await?;
+    let mut out = Vec::new();
+    for row in rows {
+        let mut view = match serde_json::from_str::<Destination>(&row.record) {
+            Ok(d) => d.redacted(),
+            Err(e) => {
+                json!({ "name": row.name, "sink": row.sink, "error": format!("unreadable record: {e}") })
+            }
+        };
+        let q = queue.sinks.iter().find(|q| q.sink == row.name);
+        if let Some(map) = view.as_object_mut() {
+            map.insert("revision".into(), row.revision.into());
+            map.insert(
+                "health".into(),
+                health.get(&row.name).cloned().unwrap_or_else(|| json!({})),
+            );
+            map.insert(
+                "queue".into(),
+                json!({
+                    "pending": q.map_or(0, |q| q.pending),
+                    "retrying": q.map_or(0, |q| q.retrying),
+                    "leased": q.map_or(0, |q| q.leased),
+                    "dead": q.map_or(0, |q| q.dead),
+                    "oldest_due_age_ms": q.and_then(|q| q.oldest_due_age_ms),
+                    "capped": queue.capped,
+                }),
+            );
+            map.insert(
+                "served_here".into(),
+                (snapshot.by_name.contains_key(&row.name)
+                    && ctx.plugins.serving(&row.sink).is_some())
+                .into(),
+            );
+        }
+        out.push(view);
+    }
+    Ok(out)
+}
+
+/// One destination, as [`list`] shows it.
+pub async fn show(ctx: &Context, name: &str) -> Result<Value, ActionError> {
+    list(ctx)
+        .await?
+        .into_iter()
+        .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
+        .ok_or_else(|| ActionError::NotFound(name.to_string()))
+}
+
+/// Unix ms as RFC 3339 UTC with milliseconds.
+pub fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// RFC 3339 to Unix ms.
+pub fn parse_time(text: &str) -> Result<i64, String> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".into()
+    } else {
+        items.join(", ")
+    }
+}

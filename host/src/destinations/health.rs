@@ -1,0 +1,178 @@
+//! Per-destination health: what its loop last saw, and disabling a
+//! destination whose every attempt failed for too long.
+//!
+//! Owns: the [`Health`] record (last attempt, last status and error, last
+//! success, failing since), kept in memory by each destination's loop
+//! through [`Tracker`] and written to the store at most every
+//! [`FLUSH_EVERY`] or when the status flips; the automatic disable after
+//! `destinations.disable-after` of failures with no success (Svix's
+//! rule: an endpoint failing for 5 days is disabled).
+//!
+//! Must never: dead-letter anything on disable — the deliveries wait — or
+//! write to the store on the delivery path (writes are spawned).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{now_ms, Destination, State};
+use crate::delivery::TurnObserver;
+use crate::store::{PutMode, Store};
+
+/// Longest time between two writes of a destination's health while its
+/// status does not change.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
+
+/// What a destination's loop last saw. Times are Unix ms.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub last_attempt_at_ms: Option<i64>,
+    /// `delivered` (at least one event of the last batch delivered) or
+    /// `failed`.
+    pub last_status: Option<String>,
+    pub last_error: Option<String>,
+    pub last_success_at_ms: Option<i64>,
+    /// Since when every attempt failed; `None` after a success.
+    pub failing_since_ms: Option<i64>,
+}
+
+/// Follows one destination's batches ([`TurnObserver`]).
+pub struct Tracker {
+    name: String,
+    store: Arc<dyn Store>,
+    disable_after: Duration,
+    /// Told to read the destinations again after a disable, so the loop
+    /// holds at once rather than at the next refresh.
+    live: Arc<super::live::Live>,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    health: Health,
+    flushed: Option<Instant>,
+    /// A disable is under way (written once, not on every failing batch).
+    disabling: bool,
+}
+
+impl Tracker {
+    /// Start from `health` as stored (so a restart does not reset how long
+    /// a destination has been failing).
+    pub fn new(
+        name: &str,
+        store: Arc<dyn Store>,
+        health: Health,
+        disable_after: Duration,
+        live: Arc<super::live::Live>,
+    ) -> Arc<Tracker> {
+        Arc::new(Tracker {
+            name: name.to_string(),
+            store,
+            disable_after,
+            live,
+            inner: Mutex::new(Inner {
+                health,
+                flushed: None,
+                disabling: false,
+            }),
+        })
+    }
+
+    fn flush(&self, health: Health) {
+        let (store, name) = (self.store.clone(), self.name.clone());
+        tokio::spawn(async move {
+            let Ok(json) = serde_json::to_string(&health) else {
+                return;
+            };
+            if let Err(e) = store.save_destination_health(&name, &json).await {
+                tracing::warn!(destination = %name, "saving destination health: {e}");
+            }
+        });
+    }
+
+    fn disable(&self, since_ms: i64) {
+        let (store, name) = (self.store.clone(), self.name.clone());
+        let after = self.disable_after;
+        let live = self.live.clone();
+        tokio::spawn(async move {
+            match disable(&*store, &name, since_ms, after).await {
+                Ok(true) => {
+                    live.poke();
+                    tracing::error!(
+                    destination = %name, failing_for = ?after,
+                    "destination disabled: every attempt failed; its deliveries wait until it is resumed"
+                    )
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(destination = %name, "disabling destination: {e}"),
+            }
+        });
+    }
+}
+
+/// Set destination `name` disabled unless an operator changed it
+/// meanwhile. Returns whether it did.
+async fn disable(
+    store: &dyn Store,
+    name: &str,
+    since_ms: i64,
+    after: Duration,
+) -> Result<bool, crate::store::StoreError> {
+    let rows = store.destinations().await?;
+    let Some(row) = rows.into_iter().find(|r| r.name == name) else {
+        return Ok(false);
+    };
+    let Ok(mut d) = serde_json::from_str::<Destination>(&row.record) else {
+        return Ok(false);
+    };
+    if d.state != State::Active {
+        return Ok(false);
+    }
+    d.state = State::Disabled;
+    d.state_reason = Some(format!(
+        "every attempt failed for {} (since {}); resume it when the target is fixed",
+        humantime::format_duration(after),
+        crate::destinations::actions::rfc3339(since_ms),
+    ));
+    let record = serde_json::to_string(&d).unwrap_or_default();
+    Ok(store
+        .put_destination(name, &d.sink, &record, PutMode::Revision(row.revision))
+        .await?
+        .is_some())
+}
+
+impl TurnObserver for Tracker {
+    fn turn(&self, delivered: usize, failed: usize, last_error: Option<&str>) {
+        let now = now_ms();
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = &mut *guard;
+        let h = &mut inner.health;
+        let status = if delivered > 0 { "delivered" } else { "failed" };
+        let flipped = h.last_status.as_deref() != Some(status);
+        h.last_attempt_at_ms = Some(now);
+        h.last_status = Some(status.to_string());
+        if delivered > 0 {
+            h.last_success_at_ms = Some(now);
+            h.failing_since_ms = None;
+            inner.disabling = false;
+        } else if failed > 0 {
+            h.failing_since_ms.get_or_insert(now);
+        }
+        if let Some(e) = last_error {
+            h.last_error = Some(e.to_string());
+        }
+        let due = inner.flushed.is_none_or(|t| t.elapsed() >= FLUSH_EVERY);
+        let failing_since = h.failing_since_ms;
+        let health = h.clone();
+        if flipped || due {
+            inner.flushed = Some(Instant::now());
+            self.flush(health);
+        }
+        if let Some(since) = failing_since {
+            if now - since >= self.disable_after.as_millis() as i64 && !inner.disabling {
+                inner.disabling = true;
+                self.disable(since);
+            }
+        }
+    }
+}
