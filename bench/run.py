@@ -42,11 +42,11 @@ PG_BASE = ADMIN.rsplit("/", 1)[0]
 
 SIZES = {
     # n, streams, claim backlogs, memory backlog, seconds of memory run
-    "ci": dict(source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
+    "ci": dict(dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
                peer_timeout=60, latency_s=3),
-    "small": dict(source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
+    "small": dict(dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
                   memory_s=15, peer_timeout=120, latency_s=10),
-    "full": dict(source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
+    "full": dict(dest_events=20_000, dest_n=1_000, dest_fanout=1_000, source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
                  plugin_n=20_000,
                  memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30),
 }
@@ -166,7 +166,7 @@ def build(ctx, args):
         return
     cargo = ["cargo", "build", "-p", "outboxd", "--bin", "outboxd", "--example", "bench_http",
              "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench",
-             "--example", "source_bench"]
+             "--example", "source_bench", "--example", "destinations_bench"]
     if ctx.profile == "release":
         cargo.insert(2, "--release")
     sh(cargo, cwd=ROOT)
@@ -414,6 +414,17 @@ def source_cost(ctx):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def destinations_cost(ctx):
+    """host/examples/destinations_bench.rs: deliveries/s with one
+    destination and with many fanned out, and 10 busy destinations alone
+    against the same 10 beside idle ones."""
+    out = subprocess.run([ctx.example("destinations_bench"), "--events", str(ctx.size["dest_events"]),
+                          "--destinations", str(ctx.size["dest_n"]), "--fanout-events", str(ctx.size["dest_fanout"]),
+                          "--plugins", os.path.join(ROOT, "target", "plugins")],
+                         check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def fill_backlog(url, n, streams):
     """n pending deliveries to `webhook` straight in SQL (what is measured is
     the daemon holding a backlog, not ingest)."""
@@ -616,6 +627,10 @@ def summarise(ctx):
     sc = R.get("source_cost")
     if sc:
         s["amqp source / lapin + sqlx consumer"] = sc["ratio"]
+    dc = R.get("destinations_cost")
+    if dc:
+        s[f"{dc['destinations']:,} destinations fanned out / 1 destination (deliveries/s)"] = dc["fanout_vs_one"]
+        s[f"{dc['busy']} busy destinations beside {dc['destinations'] - dc['busy']:,} idle / alone"] = dc["busy_beside_idle_vs_alone"]
     pc = R.get("plugin_cost")
     if pc:
         for row in pc["sizes"]:
@@ -708,6 +723,21 @@ def markdown(ctx):
         if 1 in raw:
             out.append(f"| raw-SQL pipeline (W=1, no sink) | {fmt(raw[1]['pipeline_eps'])} | "
                        f"{fmt(raw[1]['insert_eps'])} |")
+    dc = R.get("destinations_cost")
+    if dc:
+        out += ["", "## 4d. Destinations", "",
+                "`host/examples/destinations_bench.rs`: the webhook sink on PostgreSQL, destinations created "
+                "through the admin API, all posting to one loopback receiver answering 200; each stage on a "
+                "fresh database.", "",
+                "| stage | destinations | events | deliveries/s |", "|---|---|---|---|",
+                f"| one destination | 1 | {dc['events']:,} | {fmt(dc['one_dps'])} |",
+                f"| fan-out to all | {dc['destinations']:,} | {dc['fanout_events']:,} | {fmt(dc['fanout_dps'])} |",
+                f"| busy alone | {dc['busy']} | {dc['events']:,} | {fmt(dc['busy_alone_dps'])} |",
+                f"| busy beside idle | {dc['busy']} + {dc['destinations'] - dc['busy']:,} idle | {dc['events']:,} | "
+                f"{fmt(dc['busy_beside_idle_dps'])} |", "",
+                f"Fan-out / one: **{dc['fanout_vs_one']:.2f}**; busy beside idle / alone: "
+                f"**{dc['busy_beside_idle_vs_alone']:.2f}** (aim ≥ 0.5). Creating {dc['destinations']:,} "
+                f"destinations took {dc['create_all_s']} s."]
     sc = R.get("source_cost")
     if sc:
         out += ["", "## 4c. The amqp source against a plain consumer", "",
@@ -842,6 +872,10 @@ def main():
             log("amqp source against a plain lapin + sqlx consumer")
             ctx.results["source_cost"] = source_cost(ctx)
             log(json.dumps(ctx.results["source_cost"]))
+        if "destinations" not in ctx.skip:
+            log("destinations: one, fan-out, busy beside idle")
+            ctx.results["destinations_cost"] = destinations_cost(ctx)
+            log(json.dumps(ctx.results["destinations_cost"]))
         if "claim" not in ctx.skip:
             log(f"claim cost at {ctx.size['claim']}")
             ctx.results["claim_cost"] = claim_cost(ctx)

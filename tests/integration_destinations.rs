@@ -109,6 +109,7 @@ both_stores!(
     a_destination_failing_for_the_disable_period_is_disabled_and_resumes,
     bad_input_is_refused_naming_the_field_and_nothing_is_created,
     destinations_and_their_states_come_back_after_a_restart,
+    a_platform_sync_creates_backfills_updates_and_pauses_and_never_echoes,
 );
 
 async fn fifty_destinations_each_get_exactly_their_events_in_order_signed_with_their_own_secret(
@@ -711,6 +712,89 @@ async fn the_cli_manages_destinations_through_the_daemon() {
     );
     assert!(ok, "{err}");
     assert!(out.contains("\"deleted\": \"cli-1\""), "{out}");
+    d.stop().await;
+    db.cleanup().await;
+}
+
+async fn a_platform_sync_creates_backfills_updates_and_pauses_and_never_echoes(backend: Backend) {
+    let (a, a2, b, fallback) = (
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+    );
+    let plugins = plugins(&fallback, &[&a, &a2, &b]);
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    let from = |id: &str, platform: Option<&str>| {
+        let mut e = event(id, "packet-1", "t", json!({ "id": id }));
+        if let Some(p) = platform {
+            e["requestingplatform"] = p.into();
+        }
+        e
+    };
+    d.post_batch(&[
+        from("e1", Some("alpha")),
+        from("e2", Some("beta")),
+        from("e3", None),
+    ])
+    .await;
+    let (sa, sb) = (new_secret(), new_secret());
+    let platforms = |a_url: &str, with_beta: bool| {
+        let mut list = vec![json!({ "name": "alpha", "url": a_url, "secret": sa })];
+        if with_beta {
+            list.push(json!({ "name": "beta", "url": b.url(), "secret": sb }));
+        }
+        json!({ "platforms": list, "prefix": "p-" })
+    };
+    let sync =
+        |body: Value| async { api(&d, "POST", "/v1/admin/destinations/sync", Some(body)).await };
+    let (status, report) = sync(platforms(&a.url(), true)).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["created"], json!(["p-alpha", "p-beta"]), "{report}");
+    // Backfilled, never echoed: alpha never gets what alpha sent.
+    assert!(eventually(Duration::from_secs(10), || a.count() == 2 && b.count() == 2).await);
+    assert_eq!(ids(&a), vec!["e2", "e3"]);
+    assert_eq!(ids(&b), vec!["e1", "e3"]);
+    assert!(a.with_seen(|s| s.iter().all(|x| verify_signature(&sa, x))));
+    assert!(b.with_seen(|s| s.iter().all(|x| verify_signature(&sb, x))));
+    // The same list again changes nothing.
+    let (_, report) = sync(platforms(&a.url(), true)).await;
+    assert_eq!(
+        report["unchanged"],
+        json!(["p-alpha", "p-beta"]),
+        "{report}"
+    );
+    // A changed URL is updated in place.
+    let (_, report) = sync(platforms(&a2.url(), true)).await;
+    assert_eq!(report["updated"], json!(["p-alpha"]), "{report}");
+    d.post_event(&from("e4", Some("gamma"))).await;
+    assert!(
+        eventually(Duration::from_secs(10), || a2.count() == 1
+            && b.count() == 3)
+        .await
+    );
+    // A platform gone from the list is paused; its deliveries wait.
+    let (_, report) = sync(platforms(&a2.url(), false)).await;
+    assert_eq!(report["paused"], json!(["p-beta"]), "{report}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    d.post_event(&from("e5", Some("alpha"))).await;
+    d.post_event(&from("e6", None)).await;
+    assert!(eventually(Duration::from_secs(10), || a2.count() == 2).await);
+    let (_, shown) = api(&d, "GET", "/v1/admin/destinations/p-beta", None).await;
+    assert_eq!(shown["state"], "paused", "{shown}");
+    assert_eq!(shown["queue"]["pending"], 2, "{shown}");
+    assert_eq!(b.count(), 3);
+    // Back in the list: active again, and what waited is delivered in order.
+    let (_, report) = sync(platforms(&a2.url(), true)).await;
+    assert_eq!(report["updated"], json!(["p-beta"]), "{report}");
+    assert!(eventually(Duration::from_secs(10), || b.count() == 5).await);
+    assert_eq!(ids(&b), vec!["e1", "e3", "e4", "e5", "e6"]);
+    assert_eq!(ids(&a2), vec!["e4", "e6"]);
+    // A bad entry refuses the whole sync, naming it.
+    let (status, refused) = sync(json!({ "platforms": [{ "name": "alpha", "url": a2.url() }, { "name": "alpha", "url": b.url() }] })).await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["field"], "platforms[1].name");
     d.stop().await;
     db.cleanup().await;
 }

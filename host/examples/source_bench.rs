@@ -174,7 +174,7 @@ async fn run_outboxd(url: &str, queue: &str, n: usize, batch: usize) -> f64 {
         store,
         routes: Arc::new(outboxd::ingest::routes::Router::new(None, Vec::new()).unwrap()),
         metrics: metrics.clone(),
-        wake: Arc::new(tokio::sync::Notify::new()),
+        wake: outboxd::wakeups::Wakeups::new(),
         db_timeout: outboxd::config::DeliveryConfig::default().db_timeout,
         amqp: outboxd::plugin::amqp::AmqpPool::new(),
     };

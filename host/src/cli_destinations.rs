@@ -83,6 +83,16 @@ pub enum DestinationsCommand {
     Pause { name: String },
     /// Resume a paused or disabled destination.
     Resume { name: String },
+    /// Make the catch-all destinations match a platform list (JSON: an
+    /// array of `{name, url, secret}`, or `{"platforms": [...], "sink",
+    /// "config", "prefix", "backfill"}`): new platforms created and
+    /// backfilled (24 h by default), changed ones updated, vanished ones
+    /// paused (never deleted). Idempotent.
+    Sync {
+        /// The platform list.
+        #[arg(long = "from")]
+        from: PathBuf,
+    },
     /// Rotate its signing secret; the previous one keeps signing beside the
     /// new one for the grace period.
     RotateSecret {
@@ -146,6 +156,18 @@ pub async fn run(config: &Config, command: DestinationsCommand) -> anyhow::Resul
             let spec: Value = serde_json::from_str(&text)
                 .map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", file.display()))?;
             (Method::PUT, format!("{base}/{name}"), Some(spec))
+        }
+        DestinationsCommand::Sync { from } => {
+            let text = std::fs::read_to_string(&from)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", from.display()))?;
+            // Checked here too, so a bad file is named before any request.
+            let req = outboxd::destinations::sync::parse(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", from.display()))?;
+            (
+                Method::POST,
+                format!("{base}/sync"),
+                Some(serde_json::to_value(req)?),
+            )
         }
         DestinationsCommand::Delete { name, pending } => (
             Method::DELETE,

@@ -81,6 +81,36 @@ pub struct DestinationsConfig {
     /// Default 5 days, as Svix disables a failing endpoint.
     #[serde(with = "humantime_serde")]
     pub disable_after: Duration,
+    /// How long a destination's loop sleeps when the destination has
+    /// nothing pending at all. It is woken at once by an ingest, a replay
+    /// or a backfill that queues work for it (in every replica, through
+    /// PostgreSQL `NOTIFY`), so this only bounds how late work queued
+    /// without a wake-up (a dead-letter replay by the CLI on SQLite) is
+    /// noticed; idle destinations then cost one claim per interval each.
+    /// Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub idle_poll_interval: Duration,
+    /// A platform list to keep the catch-all destinations in step with
+    /// (`outboxd destinations sync`), read again every `every`. Default
+    /// none.
+    pub sync: Option<SyncConfig>,
+}
+
+/// `[destinations.sync]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SyncConfig {
+    /// The platform list (JSON, as `outboxd destinations sync --from`).
+    pub from: PathBuf,
+    /// How often. Default 5 min.
+    #[serde(with = "humantime_serde", default = "SyncConfig::default_every")]
+    pub every: Duration,
+}
+
+impl SyncConfig {
+    fn default_every() -> Duration {
+        Duration::from_secs(300)
+    }
 }
 
 impl Default for DestinationsConfig {
@@ -88,6 +118,8 @@ impl Default for DestinationsConfig {
         DestinationsConfig {
             refresh_interval: Duration::from_secs(1),
             disable_after: Duration::from_secs(5 * 24 * 3600),
+            idle_poll_interval: Duration::from_secs(10),
+            sync: None,
         }
     }
 }

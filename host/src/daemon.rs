@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
@@ -116,7 +116,7 @@ impl Daemon {
         );
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let wake = Arc::new(Notify::new());
+        let wake = crate::wakeups::Wakeups::new();
         let heartbeats = Arc::new(Heartbeats::default());
         let quarantines = Arc::new(crate::delivery::Quarantines::default());
         store.forward_wakeups(wake.clone(), shutdown_rx.clone());
@@ -127,6 +127,7 @@ impl Daemon {
             heartbeats: heartbeats.clone(),
             metrics: metrics.clone(),
             quarantines: quarantines.clone(),
+            paused: Arc::default(),
         };
         let mut tasks = Vec::new();
         let route_table = routes.clone();
@@ -149,6 +150,7 @@ impl Daemon {
             shared: shared.clone(),
             live: live.clone(),
             disable_after: config.destinations.disable_after,
+            idle_poll: config.destinations.idle_poll_interval,
             spawned: sink_tasks.clone(),
             shutdown: shutdown_rx.clone(),
         };
@@ -192,6 +194,22 @@ impl Daemon {
             shutdown_rx.clone(),
         ));
 
+        if let Some(sync) = &config.destinations.sync {
+            let ctx = crate::destinations::actions::Context {
+                store: store.clone(),
+                live: live.clone(),
+                plugins: registry.clone(),
+                routes: routes.clone(),
+                wake: wake.clone(),
+            };
+            tasks.push(crate::destinations::sync::run_every(
+                ctx,
+                sync.from.clone(),
+                sync.every,
+                shutdown_rx.clone(),
+            ));
+        }
+        let wake_ops = wake.clone();
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
             routes: routes.clone(),
@@ -210,6 +228,7 @@ impl Daemon {
             routes,
             sources,
             live,
+            wake: wake_ops,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

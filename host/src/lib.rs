@@ -19,3 +19,4 @@ pub mod ops;
 pub mod plugin;
 pub mod sources;
 pub mod store;
+pub mod wakeups;

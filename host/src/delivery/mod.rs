@@ -15,6 +15,7 @@
 //! sink did not acknowledge.
 
 pub mod heartbeat;
+pub mod paused;
 pub mod quarantine;
 pub mod retry;
 pub mod target;
@@ -22,7 +23,7 @@ pub mod target;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 use crate::config::DeliveryConfig;
 use crate::metrics::{Metrics, PluginLabel, SinkLabel, TrapLabel};
@@ -52,7 +53,7 @@ pub async fn run_router(
     store: Arc<dyn Store>,
     route: Arc<RouteFn>,
     config: DeliveryConfig,
-    wake: Arc<Notify>,
+    wake: Arc<crate::wakeups::Wakeups>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     const PAGE: u32 = 500;
@@ -60,14 +61,14 @@ pub async fn run_router(
         if *shutdown.borrow() {
             return;
         }
-        let notified = wake.notified();
+        let notified = wake.all().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let routed =
             tokio::time::timeout(config.db_timeout, store.route_pending(&*route, PAGE)).await;
         match routed {
             Ok(Ok(n)) if n > 0 => {
-                wake.notify_waiters();
+                wake.everyone();
                 if n as u32 >= PAGE {
                     continue;
                 }
@@ -92,12 +93,15 @@ pub async fn run_router(
 pub struct Shared {
     pub store: Arc<dyn Store>,
     pub config: DeliveryConfig,
-    /// Woken on ingest (and by LISTEN/NOTIFY from other processes).
-    pub wake: Arc<Notify>,
+    /// Woken on ingest, per delivery key (and by LISTEN/NOTIFY from other
+    /// processes).
+    pub wake: Arc<crate::wakeups::Wakeups>,
     pub heartbeats: Arc<Heartbeats>,
     pub metrics: Arc<Metrics>,
     /// Which sinks are quarantined (shown by `/ready` and the admin API).
     pub quarantines: Arc<Quarantines>,
+    /// Which sinks an operator paused (one read per second for every loop).
+    pub paused: Arc<paused::PausedSinks>,
 }
 
 /// The stale limit of a sink's loop: its longest healthy turn (plugin
@@ -176,12 +180,9 @@ pub async fn run_sink(
     // claimed, ingest wake-ups do not end it, the loop still beats.
     let mut quarantined_until: Option<std::time::Instant> = None;
     let mut batch_limit = u32::MAX;
-    // Whether an operator paused the sink, and when that was last read:
-    // at most once per PAUSE_RECHECK, not on every turn of a busy loop.
-    let mut paused = false;
-    let mut paused_read: Option<std::time::Instant> = None;
     // Set when a wait below saw `current` change (which marks it seen).
     let mut swapped = true;
+    let key_wake = shared.wake.subscribe(&sink);
     tracing::info!(sink = %sink, lease = ?lease, "delivery loop started");
     loop {
         if *shutdown.borrow() {
@@ -245,17 +246,18 @@ pub async fn run_sink(
         let turn_deadline = deadline + config.db_timeout * 3;
         // Register for wake-ups before looking, so an ingest between the
         // look and the sleep is not missed.
-        let notified = shared.wake.notified();
+        let notified = shared.wake.all().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        let notified_key = key_wake.notified();
+        tokio::pin!(notified_key);
+        notified_key.as_mut().enable();
 
-        if paused_read.is_none_or(|t| t.elapsed() >= PAUSE_RECHECK) {
-            paused = match tokio::time::timeout(config.db_timeout, store.paused_sinks()).await {
-                Ok(Ok(p)) => p.contains(&sink),
-                _ => false,
-            };
-            paused_read = Some(std::time::Instant::now());
-        }
+        // A sink paused by an operator holds every destination of it too.
+        let paused = shared
+            .paused
+            .any(store, config.db_timeout, &[&sink, plugin.name()])
+            .await;
         let held = paused || target.hold.is_some();
         let sleep = if held {
             shared.heartbeats.turn(&sink, true);
@@ -343,7 +345,7 @@ pub async fn run_sink(
                             .await
                         {
                             Ok(Ok(Some(wait))) => wait.min(config.max_poll_interval),
-                            Ok(Ok(None)) => config.max_poll_interval,
+                            Ok(Ok(None)) => target.idle_poll.unwrap_or(config.max_poll_interval),
                             Ok(Err(e)) => {
                                 tracing::warn!(sink = %sink, "next due time: {e}");
                                 config.max_poll_interval
@@ -368,6 +370,7 @@ pub async fn run_sink(
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = &mut notified, if !held => {}
+            _ = &mut notified_key, if !held => {}
             Ok(()) = current.changed() => swapped = true,
             _ = shutdown.changed() => {}
         }

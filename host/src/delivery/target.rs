@@ -28,6 +28,9 @@ pub struct Target {
     pub max_in_flight: Option<u32>,
     /// Told the result of every batch attempted.
     pub observer: Option<Arc<dyn TurnObserver>>,
+    /// How long the loop sleeps when its key has nothing pending at all,
+    /// unless woken; `None`: `delivery.max-poll-interval`.
+    pub idle_poll: Option<std::time::Duration>,
 }
 
 impl Target {
@@ -39,6 +42,7 @@ impl Target {
             rate: None,
             max_in_flight: None,
             observer: None,
+            idle_poll: None,
         }
     }
 }

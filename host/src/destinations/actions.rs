@@ -39,6 +39,7 @@ pub struct Context {
     pub live: Arc<Live>,
     pub plugins: Arc<Registry>,
     pub routes: Arc<Router>,
+    pub wake: Arc<crate::wakeups::Wakeups>,
 }
 
 /// Why an action did nothing.
@@ -102,9 +103,14 @@ pub struct Spec {
     pub rate_per_second: Option<u32>,
     #[serde(default)]
     pub max_in_flight: Option<u32>,
-    /// `active` (default) or `paused`.
+    /// `active` or `paused`. Omitted: `active` for a new destination, the
+    /// stored state (paused or disabled, with its reason) otherwise.
     #[serde(default)]
     pub state: Option<State>,
+    /// Who keeps it (`sync` for a platform sync); shown, not interpreted
+    /// except by that sync.
+    #[serde(default)]
+    pub managed_by: Option<String>,
     /// RFC 3339: also queue the stored events since then that match, in
     /// stream order (only when the destination is created).
     #[serde(default)]
@@ -197,11 +203,12 @@ async fn write(
     ctx.live.poke();
     let created = stored.is_none();
     let backfilled = match since_ms.filter(|_| created) {
-        Some(since) => Some(
-            crate::ingest::routes::backfill(&*ctx.store, &ctx.routes, name, since)
-                .await?
-                .1,
-        ),
+        Some(since) => {
+            let (_, n) =
+                crate::ingest::routes::backfill(&*ctx.store, &ctx.routes, name, since).await?;
+            ctx.wake.keys([name]);
+            Some(n)
+        }
         None => None,
     };
     tracing::info!(destination = %name, sink = %destination.sink, created, "destination written");
@@ -244,7 +251,8 @@ fn record(
         }
     }
     let state = match spec.state {
-        None | Some(State::Active) => State::Active,
+        None => previous.map_or(State::Active, |p| p.state),
+        Some(State::Active) => State::Active,
         Some(State::Paused) => State::Paused,
         Some(State::Disabled) => {
             return Err(invalid(
@@ -284,6 +292,7 @@ fn record(
             previous_secret,
             previous_until_ms,
             created_at_ms: previous.map_or_else(now_ms, |p| p.created_at_ms),
+            managed_by: spec.managed_by.clone(),
         },
         generated,
     ))
@@ -425,6 +434,28 @@ async fn update(
     ctx.live.refresh().await?;
     ctx.live.poke();
     Ok(d)
+}
+
+/// Every destination as stored (records that do not parse are skipped).
+pub async fn all(ctx: &Context) -> Result<Vec<Destination>, ActionError> {
+    Ok(ctx
+        .store
+        .destinations()
+        .await?
+        .into_iter()
+        .filter_map(|r| serde_json::from_str(&r.record).ok())
+        .collect())
+}
+
+/// Pause destination `name` with `reason`.
+pub async fn hold(ctx: &Context, name: &str, reason: &str) -> Result<Value, ActionError> {
+    let d = update(ctx, name, |d| {
+        d.state = State::Paused;
+        d.state_reason = Some(reason.to_string());
+    })
+    .await?;
+    tracing::info!(destination = %name, reason, "destination paused");
+    Ok(d.redacted())
 }
 
 /// Pause (nothing claimed, deliveries still queued) or resume (also

@@ -126,6 +126,8 @@ pub struct ServeContext {
     pub live: Arc<Live>,
     /// `destinations.disable-after`.
     pub disable_after: Duration,
+    /// `destinations.idle-poll-interval`.
+    pub idle_poll: Duration,
     /// Where the loops' handles go (awaited at shutdown).
     pub spawned: Arc<Mutex<Vec<JoinHandle<()>>>>,
     pub shutdown: watch::Receiver<bool>,
@@ -249,7 +251,7 @@ fn reconcile(
                         )
                     })
                     .clone();
-                target_of(plugin, d, now, tracker)
+                target_of(plugin, d, now, tracker, ctx.idle_poll)
             }
         });
         entry.tx.send_replace(target);
@@ -257,7 +259,13 @@ fn reconcile(
 }
 
 /// The target serving destination `d` of `plugin`'s sink at Unix ms `now`.
-fn target_of(plugin: &Plugin, d: &Destination, now: i64, tracker: Arc<Tracker>) -> Target {
+fn target_of(
+    plugin: &Plugin,
+    d: &Destination,
+    now: i64,
+    tracker: Arc<Tracker>,
+    idle_poll: Duration,
+) -> Target {
     let retry = d
         .retry
         .as_ref()
@@ -280,6 +288,7 @@ fn target_of(plugin: &Plugin, d: &Destination, now: i64, tracker: Arc<Tracker>) 
             .map(|r| Arc::new(RateLimiter::direct(Quota::per_second(r)))),
         max_in_flight: d.max_in_flight,
         observer: Some(tracker as Arc<dyn TurnObserver>),
+        idle_poll: Some(idle_poll),
     }
 }
 

@@ -23,6 +23,7 @@ pub mod actions;
 pub mod health;
 pub mod live;
 pub mod secret;
+pub mod sync;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -213,6 +214,11 @@ pub struct Destination {
     /// Unix ms.
     #[serde(default)]
     pub created_at_ms: i64,
+    /// Who keeps it: `sync` for one created by a platform sync
+    /// ([`sync`]), which may pause it when its platform leaves the list;
+    /// `None` for one made by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed_by: Option<String>,
 }
 
 impl Destination {

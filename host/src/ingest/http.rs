@@ -22,7 +22,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
 use serde_json::json;
-use tokio::sync::Notify;
 
 use super::routes::Router as Routes;
 use crate::config::IngestConfig;
@@ -37,7 +36,7 @@ pub struct IngestState {
     pub routes: Arc<Routes>,
     pub limits: IngestConfig,
     /// Woken after every commit that queued deliveries.
-    pub wake: Arc<Notify>,
+    pub wake: Arc<crate::wakeups::Wakeups>,
     pub metrics: Arc<Metrics>,
 }
 

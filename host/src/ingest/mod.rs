@@ -11,8 +11,6 @@
 pub mod http;
 pub mod routes;
 
-use tokio::sync::Notify;
-
 use crate::event::NewEvent;
 use crate::metrics::Metrics;
 use crate::store::{IngestError, IngestItem, Ingested, Store};
@@ -20,13 +18,13 @@ use crate::store::{IngestError, IngestItem, Ingested, Store};
 /// Route `events`, store them with their deliveries in one transaction
 /// (all or nothing, idempotent on id: see [`Store::ingest`]), count the
 /// stored and duplicate ones in `outboxd_events_ingested`, and wake the
-/// delivery loops when anything new was queued.
+/// delivery loops of the keys that got a delivery.
 ///
 /// Errors: [`IngestError`] as the store reports it; nothing was stored.
 pub async fn submit(
     store: &dyn Store,
     routes: &routes::Router,
-    wake: &Notify,
+    wake: &crate::wakeups::Wakeups,
     metrics: &Metrics,
     events: Vec<NewEvent>,
 ) -> Result<Vec<Ingested>, IngestError> {
@@ -38,11 +36,16 @@ pub async fn submit(
         })
         .collect();
     let results = store.ingest(&items).await?;
+    // Wake only the loops of the keys that got a delivery.
+    wake.keys(
+        items
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| !r.duplicate)
+            .flat_map(|(i, _)| i.sinks.iter().map(String::as_str)),
+    );
     let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
     metrics.ingested("stored", results.len() as u64 - duplicates);
     metrics.ingested("duplicate", duplicates);
-    if results.iter().any(|r| !r.duplicate) {
-        wake.notify_waiters();
-    }
     Ok(results)
 }

@@ -140,7 +140,10 @@ async fn replay_dead(State(state): State<OpsState>, body: Option<Json<Selection>
         .replay_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE))
         .await
     {
-        Ok(n) => Json(json!({ "replayed": n })).into_response(),
+        Ok(n) => {
+            state.wake.everyone();
+            Json(json!({ "replayed": n })).into_response()
+        }
         Err(e) => store_error(e),
     }
 }
@@ -152,7 +155,11 @@ async fn purge_dead(State(state): State<OpsState>, body: Option<Json<Selection>>
         .purge_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE))
         .await
     {
-        Ok(n) => Json(json!({ "purged": n })).into_response(),
+        Ok(n) => {
+            // A purged dead letter may unblock its stream (`on-dead = block`).
+            state.wake.everyone();
+            Json(json!({ "purged": n })).into_response()
+        }
         Err(e) => store_error(e),
     }
 }
@@ -244,6 +251,7 @@ async fn backfill(State(state): State<OpsState>, Json(req): Json<BackfillRequest
         .await
     {
         Ok((scanned, created)) => {
+            state.wake.everyone();
             Json(json!({ "sink": req.sink, "scanned": scanned, "created": created }))
                 .into_response()
         }

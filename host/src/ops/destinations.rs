@@ -5,8 +5,8 @@
 //! `serde_path_to_error`), status codes, and the answer bodies of
 //! `POST`/`GET` `/v1/admin/destinations`, `GET`/`PUT`/`DELETE`
 //! `/v1/admin/destinations/{name}` (`DELETE` requires
-//! `?pending=park|purge`), and `POST …/{name}/pause`, `…/resume`,
-//! `…/rotate-secret`.
+//! `?pending=park|purge`), `POST …/{name}/pause`, `…/resume`,
+//! `…/rotate-secret`, and `POST /v1/admin/destinations/sync`.
 //!
 //! Must never: decide anything itself — every rule is in
 //! `crate::destinations::actions`, which the CLI reaches through here.
@@ -29,6 +29,7 @@ use crate::destinations::actions::{self, ActionError, Pending, Spec};
 pub fn routes() -> Router<OpsState> {
     Router::new()
         .route("/v1/admin/destinations", get(list).post(create))
+        .route("/v1/admin/destinations/sync", post(sync))
         .route(
             "/v1/admin/destinations/{name}",
             get(show).put(put).delete(delete),
@@ -146,6 +147,20 @@ async fn delete(
     };
     match actions::delete(&state.destinations(), &name, pending).await {
         Ok(v) => Json(v).into_response(),
+        Err(e) => refused(e),
+    }
+}
+
+/// `POST /v1/admin/destinations/sync`: a platform list (see
+/// `destinations::sync::parse`) the catch-all destinations are made to
+/// match.
+async fn sync(State(state): State<OpsState>, body: Bytes) -> Response {
+    let req = match crate::destinations::sync::parse(&String::from_utf8_lossy(&body)) {
+        Ok(r) => r,
+        Err(e) => return bad_body("body".into(), e),
+    };
+    match crate::destinations::sync::sync(&state.destinations(), &req).await {
+        Ok(report) => Json(report).into_response(),
         Err(e) => refused(e),
     }
 }

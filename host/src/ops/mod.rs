@@ -54,6 +54,8 @@ pub struct OpsState {
     pub sources: Arc<crate::sources::Statuses>,
     /// The destinations this process routes by.
     pub live: Arc<crate::destinations::live::Live>,
+    /// Wakes delivery loops after an action queued work (a backfill).
+    pub wake: Arc<crate::wakeups::Wakeups>,
 }
 
 impl OpsState {
@@ -64,6 +66,7 @@ impl OpsState {
             live: self.live.clone(),
             plugins: self.plugins.clone(),
             routes: self.routes.clone(),
+            wake: self.wake.clone(),
         }
     }
 }

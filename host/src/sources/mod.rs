@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::ingest::routes::Router as Routes;
@@ -137,7 +137,7 @@ pub struct SourceContext {
     pub store: Arc<dyn Store>,
     pub routes: Arc<Routes>,
     /// Woken after an ingest that queued deliveries.
-    pub wake: Arc<Notify>,
+    pub wake: Arc<crate::wakeups::Wakeups>,
     pub metrics: Arc<Metrics>,
     /// Timeout of each store call a source makes.
     pub db_timeout: Duration,

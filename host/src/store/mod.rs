@@ -306,12 +306,13 @@ pub trait Store: Send + Sync + 'static {
     async fn route_pending(&self, route: &RouteFn<'_>, limit: u32) -> Result<usize, StoreError>;
 
     /// Start forwarding wake-ups from other processes (PostgreSQL
-    /// LISTEN/NOTIFY on ingest) to `wake`, reconnecting after failures,
+    /// LISTEN/NOTIFY on ingest, naming the delivery keys queued: see
+    /// [`crate::wakeups::payload`]) to `wake`, reconnecting after failures,
     /// until `stop` turns true. A store without cross-process wake-ups does
     /// nothing.
     fn forward_wakeups(
         &self,
-        wake: std::sync::Arc<tokio::sync::Notify>,
+        wake: std::sync::Arc<crate::wakeups::Wakeups>,
         stop: tokio::sync::watch::Receiver<bool>,
     );
 

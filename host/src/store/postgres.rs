@@ -29,7 +29,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, QueryBuilder, Row, Transaction};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 use super::{
     destination_row, new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter,
@@ -362,6 +362,10 @@ impl PgStore {
 
         let mut out = Vec::with_capacity(items.len());
         let mut queued = false;
+        // The delivery keys queued, named in the NOTIFY so other processes
+        // wake only those loops; `everyone` when the router must run.
+        let mut woken: Vec<&String> = Vec::new();
+        let mut everyone = false;
         // New events of this request, by id: (hash, item index, sequence).
         let mut fresh: HashMap<&str, (String, usize, u64)> = HashMap::new();
         let mut rows = NewRows::default();
@@ -410,11 +414,13 @@ impl PgStore {
             if routed {
                 for sink in &item.sinks {
                     rows.push_delivery(&ev.id, sink, &ev.stream, sequence);
+                    woken.push(sink);
                 }
                 queued |= !item.sinks.is_empty();
             } else {
                 // The router creates its deliveries (and wakes the loops).
                 queued = true;
+                everyone = true;
             }
             fresh.insert(ev.id.as_str(), (hash, index, sequence));
             out.push(Ingested {
@@ -443,8 +449,14 @@ impl PgStore {
             .map_err(StoreError::from)?;
         }
         if queued {
-            sqlx::query("SELECT pg_notify($1, 'ingest')")
+            let payload = if everyone {
+                "*".to_string()
+            } else {
+                crate::wakeups::payload(woken.iter().map(|k| k.as_str()))
+            };
+            sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(WAKE_CHANNEL)
+                .bind(payload)
                 .execute(&mut *tx)
                 .await
                 .map_err(StoreError::from)?;
@@ -711,7 +723,7 @@ impl Store for PgStore {
         Ok(rows.len())
     }
 
-    fn forward_wakeups(&self, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+    fn forward_wakeups(&self, wake: Arc<crate::wakeups::Wakeups>, mut stop: watch::Receiver<bool>) {
         let url = self.url.clone();
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(100);
@@ -728,12 +740,12 @@ impl Store for PgStore {
                     Ok(mut listener) => {
                         backoff = Duration::from_millis(100);
                         // Anything ingested while we were not listening.
-                        wake.notify_waiters();
+                        wake.everyone();
                         loop {
                             tokio::select! {
                                 n = listener.try_recv() => match n {
-                                    Ok(Some(_)) => wake.notify_waiters(),
-                                    Ok(None) => { wake.notify_waiters(); }
+                                    Ok(Some(n)) => wake.from_payload(n.payload()),
+                                    Ok(None) => wake.everyone(),
                                     Err(e) => {
                                         tracing::warn!("LISTEN {WAKE_CHANNEL} failed, reconnecting: {e}");
                                         break;

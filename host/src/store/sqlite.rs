@@ -442,7 +442,7 @@ impl Store for SqliteStore {
 
     fn forward_wakeups(
         &self,
-        _wake: std::sync::Arc<tokio::sync::Notify>,
+        _wake: std::sync::Arc<crate::wakeups::Wakeups>,
         _stop: tokio::sync::watch::Receiver<bool>,
     ) {
         // One process owns an SQLite file; ingest wakes the loops directly.
