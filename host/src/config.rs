@@ -217,6 +217,12 @@ pub struct DeliveryConfig {
     /// 10 minutes. Default 30 s.
     #[serde(with = "humantime_serde")]
     pub quarantine_backoff: Duration,
+    /// A replica not heard from for this long no longer counts as serving
+    /// its sinks (`/v1/admin/sinks`, `/ready`'s `fleet`,
+    /// `outboxd_sink_serving_replicas`); replicas beat every 2 s. Default
+    /// 30 s.
+    #[serde(with = "humantime_serde")]
+    pub replica_timeout: Duration,
 }
 
 impl Default for DeliveryConfig {
@@ -228,6 +234,7 @@ impl Default for DeliveryConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             quarantine_after_traps: 5,
             quarantine_backoff: Duration::from_secs(30),
+            replica_timeout: Duration::from_secs(30),
         }
     }
 }

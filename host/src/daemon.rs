@@ -178,6 +178,15 @@ impl Daemon {
             metrics.clone(),
         );
         tasks.push(registry.clone().watch(shutdown_rx.clone()));
+        let fleet = crate::fleet::Fleet::join(
+            store.clone(),
+            registry.clone(),
+            routes.clone(),
+            metrics.clone(),
+            config.delivery.replica_timeout,
+        )
+        .await?;
+        tasks.push(fleet.clone().run(shutdown_rx.clone()));
 
         let sources = Arc::new(crate::sources::Statuses::default());
         tasks.extend(crate::sources::spawn_all(
@@ -229,6 +238,7 @@ impl Daemon {
             sources,
             live,
             wake: wake_ops,
+            fleet,
         }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

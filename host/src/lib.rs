@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod delivery;
 pub mod destinations;
 pub mod event;
+pub mod fleet;
 pub mod ingest;
 pub mod metrics;
 pub mod ops;

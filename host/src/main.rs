@@ -147,6 +147,10 @@ enum SinksCommand {
     Pause { sink: String },
     /// Resume a paused sink.
     Resume { sink: String },
+    /// Retire a sink from the fleet's registry: no replica routes new
+    /// events to it; its queued deliveries are kept (and delivered by any
+    /// replica that still has its plugin loaded).
+    Retire { sink: String },
 }
 
 #[derive(Subcommand)]
@@ -437,6 +441,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 SinksCommand::Resume { sink } => {
                     store.set_paused(&sink, false).await?;
                     println!("{sink}: resumed");
+                }
+                SinksCommand::Retire { sink } => {
+                    if !store.retire_sink(&sink).await? {
+                        anyhow::bail!("no registered sink {sink:?} that is not retired already");
+                    }
+                    println!(
+                        "{sink}: retired; no replica routes new events to it (within 2 s); \
+                         deliveries already queued stay and are delivered by a replica that has it loaded"
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)

@@ -121,6 +121,10 @@ pub struct Metrics {
     /// `outboxd_source_unacked{source}`: messages a source holds and has
     /// not yet acknowledged (or dead-lettered).
     pub source_unacked: Family<SourceLabel, Gauge>,
+    /// `outboxd_sink_serving_replicas{sink}`: replicas that reported
+    /// serving a registered sink within the last 30 s (0: registered,
+    /// served by no replica; its deliveries wait).
+    pub sink_serving_replicas: Family<SinkLabel, Gauge>,
 }
 
 impl Metrics {
@@ -149,6 +153,7 @@ impl Metrics {
                 latency_histogram as fn() -> Histogram,
             ),
             source_ready: Family::default(),
+            sink_serving_replicas: Family::default(),
             source_messages: Family::default(),
             source_unacked: Family::default(),
             registry: Registry::default(),
@@ -253,6 +258,11 @@ impl Metrics {
             "source_unacked",
             "Messages a source holds and has not yet acknowledged, by source",
             m.source_unacked.clone(),
+        );
+        registry.register(
+            "sink_serving_replicas",
+            "Replicas serving a registered sink (0: its deliveries wait for one), by sink",
+            m.sink_serving_replicas.clone(),
         );
         for outcome in INGEST_OUTCOMES {
             drop(m.events_ingested.get_or_create(&OutcomeLabel {

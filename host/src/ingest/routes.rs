@@ -28,6 +28,16 @@ pub struct Router {
     sinks: RwLock<Vec<String>>,
     /// The destinations, as the daemon last read them (empty without).
     destinations: watch::Receiver<Arc<Snapshot>>,
+    /// The fleet's registry as last read (`crate::fleet`): sinks routed to
+    /// though this process has not loaded them, and sinks retired.
+    registered: RwLock<Registered>,
+}
+
+/// The fleet's registry, as routing needs it.
+#[derive(Debug, Default, Clone)]
+struct Registered {
+    routable: Vec<String>,
+    retired: Vec<String>,
 }
 
 /// A route that names a sink no plugin manifest declares.
@@ -65,6 +75,7 @@ impl Router {
             routes,
             sinks: RwLock::new(sinks),
             destinations: watch::channel(Arc::new(Snapshot::default())).1,
+            registered: RwLock::default(),
         })
     }
 
@@ -90,6 +101,14 @@ impl Router {
         }
     }
 
+    /// Route by the fleet's registry from now on: without routes, every
+    /// sink in `routable` gets events though this process has not loaded
+    /// it; no sink in `retired` gets new events.
+    pub fn set_registered(&self, routable: Vec<String>, retired: Vec<String>) {
+        *self.registered.write().unwrap_or_else(|e| e.into_inner()) =
+            Registered { routable, retired };
+    }
+
     /// The delivery keys `event` goes to — sinks, and destinations in
     /// place of the sinks that have them — sorted, without repeats.
     pub fn sinks_for(&self, event: &NewEvent) -> Vec<String> {
@@ -101,9 +120,16 @@ impl Router {
     /// process has loaded, and every sink a stored destination names (the
     /// destinations are shared by every replica, the plugins folder is not).
     fn routed_sinks(&self, event: &NewEvent, snapshot: &Snapshot) -> Vec<String> {
+        let registered = self
+            .registered
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let Some(routes) = &self.routes else {
             let mut sinks = self.sinks.read().unwrap_or_else(|e| e.into_inner()).clone();
             sinks.extend(snapshot.by_name.values().map(|d| d.sink.clone()));
+            sinks.extend(registered.routable);
+            sinks.retain(|s| !registered.retired.contains(s));
             sinks.sort();
             sinks.dedup();
             return sinks;
@@ -113,6 +139,7 @@ impl Router {
             .filter(|r| r.types.iter().any(|p| glob_match(p, &event.ty)))
             .filter(|r| r.streams.iter().any(|p| glob_match(p, &event.stream)))
             .flat_map(|r| r.sinks.iter().cloned())
+            .filter(|s| !registered.retired.contains(s))
             .collect();
         out.sort();
         out.dedup();

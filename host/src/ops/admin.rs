@@ -34,6 +34,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/backfill", post(backfill))
         .route("/v1/admin/sinks/{sink}/pause", post(pause))
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
+        .route("/v1/admin/sinks/{sink}/retire", post(retire))
         .merge(super::destinations::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
@@ -176,11 +177,15 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
     // or "refused" (a manifest names it but it never loaded).
     let states = state.plugins.states();
     let quarantined = state.quarantines.current();
-    let sinks: Vec<_> = state
-        .plugins
-        .known()
+    let fleet = state.fleet.status();
+    let mut names = state.plugins.known();
+    names.extend(fleet.sinks.iter().map(|s| s.name.clone()));
+    names.sort();
+    names.dedup();
+    let sinks: Vec<_> = names
         .iter()
         .map(|s| {
+            let f = fleet.sinks.iter().find(|f| &f.name == s);
             let quarantine = quarantined.get(s);
             let (loaded, st, version, parked) = match states.get(s) {
                 Some(SinkState::Loaded { version }) if quarantine.is_some() => {
@@ -190,7 +195,9 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
                     (true, "loaded", Some(version.clone()), None)
                 }
                 Some(SinkState::Removed) => (false, "removed", None, Some(REMOVED_REASON)),
-                None => (false, "refused", None, None),
+                None if state.plugins.known().contains(s) => (false, "refused", None, None),
+                // Registered by another replica; not loaded here.
+                None => (false, "elsewhere", None, None),
             };
             json!({
                 "sink": s,
@@ -200,10 +207,33 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
                 "paused": paused.contains(s),
                 "parked": parked,
                 "quarantine": quarantine,
+                "registered": f.is_some_and(|f| f.registered),
+                "retired": f.is_some_and(|f| f.retired),
+                "unserved": f.is_some_and(|f| f.unserved),
+                "replicas": f.map(|f| f.replicas.clone()).unwrap_or_default(),
+                "version_skew": f.is_some_and(|f| f.versions.len() > 1),
             })
         })
         .collect();
-    Json(json!({ "sinks": sinks })).into_response()
+    Json(json!({ "sinks": sinks, "replica": fleet.replica })).into_response()
+}
+
+/// `POST /v1/admin/sinks/{sink}/retire`: no replica routes new events to
+/// it from now on; its deliveries already queued stay and are delivered
+/// by any replica that still has its plugin loaded (or wait).
+async fn retire(State(state): State<OpsState>, Path(sink): Path<String>) -> Response {
+    match state.store.retire_sink(&sink).await {
+        Ok(true) => {
+            let _ = state.fleet.cycle().await;
+            Json(json!({ "sink": sink, "retired": true })).into_response()
+        }
+        Ok(false) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("no registered sink {sink:?} that is not retired already") })),
+        )
+            .into_response(),
+        Err(e) => store_error(e),
+    }
 }
 
 async fn set_paused(state: OpsState, sink: String, paused: bool) -> Response {

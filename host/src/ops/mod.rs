@@ -56,6 +56,8 @@ pub struct OpsState {
     pub live: Arc<crate::destinations::live::Live>,
     /// Wakes delivery loops after an action queued work (a backfill).
     pub wake: Arc<crate::wakeups::Wakeups>,
+    /// The sinks across every replica.
+    pub fleet: Arc<crate::fleet::Fleet>,
 }
 
 impl OpsState {
@@ -173,6 +175,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
     // Operations).
     let quarantined = state.quarantines.current();
     let (sources_ok, sources) = state.sources.snapshot();
+    let fleet = state.fleet.status();
     let ok = database.is_ok()
         && migrations.is_ok()
         && workers_ok
@@ -198,6 +201,15 @@ async fn ready(State(state): State<OpsState>) -> Response {
             },
             "amqp": { "ok": brokers_ok, "brokers": brokers },
             "sources": { "ok": sources_ok, "sources": sources },
+            // Shown, not failed on: a sink no replica serves is a fleet
+            // problem (deploy its plugin somewhere), and failing every
+            // replica's /ready would stop ingest for every other sink.
+            "fleet": {
+                "replica": fleet.replica,
+                "unserved": fleet.sinks.iter().filter(|s| s.unserved).map(|s| s.name.clone()).collect::<Vec<_>>(),
+                "version_skew": fleet.sinks.iter().filter(|s| s.versions.len() > 1).map(|s| s.name.clone()).collect::<Vec<_>>(),
+                "error": fleet.error,
+            },
         },
         "queue": match queue {
             Ok(q) => json!(q),

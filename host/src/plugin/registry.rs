@@ -131,6 +131,23 @@ impl Registry {
         registry
     }
 
+    /// The identity (name, version, hex SHA-256 of manifest and component
+    /// bytes) of every sink with a version loaded.
+    pub fn identities(&self) -> Vec<crate::store::SinkIdentity> {
+        let state = self.state.lock().unwrap();
+        state
+            .sinks
+            .iter()
+            .filter_map(|(name, e)| {
+                e.fingerprint.map(|f| crate::store::SinkIdentity {
+                    name: name.clone(),
+                    version: e.version.clone(),
+                    component_sha: hex::encode(f),
+                })
+            })
+            .collect()
+    }
+
     /// The version serving `sink` now, if one is loaded.
     pub fn serving(&self, sink: &str) -> Option<Plugin> {
         let state = self.state.lock().unwrap();

@@ -216,6 +216,40 @@ pub struct Purged {
     pub dead: u64,
 }
 
+/// A sink's identity as a replica loaded it (see `crate::fleet`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SinkIdentity {
+    pub name: String,
+    /// Manifest `version`.
+    pub version: String,
+    /// Hex SHA-256 of the manifest and component bytes.
+    pub component_sha: String,
+}
+
+/// A sink in the fleet's registry.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegisteredSink {
+    pub name: String,
+    /// The identity it was first registered with.
+    pub version: String,
+    pub component_sha: String,
+    /// Unix ms, database clock.
+    pub registered_at_ms: i64,
+    /// Set by `outboxd sinks retire`: no longer routed to.
+    pub retired_at_ms: Option<i64>,
+}
+
+/// One replica's last report of a sink it serves.
+#[derive(Debug, Clone, Serialize)]
+pub struct SinkReplica {
+    pub replica: String,
+    pub sink: String,
+    pub version: String,
+    pub component_sha: String,
+    /// Time since that report, ms (database clock).
+    pub age_ms: i64,
+}
+
 /// Routing decision handed to the store: the sinks an event goes to.
 pub type RouteFn<'a> = dyn for<'e> Fn(&'e NewEvent) -> Vec<String> + Send + Sync + 'a;
 
@@ -410,6 +444,24 @@ pub trait Store: Send + Sync + 'static {
 
     /// Replace the health record of destination `name`.
     async fn save_destination_health(&self, name: &str, health: &str) -> Result<(), StoreError>;
+
+    /// Register every sink of `sinks` not registered yet (a retired one
+    /// stays retired). Returns the names newly registered.
+    async fn register_sinks(&self, sinks: &[SinkIdentity]) -> Result<Vec<String>, StoreError>;
+
+    /// The fleet's registry, by name.
+    async fn registered_sinks(&self) -> Result<Vec<RegisteredSink>, StoreError>;
+
+    /// Record that `replica` serves exactly `sinks` now (its earlier report
+    /// is replaced; reports older than an hour, of any replica, deleted).
+    async fn beat_replica(&self, replica: &str, sinks: &[SinkIdentity]) -> Result<(), StoreError>;
+
+    /// Every replica's last report, by sink then replica.
+    async fn sink_replicas(&self) -> Result<Vec<SinkReplica>, StoreError>;
+
+    /// Retire sink `name`: no replica routes new events to it. Returns
+    /// false when it is not registered or already retired.
+    async fn retire_sink(&self, name: &str) -> Result<bool, StoreError>;
 }
 
 /// Open the store named by a database URL: `postgres://…` /
@@ -574,6 +626,38 @@ pub(crate) fn destination_row(
         record,
         revision,
         updated_at_ms,
+    }
+}
+
+/// A `(name, version, sha, registered_at, retired_at)` row.
+pub(crate) fn registered_sink(
+    (name, version, component_sha, registered_at_ms, retired_at_ms): (
+        String,
+        String,
+        String,
+        i64,
+        Option<i64>,
+    ),
+) -> RegisteredSink {
+    RegisteredSink {
+        name,
+        version,
+        component_sha,
+        registered_at_ms,
+        retired_at_ms,
+    }
+}
+
+/// A `(replica, sink, version, sha, age)` row.
+pub(crate) fn sink_replica(
+    (replica, sink, version, component_sha, age_ms): (String, String, String, String, i64),
+) -> SinkReplica {
+    SinkReplica {
+        replica,
+        sink,
+        version,
+        component_sha,
+        age_ms,
     }
 }
 

@@ -32,9 +32,10 @@ use sqlx::{PgPool, Postgres, QueryBuilder, Row, Transaction};
 use tokio::sync::watch;
 
 use super::{
-    destination_row, new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter,
-    DeliveryInfo, DestinationRow, Finish, IngestError, IngestItem, Ingested, Purged, PutMode,
-    QueueStats, RouteFn, Store, StoreError, StoredEvent,
+    destination_row, new_lease_token, registered_sink, same_event, sink_replica, BackfillPage,
+    Claimed, DeadFilter, DeadLetter, DeliveryInfo, DestinationRow, Finish, IngestError, IngestItem,
+    Ingested, Purged, PutMode, QueueStats, RegisteredSink, RouteFn, SinkIdentity, SinkReplica,
+    Store, StoreError, StoredEvent,
 };
 use crate::event::NewEvent;
 
@@ -1152,6 +1153,67 @@ impl Store for PgStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn register_sinks(&self, sinks: &[SinkIdentity]) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut new = Vec::new();
+        for s in sinks {
+            let row: Option<String> = sqlx::query_scalar("INSERT INTO outboxd.sinks (name, version, component_sha, registered_at) VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint) \
+                 ON CONFLICT (name) DO NOTHING RETURNING name")
+            .bind(&s.name)
+            .bind(&s.version)
+            .bind(&s.component_sha)
+            .fetch_optional(&mut *tx)
+            .await?;
+            new.extend(row);
+        }
+        tx.commit().await?;
+        Ok(new)
+    }
+
+    async fn registered_sinks(&self) -> Result<Vec<RegisteredSink>, StoreError> {
+        let rows: Vec<(String, String, String, i64, Option<i64>)> = sqlx::query_as(
+            "SELECT name, version, component_sha, registered_at, retired_at FROM outboxd.sinks ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(registered_sink).collect())
+    }
+
+    async fn beat_replica(&self, replica: &str, sinks: &[SinkIdentity]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM outboxd.sink_replicas WHERE replica = $1 OR beat_at < (extract(epoch from now()) * 1000)::bigint - 3600000")
+        .bind(replica)
+        .execute(&mut *tx)
+        .await?;
+        for s in sinks {
+            sqlx::query("INSERT INTO outboxd.sink_replicas (replica, sink, version, component_sha, beat_at) VALUES ($1, $2, $3, $4, (extract(epoch from now()) * 1000)::bigint)")
+            .bind(replica)
+            .bind(&s.name)
+            .bind(&s.version)
+            .bind(&s.component_sha)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn sink_replicas(&self) -> Result<Vec<SinkReplica>, StoreError> {
+        let rows: Vec<(String, String, String, String, i64)> = sqlx::query_as("SELECT replica, sink, version, component_sha, (extract(epoch from now()) * 1000)::bigint - beat_at FROM outboxd.sink_replicas ORDER BY sink, replica")
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(sink_replica).collect())
+    }
+
+    async fn retire_sink(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query("UPDATE outboxd.sinks SET retired_at = (extract(epoch from now()) * 1000)::bigint WHERE name = $1 AND retired_at IS NULL")
+        .bind(name)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0)
     }
 }
 

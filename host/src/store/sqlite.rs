@@ -19,9 +19,10 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
-    destination_row, new_lease_token, same_event, BackfillPage, Claimed, DeadFilter, DeadLetter,
-    DeliveryInfo, DestinationRow, Finish, IngestError, IngestItem, Ingested, Purged, PutMode,
-    QueueStats, RouteFn, Store, StoreError, StoredEvent,
+    destination_row, new_lease_token, registered_sink, same_event, sink_replica, BackfillPage,
+    Claimed, DeadFilter, DeadLetter, DeliveryInfo, DestinationRow, Finish, IngestError, IngestItem,
+    Ingested, Purged, PutMode, QueueStats, RegisteredSink, RouteFn, SinkIdentity, SinkReplica,
+    Store, StoreError, StoredEvent,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -787,6 +788,77 @@ impl Store for SqliteStore {
         .execute(&self.writer)
         .await?;
         Ok(())
+    }
+
+    async fn register_sinks(&self, sinks: &[SinkIdentity]) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.writer.begin().await?;
+        let mut new = Vec::new();
+        for s in sinks {
+            let row: Option<String> = sqlx::query_scalar(&format!(
+                "INSERT INTO sinks (name, version, component_sha, registered_at) VALUES (?, ?, ?, {NOW_MS}) \
+                 ON CONFLICT (name) DO NOTHING RETURNING name"
+            ))
+            .bind(&s.name)
+            .bind(&s.version)
+            .bind(&s.component_sha)
+            .fetch_optional(&mut *tx)
+            .await?;
+            new.extend(row);
+        }
+        tx.commit().await?;
+        Ok(new)
+    }
+
+    async fn registered_sinks(&self) -> Result<Vec<RegisteredSink>, StoreError> {
+        let rows: Vec<(String, String, String, i64, Option<i64>)> = sqlx::query_as(
+            "SELECT name, version, component_sha, registered_at, retired_at FROM sinks ORDER BY name",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows.into_iter().map(registered_sink).collect())
+    }
+
+    async fn beat_replica(&self, replica: &str, sinks: &[SinkIdentity]) -> Result<(), StoreError> {
+        let mut tx = self.writer.begin().await?;
+        sqlx::query(&format!(
+            "DELETE FROM sink_replicas WHERE replica = ? OR beat_at < {NOW_MS} - 3600000"
+        ))
+        .bind(replica)
+        .execute(&mut *tx)
+        .await?;
+        for s in sinks {
+            sqlx::query(&format!(
+                "INSERT INTO sink_replicas (replica, sink, version, component_sha, beat_at) VALUES (?, ?, ?, ?, {NOW_MS})"
+            ))
+            .bind(replica)
+            .bind(&s.name)
+            .bind(&s.version)
+            .bind(&s.component_sha)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn sink_replicas(&self) -> Result<Vec<SinkReplica>, StoreError> {
+        let rows: Vec<(String, String, String, String, i64)> = sqlx::query_as(&format!(
+            "SELECT replica, sink, version, component_sha, {NOW_MS} - beat_at FROM sink_replicas ORDER BY sink, replica"
+        ))
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows.into_iter().map(sink_replica).collect())
+    }
+
+    async fn retire_sink(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query(&format!(
+            "UPDATE sinks SET retired_at = {NOW_MS} WHERE name = ? AND retired_at IS NULL"
+        ))
+        .bind(name)
+        .execute(&self.writer)
+        .await?
+        .rows_affected()
+            > 0)
     }
 }
 
