@@ -187,24 +187,30 @@ impl Daemon {
             shutdown_rx.clone(),
         ));
 
-        let app = crate::ingest::http::router(IngestState {
+        let ingest = IngestState {
             store: store.clone(),
             routes: routes.clone(),
             limits: config.ingest.clone(),
             wake,
             metrics: metrics.clone(),
-        })
-        .merge(crate::ops::router(OpsState {
-            store: store.clone(),
-            plugins: registry.clone(),
-            heartbeats,
-            metrics,
-            quarantines,
-            admin_token: config.admin.token.clone(),
-            amqp: runtime.amqp().clone(),
-            routes,
-            sources,
-        }));
+        };
+        let app = crate::ingest::http::router(ingest.clone())
+            // `[ingest.awareness]`: the awareness-compatible `POST /ingest`.
+            .merge(
+                crate::ingest::awareness::router(&config.ingest, ingest)
+                    .map_err(StartError::Config)?,
+            )
+            .merge(crate::ops::router(OpsState {
+                store: store.clone(),
+                plugins: registry.clone(),
+                heartbeats,
+                metrics,
+                quarantines,
+                admin_token: config.admin.token.clone(),
+                amqp: runtime.amqp().clone(),
+                routes,
+                sources,
+            }));
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| StartError::Listen {
