@@ -58,6 +58,10 @@ struct Setup {
 
 impl Setup {
     async fn start(db: &TestDb, receiver: &Receiver, name: &str) -> Setup {
+        Self::start_on(&db.url, receiver, name).await
+    }
+
+    async fn start_on(database_url: &str, receiver: &Receiver, name: &str) -> Setup {
         let plugins = PluginsDir::new();
         plugins.add_webhook(
             "webhook",
@@ -69,7 +73,7 @@ impl Setup {
         let data = tempfile::tempdir().unwrap();
         let config = ChildConfig {
             listen: free_loopback_addr(),
-            database_url: db.url.clone(),
+            database_url: database_url.to_string(),
             plugins_dir: plugins.path().to_path_buf(),
             data_dir: data.path().to_path_buf(),
             env: vec![
@@ -335,6 +339,11 @@ async fn bad_bodies_are_400_naming_the_field_and_store_nothing(backend: Backend)
         ("not json at all".to_string(), "body"),
         ("[1, 2]".to_string(), "body"),
     ];
+    // Over ingest.max-body-bytes (1 MiB): 413, as on POST /v1/events.
+    let huge = with("data", json!({"pad": "x".repeat(1 << 20)}));
+    let (status, answer) = s.post_raw(&huge, Some(SECRET)).await;
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(answer["field"], "body");
     for (text, field) in &cases {
         let (status, answer) = s.post_raw(text, Some(SECRET)).await;
         assert_eq!(status, 400, "{text} → {answer}");
@@ -346,7 +355,7 @@ async fn bad_bodies_are_400_naming_the_field_and_store_nothing(backend: Backend)
     }
     let (status, _) = s.event("evt-bad").await;
     assert_eq!(status, 404, "a refused body was stored");
-    assert_eq!(s.ingested("rejected").await, cases.len() as f64);
+    assert_eq!(s.ingested("rejected").await, cases.len() as f64 + 1.0);
     assert_eq!(s.ingested("stored").await, 0.0);
 
     // The same body, corrected, goes in.
@@ -527,4 +536,49 @@ fn config_show_redacts_the_secret_and_unknown_keys_are_refused() {
     let (ok, text) = show("[ingest.awareness]\nsecret = \"s\"\npath = \"/v1/events\"\n");
     assert!(!ok, "{text}");
     assert!(text.contains("ingest.awareness.path"), "{text}");
+}
+
+/// The store down: `503` and nothing acknowledged; the producer's retry
+/// after the store is back is stored and delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_outage_is_503_and_the_retry_after_it_is_stored_and_delivered() {
+    let pg = PrivatePostgres::init();
+    let receiver = Receiver::start().await;
+    let s = Setup::start_on(&pg.url(), &receiver, "outage").await;
+    let packet = unique("envelope");
+    let (before, during) = (format!("{packet}-1"), format!("{packet}-2"));
+    let (status, answer) = s.post(&body(&before, &packet, json!({"n": 1}), 1)).await;
+    assert_eq!(status, 200, "{answer}");
+    wait_received(&receiver, &before).await;
+
+    pg.stop();
+    let b = body(&during, &packet, json!({"n": 2}), 2);
+    let (status, answer) = s.post(&b).await;
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("nothing stored"),
+        "{answer}"
+    );
+
+    pg.start();
+    // The producer retries until the store is back.
+    let start = std::time::Instant::now();
+    loop {
+        let (status, answer) = s.post(&b).await;
+        if status == 200 {
+            assert_eq!(answer["duplicate"], false, "{answer}");
+            break;
+        }
+        assert_eq!(status, 503, "{answer}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the store did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_received(&receiver, &during).await;
+    tokio::time::sleep(QUIET).await;
+    let ids: Vec<String> =
+        receiver.with_seen(|seen| seen.iter().filter_map(|r| r.header("ce-id")).collect());
+    assert_eq!(ids, [before, during]);
 }
