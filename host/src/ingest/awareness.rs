@@ -421,15 +421,14 @@ fn urn_encode(s: &str) -> String {
 /// characters, lengths) under the field's name.
 pub fn to_event(body: &[u8], new_id: impl FnOnce() -> String) -> Result<Mapped, EventError> {
     let fields: std::collections::BTreeMap<String, Box<RawValue>> =
-        match serde_json::from_slice::<serde_json::Value>(body) {
-            Err(e) => return Err(field_error("body", format!("is not valid JSON: {e}"))),
-            Ok(serde_json::Value::Object(_)) => serde_json::from_slice(body)
-                .map_err(|e| field_error("body", format!("is not valid JSON: {e}")))?,
-            Ok(_) => {
-                return Err(field_error(
-                    "body",
-                    "must be a JSON object (the awareness payload)",
-                ))
+        match serde_json::from_slice(body) {
+            Ok(fields) => fields,
+            // Not an object: say whether it is JSON at all.
+            Err(e) => {
+                return Err(match serde_json::from_slice::<serde_json::Value>(body) {
+                    Ok(_) => field_error("body", "must be a JSON object (the awareness payload)"),
+                    Err(_) => field_error("body", format!("is not valid JSON: {e}")),
+                })
             }
         };
     if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
@@ -526,18 +525,17 @@ pub fn to_event(body: &[u8], new_id: impl FnOnce() -> String) -> Result<Mapped, 
             ))
         }
     };
-    let data = match fields.get("data") {
-        None => None,
-        Some(raw) => match value("data") {
-            None => None,
-            Some(serde_json::Value::Object(_)) => Some(raw.get().to_string()),
-            Some(other) => {
-                return Err(field_error(
-                    "data",
-                    format!("must be a JSON object or null, got {}", json_type(&other)),
-                ))
-            }
-        },
+    // A raw value is valid JSON: one that opens with `{` is an object.
+    let data = match fields.get("data").map(|raw| raw.get().trim_start()) {
+        None | Some("null") => None,
+        Some(raw) if raw.starts_with('{') => Some(raw.to_string()),
+        Some(_) => {
+            let other = value("data").unwrap_or(serde_json::Value::Null);
+            return Err(field_error(
+                "data",
+                format!("must be a JSON object or null, got {}", json_type(&other)),
+            ));
+        }
     };
 
     let source = match &w3id {
