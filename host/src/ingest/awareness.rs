@@ -296,7 +296,7 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
             let fields = awareness_fields(&attributes);
             // The service's `EventIdConflictError` message, and the fields
             // that differ from the stored event.
-            let mut body = json!({
+            let body = json!({
                 "error": format!(
                     "eventId {event_id} was already used for a different event (differs in: {})",
                     fields.join(", ")
@@ -304,9 +304,6 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
                 "field": "eventId",
                 "attributes": fields,
             });
-            if mapped.generated_id {
-                body["field"] = json!("eventId (generated)");
-            }
             (StatusCode::CONFLICT, Json(body)).into_response()
         }
         Err(IngestError::SequenceNotIncreasing { given, last, .. }) => error(
