@@ -187,30 +187,37 @@ impl Daemon {
             shutdown_rx.clone(),
         ));
 
-        let ingest = IngestState {
+        // `[ingest.awareness]`: the awareness-compatible `POST /ingest`.
+        let awareness = crate::ingest::awareness::router(
+            &config.ingest,
+            IngestState {
+                store: store.clone(),
+                routes: routes.clone(),
+                limits: config.ingest.clone(),
+                wake: wake.clone(),
+                metrics: metrics.clone(),
+            },
+        )
+        .map_err(StartError::Config)?;
+        let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
             routes: routes.clone(),
             limits: config.ingest.clone(),
             wake,
             metrics: metrics.clone(),
-        };
-        let app = crate::ingest::http::router(ingest.clone())
-            // `[ingest.awareness]`: the awareness-compatible `POST /ingest`.
-            .merge(
-                crate::ingest::awareness::router(&config.ingest, ingest)
-                    .map_err(StartError::Config)?,
-            )
-            .merge(crate::ops::router(OpsState {
-                store: store.clone(),
-                plugins: registry.clone(),
-                heartbeats,
-                metrics,
-                quarantines,
-                admin_token: config.admin.token.clone(),
-                amqp: runtime.amqp().clone(),
-                routes,
-                sources,
-            }));
+        })
+        .merge(crate::ops::router(OpsState {
+            store: store.clone(),
+            plugins: registry.clone(),
+            heartbeats,
+            metrics,
+            quarantines,
+            admin_token: config.admin.token.clone(),
+            amqp: runtime.amqp().clone(),
+            routes,
+            sources,
+        }));
+        let app = app.merge(awareness);
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| StartError::Listen {
