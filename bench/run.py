@@ -42,11 +42,11 @@ PG_BASE = ADMIN.rsplit("/", 1)[0]
 
 SIZES = {
     # n, streams, claim backlogs, memory backlog, seconds of memory run
-    "ci": dict(dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
+    "ci": dict(awareness_n=1_000, awareness_rounds=1, dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
                peer_timeout=60, latency_s=3),
-    "small": dict(dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
+    "small": dict(awareness_n=5_000, awareness_rounds=3, dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
                   memory_s=15, peer_timeout=120, latency_s=10),
-    "full": dict(dest_events=20_000, dest_n=1_000, dest_fanout=1_000, source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
+    "full": dict(awareness_n=20_000, awareness_rounds=5, dest_events=20_000, dest_n=1_000, dest_fanout=1_000, source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
                  plugin_n=20_000,
                  memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30),
 }
@@ -252,6 +252,18 @@ http = ["{ctx.receiver_url}"]
 url = "{ctx.receiver_url}/webhook"
 secret = "{ctx.secret}"
 '''
+    elif sink == "discard3":  # three native sinks: every event gets three deliveries
+        for name in ("discard-a", "discard-b", "discard-c"):
+            with open(os.path.join(d, f"{name}.toml"), "w") as f:
+                f.write(f'''name = "{name}"
+version = "0.1.0"
+wit = "outboxd:sink@0.1.0"
+builtin = "discard"
+[limits]
+deadline = "30s"
+max-batch = 100
+''')
+        return d
     elif sink == "discard":  # the native sink: built into the host, no WASM
         manifest = '''name = "discard"
 version = "0.1.0"
@@ -294,7 +306,7 @@ class Outboxd:
     def env(self, port):
         return dict(os.environ, OUTBOXD_DATABASE_URL=self.url, OUTBOXD_LISTEN=f"127.0.0.1:{port}",
                     OUTBOXD_PLUGINS_DIR=self.plugins, OUTBOXD_DATA_DIR=os.path.join(RUN, "data"),
-                    RUST_LOG=os.environ.get("BENCH_OUTBOXD_LOG", "warn"))
+                    RUST_LOG=os.environ.get("BENCH_OUTBOXD_LOG", "warn"), **getattr(self, "extra_env", {}))
 
     def migrate(self):
         sh([os.path.join(self.ctx.bin, "outboxd"), "migrate"], env=self.env(self.ports[0]),
@@ -423,6 +435,46 @@ def destinations_cost(ctx):
                           "--plugins", os.path.join(ROOT, "target", "plugins")],
                          check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+AWARENESS_SECRET = "bench-awareness-ingest-secret"
+
+
+def awareness_ingest(ctx):
+    """The awareness-compatible POST /ingest against POST /v1/events: the
+    same N events (256-byte JSON data, 100 streams), one event per request,
+    8 in flight, into the same three native discard sinks on a fresh
+    PostgreSQL database per side and round; end to end counted in the
+    database (every one of the 3N deliveries delivered). Rounds alternate
+    which side goes first; medians and their ratio."""
+    n, rounds = ctx.size["awareness_n"], ctx.size["awareness_rounds"]
+    runs = {"cloudevents": [], "awareness": []}
+    for r in range(rounds):
+        order = ["cloudevents", "awareness"] if r % 2 == 0 else ["awareness", "cloudevents"]
+        for api in order:
+            od = Outboxd(ctx, 1, "discard3", f"aw{api[:2]}{r}")
+            od.extra_env = {"OUTBOXD_INGEST__AWARENESS__SECRET": AWARENESS_SECRET}
+            try:
+                od.migrate()
+                od.start()
+                cmd = [ctx.example("bench_http"), "load", "--targets", od.targets(), "--receiver", ctx.receiver_url,
+                       "--n", str(n), "--streams", str(ctx.size["streams"]), "--batch", "1", "--concurrency", "8",
+                       "--run-id", od.tag, "--timeout", "900", "--api", api, "--secret", AWARENESS_SECRET,
+                       "--sinks", "3", "--done-db", od.url]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+                if out.stderr.strip():
+                    log("load: " + out.stderr.strip()[-500:])
+                runs[api].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            finally:
+                od.stop()
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    out = dict(n=n, rounds=rounds, sinks=3, runs=runs)
+    for key in ("ingest_eps", "e2e_eps"):
+        ce = med([x[key] for x in runs["cloudevents"]])
+        aw = med([x[key] for x in runs["awareness"]])
+        out[key] = dict(cloudevents=ce, awareness=aw, ratio=round(aw / ce, 3) if ce else None)
+    out["complete"] = all(x["complete"] for side in runs.values() for x in side)
+    return out
 
 
 def fill_backlog(url, n, streams):
@@ -631,6 +683,9 @@ def summarise(ctx):
     if dc:
         s[f"{dc['destinations']:,} destinations fanned out / 1 destination (deliveries/s)"] = dc["fanout_vs_one"]
         s[f"{dc['busy']} busy destinations beside {dc['destinations'] - dc['busy']:,} idle / alone"] = dc["busy_beside_idle_vs_alone"]
+    aw = R.get("awareness_ingest")
+    if aw:
+        s["awareness POST /ingest / POST /v1/events (e2e, 3 sinks)"] = aw["e2e_eps"]["ratio"]
     pc = R.get("plugin_cost")
     if pc:
         for row in pc["sizes"]:
@@ -725,7 +780,7 @@ def markdown(ctx):
                        f"{fmt(raw[1]['insert_eps'])} |")
     dc = R.get("destinations_cost")
     if dc:
-        out += ["", "## 4d. Destinations", "",
+        out += ["", "## 4e. Destinations", "",
                 "`host/examples/destinations_bench.rs`: the webhook sink on PostgreSQL, destinations created "
                 "through the admin API, all posting to one loopback receiver answering 200; each stage on a "
                 "fresh database.", "",
@@ -750,6 +805,17 @@ def markdown(ctx):
                 f"| outboxd `amqp` source | {fmt(sc['outboxd_msgs_per_s'])} |",
                 f"| lapin + sqlx | {fmt(sc['lapin_sqlx_msgs_per_s'])} |",
                 f"| **ratio** | **{sc['ratio']:.2f}** |"]
+    aw = R.get("awareness_ingest")
+    if aw:
+        out += ["", "## 4d. The awareness-compatible ingest against the CloudEvents ingest", "",
+                f"The same {aw['n']:,} events (256-byte JSON data), one per request, 8 requests in flight, into "
+                f"the same {aw['sinks']} native discard sinks on a fresh PostgreSQL database per side and round, "
+                f"through `POST /ingest` (awareness body, `x-ingest-secret`) and through `POST /v1/events`; "
+                f"end to end counted in the database; medians of {aw['rounds']} alternating rounds.", "",
+                "| path | ingest events/s | end-to-end events/s |", "|---|---|---|",
+                f"| `POST /v1/events` | {fmt(aw['ingest_eps']['cloudevents'])} | {fmt(aw['e2e_eps']['cloudevents'])} |",
+                f"| `POST /ingest` | {fmt(aw['ingest_eps']['awareness'])} | {fmt(aw['e2e_eps']['awareness'])} |",
+                f"| **ratio** | **{fmt(aw['ingest_eps']['ratio'], 2)}** | **{fmt(aw['e2e_eps']['ratio'], 2)}** |"]
     pc = R.get("plugin_cost")
     if pc:
         out += ["", "## 4b. The plugin call against a native sink", "",
@@ -816,7 +882,7 @@ def main():
     ap.add_argument("--ci", action="store_true", help="tiny sizes, debug build, no peers")
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,plugincost,source,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,plugincost,source,awareness,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -876,6 +942,10 @@ def main():
             log("destinations: one, fan-out, busy beside idle")
             ctx.results["destinations_cost"] = destinations_cost(ctx)
             log(json.dumps(ctx.results["destinations_cost"]))
+        if "awareness" not in ctx.skip:
+            log("awareness POST /ingest against POST /v1/events, three sinks")
+            ctx.results["awareness_ingest"] = awareness_ingest(ctx)
+            log(json.dumps({k: v for k, v in ctx.results["awareness_ingest"].items() if k != "runs"}))
         if "claim" not in ctx.skip:
             log(f"claim cost at {ctx.size['claim']}")
             ctx.results["claim_cost"] = claim_cost(ctx)

@@ -180,6 +180,10 @@ pub struct IngestConfig {
     pub max_body_bytes: usize,
     /// Most events in one batch request (413 beyond). Default 1000.
     pub max_batch_items: usize,
+    /// The awareness-compatible `POST /ingest` (`[ingest.awareness]`).
+    /// Unset: not mounted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub awareness: Option<crate::ingest::awareness::AwarenessIngestConfig>,
 }
 
 impl Default for IngestConfig {
@@ -187,6 +191,7 @@ impl Default for IngestConfig {
         IngestConfig {
             max_body_bytes: 1 << 20,
             max_batch_items: 1000,
+            awareness: None,
         }
     }
 }
@@ -331,6 +336,11 @@ impl Config {
                     self.listen
                 ),
             );
+        }
+        if let Some(awareness) = &self.ingest.awareness {
+            if let Err((key, problem)) = awareness.validate() {
+                return value(&format!("ingest.awareness.{key}"), &problem);
+            }
         }
         for (name, source) in &self.sources {
             if let Err((key, problem)) = source.validate() {

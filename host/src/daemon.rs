@@ -219,6 +219,18 @@ impl Daemon {
             ));
         }
         let wake_ops = wake.clone();
+        // `[ingest.awareness]`: the awareness-compatible `POST /ingest`.
+        let awareness = crate::ingest::awareness::router(
+            &config.ingest,
+            IngestState {
+                store: store.clone(),
+                routes: routes.clone(),
+                limits: config.ingest.clone(),
+                wake: wake.clone(),
+                metrics: metrics.clone(),
+            },
+        )
+        .map_err(StartError::Config)?;
         let app = crate::ingest::http::router(IngestState {
             store: store.clone(),
             routes: routes.clone(),
@@ -240,6 +252,7 @@ impl Daemon {
             wake: wake_ops,
             fleet,
         }));
+        let app = app.merge(awareness);
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| StartError::Listen {

@@ -531,6 +531,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             for source in config.sources.values_mut() {
                 *source = source.redacted();
             }
+            if let Some(awareness) = config.ingest.awareness.as_mut() {
+                *awareness = awareness.redacted();
+            }
             print!("{}", toml::to_string_pretty(&config)?);
             Ok(ExitCode::SUCCESS)
         }

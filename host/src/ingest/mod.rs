@@ -8,6 +8,7 @@
 //! Must never: acknowledge before commit, store part of a refused request,
 //! or answer bad input with a 5xx.
 
+pub mod awareness;
 pub mod http;
 pub mod routes;
 

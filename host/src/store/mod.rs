@@ -43,6 +43,13 @@ pub struct Ingested {
     /// True when an event with this id and the same content was already
     /// stored; `sequence` is then the original one and nothing was queued.
     pub duplicate: bool,
+    /// Deliveries this request's transaction created for the event: 0 for
+    /// a duplicate, and 0 when the router creates them later (a stream with
+    /// events enqueued by SQL and not yet routed). Not part of the
+    /// `POST /v1/events` answer; the awareness ingest reports it as
+    /// `deliveriesQueued`.
+    #[serde(skip)]
+    pub deliveries_queued: u64,
 }
 
 /// Why an ingest request stored nothing.

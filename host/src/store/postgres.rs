@@ -395,6 +395,7 @@ impl PgStore {
                             stream,
                             sequence,
                             duplicate: true,
+                            deliveries_queued: 0,
                         });
                         continue;
                     }
@@ -412,6 +413,7 @@ impl PgStore {
             last.insert(ev.stream.clone(), sequence);
             let routed = !unrouted.contains(&ev.stream);
             rows.push_event(ev, sequence, hash.clone(), routed);
+            let deliveries_queued = if routed { item.sinks.len() as u64 } else { 0 };
             if routed {
                 for sink in &item.sinks {
                     rows.push_delivery(&ev.id, sink, &ev.stream, sequence);
@@ -429,6 +431,7 @@ impl PgStore {
                 stream: ev.stream.clone(),
                 sequence,
                 duplicate: false,
+                deliveries_queued,
             });
         }
         rows.insert(&mut tx).await.map_err(StoreError::from)?;

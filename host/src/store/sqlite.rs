@@ -111,6 +111,7 @@ impl Store for SqliteStore {
                             stream: stored.event.stream,
                             sequence: stored.sequence,
                             duplicate: true,
+                            deliveries_queued: 0,
                         });
                         continue;
                     }
@@ -199,6 +200,7 @@ impl Store for SqliteStore {
                 stream: ev.stream.clone(),
                 sequence,
                 duplicate: false,
+                deliveries_queued: item.sinks.len() as u64,
             });
         }
         for (stream, last) in &last_sequences {
