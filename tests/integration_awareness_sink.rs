@@ -84,7 +84,10 @@ impl AwarenessService {
 
     /// The requests the service answered 200, in arrival order.
     fn accepted(&self) -> Vec<Seen> {
-        self.seen().into_iter().filter(|s| s.status == 200).collect()
+        self.seen()
+            .into_iter()
+            .filter(|s| s.status == 200)
+            .collect()
     }
 }
 
@@ -111,7 +114,10 @@ async fn ingest(
     ) {
         (401, json!({"error": "invalid ingest secret"}).to_string())
     } else if !body["id"].is_string() || !body["schemaId"].is_string() {
-        (400, json!({"error": "id and schemaId are required"}).to_string())
+        (
+            400,
+            json!({"error": "id and schemaId are required"}).to_string(),
+        )
     } else if let Some(next) = state
         .script
         .get_mut(&event_id)
@@ -235,9 +241,16 @@ async fn every_field_arrives_by_the_mapping_in_packet_order(backend: Backend) {
             .map(|p| {
                 let data = match *p {
                     "b" => json!({"state": if version == 2 { "B" } else { "A" }}),
-                    _ => json!({"title": format!("Zoë \"{p}\" v{version}\n"), "tags": [p, version]}),
+                    _ => {
+                        json!({"title": format!("Zoë \"{p}\" v{version}\n"), "tags": [p, version]})
+                    }
                 };
-                let e = mutation(&format!("{p}-{version}"), &format!("packet-{p}"), version, data);
+                let e = mutation(
+                    &format!("{p}-{version}"),
+                    &format!("packet-{p}"),
+                    version,
+                    data,
+                );
                 sent.insert(format!("{p}-{version}"), e.clone());
                 e
             })
@@ -245,7 +258,12 @@ async fn every_field_arrives_by_the_mapping_in_packet_order(backend: Backend) {
         d.post_batch(&batch).await;
     }
     // A mutation without the optional fields: they arrive as null.
-    let mut bare = event("bare-1", "packet-bare", "w3ds.metaenvelope.create", json!({}));
+    let mut bare = event(
+        "bare-1",
+        "packet-bare",
+        "w3ds.metaenvelope.create",
+        json!({}),
+    );
     bare["schemaid"] = json!("schema-x");
     bare["sequence"] = json!(1);
     d.post_event(&bare).await;
@@ -273,7 +291,10 @@ async fn every_field_arrives_by_the_mapping_in_packet_order(backend: Backend) {
         let packet = b["id"].as_str().unwrap().to_string();
         let version = b["streamVersion"].as_u64().unwrap();
         let prev = last.insert(packet.clone(), version).unwrap_or(0);
-        assert!(version > prev, "packet {packet} went from {prev} to {version}");
+        assert!(
+            version > prev,
+            "packet {packet} went from {prev} to {version}"
+        );
         if id == "bare-1" {
             assert_eq!(b["schemaId"], "schema-x");
             for absent in ["w3id", "evaultPublicKey", "operation", "requestingPlatform"] {
@@ -376,8 +397,18 @@ async fn a_refused_secret_is_retried_without_dead_letters_until_the_secret_is_fi
         .collect();
     for version in 1..=3u64 {
         d.post_batch(&[
-            mutation(&format!("x-{version}"), "px", version, json!({"v": version})),
-            mutation(&format!("y-{version}"), "py", version, json!({"v": version})),
+            mutation(
+                &format!("x-{version}"),
+                "px",
+                version,
+                json!({"v": version}),
+            ),
+            mutation(
+                &format!("y-{version}"),
+                "py",
+                version,
+                json!({"v": version}),
+            ),
         ])
         .await;
     }
@@ -390,7 +421,10 @@ async fn a_refused_secret_is_retried_without_dead_letters_until_the_secret_is_fi
             .await;
         assert_ne!(state["status"], "dead", "{state}");
         let reason = state["last_error"].as_str().unwrap_or_default();
-        assert!(reason.contains("401") && reason.contains("ingest secret"), "{reason}");
+        assert!(
+            reason.contains("401") && reason.contains("ingest secret"),
+            "{reason}"
+        );
     }
     for id in &ids {
         let x = d.delivery(id, "awareness").await.unwrap();

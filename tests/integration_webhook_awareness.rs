@@ -87,7 +87,11 @@ fn bodies_javascript_rewrites(bodies: &[Vec<u8>]) -> Vec<String> {
         .arg(file.path())
         .output()
         .expect("node must be installed (scripts/setup.sh)");
-    assert!(out.status.success(), "node: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "node: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.contains(&format!("CHECKED {}", bodies.len())),
@@ -153,8 +157,15 @@ async fn awareness_bodies_are_what_json_stringify_writes_and_their_signature_ver
     assert_eq!(seen.len(), ids.len(), "each event once");
 
     for r in &seen {
-        assert!(verify_aaas_signature(secret, r), "signature: {:?}", r.headers);
-        assert_eq!(r.header("content-type").as_deref(), Some("application/json"));
+        assert!(
+            verify_aaas_signature(secret, r),
+            "signature: {:?}",
+            r.headers
+        );
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("application/json")
+        );
         let body: Value = serde_json::from_slice(&r.body).unwrap();
         let id = body["eventId"].as_str().unwrap();
         assert_eq!(r.header("x-aaas-event-id").as_deref(), Some(id));
