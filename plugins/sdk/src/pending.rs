@@ -80,9 +80,10 @@ pub enum Progress<'a> {
 /// How a request ended.
 #[derive(Debug, Clone)]
 pub enum Answer {
-    /// A response came: its status, headers (names lower-case), and, when
-    /// the status is not 2xx, the first [`outcome::REASON_BODY_BYTES`] of its
-    /// body (for a reject reason).
+    /// A response came: its status and, when the status is not 2xx, its
+    /// headers (names lower-case) and the first
+    /// [`outcome::REASON_BODY_BYTES`] of its body (for `Retry-After` and a
+    /// reject reason).
     Response(Response),
     /// No response: the outcome already decided (a transport error is
     /// `retry` naming it; a request that can never be sent as built, such
@@ -314,8 +315,14 @@ fn await_response(a: Awaiting) -> Step {
 /// Takes the status and headers, then opens the body for draining.
 fn start_reading(response: IncomingResponse) -> Step {
     let status = response.status();
-    // The fields resource is a child of the response: gone before `consume`.
-    let headers = response.headers().entries();
+    // A 2xx answer is judged by its status alone: its headers are not
+    // copied out of the host. The fields resource is a child of the
+    // response, so it is gone before `consume`.
+    let headers = if (200..300).contains(&status) {
+        Vec::new()
+    } else {
+        response.headers().entries()
+    };
     let Ok(body) = response.consume() else {
         return Step::Done(answer(status, headers, Vec::new()));
     };
