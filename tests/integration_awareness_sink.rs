@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -27,14 +27,20 @@ struct Seen {
     secret: Option<String>,
     /// The status answered.
     status: u16,
+    /// When it arrived.
+    at: Instant,
 }
+
+/// A scripted answer: status, an extra header, body.
+type Scripted = (u16, Option<(&'static str, String)>, String);
 
 #[derive(Default)]
 struct ServiceState {
     /// The secret the service takes.
     secret: String,
-    /// Answers per eventId, used in order; when none is left, 200.
-    script: HashMap<String, VecDeque<(u16, String)>>,
+    /// Answers (status, extra header, body) per eventId, used in order;
+    /// when none is left, 200.
+    script: HashMap<String, VecDeque<Scripted>>,
     seen: Vec<Seen>,
 }
 
@@ -65,13 +71,27 @@ impl AwarenessService {
     }
 
     fn script(&self, event_id: &str, status: u16, body: Value) {
+        self.script_with(event_id, status, None, body);
+    }
+
+    fn script_with(
+        &self,
+        event_id: &str,
+        status: u16,
+        header: Option<(&'static str, &str)>,
+        body: Value,
+    ) {
         self.state
             .lock()
             .unwrap()
             .script
             .entry(event_id.into())
             .or_default()
-            .push_back((status, body.to_string()));
+            .push_back((
+                status,
+                header.map(|(k, v)| (k, v.to_string())),
+                body.to_string(),
+            ));
     }
 
     fn set_secret(&self, secret: &str) {
@@ -100,7 +120,7 @@ async fn ingest(
     State(state): State<Arc<Mutex<ServiceState>>>,
     headers: HeaderMap,
     raw: Bytes,
-) -> (StatusCode, String) {
+) -> (StatusCode, HeaderMap, String) {
     let mut state = state.lock().unwrap();
     let secret = headers
         .get("x-ingest-secret")
@@ -108,16 +128,18 @@ async fn ingest(
         .map(str::to_string);
     let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     let event_id = body["eventId"].as_str().unwrap_or_default().to_string();
-    let (status, answer) = if !constant_time_eq(
+    let (status, header, answer) = if !constant_time_eq(
         secret.as_deref().unwrap_or_default().as_bytes(),
         state.secret.as_bytes(),
     ) {
-        (401, json!({"error": "invalid ingest secret"}).to_string())
-    } else if !body["id"].is_string() || !body["schemaId"].is_string() {
         (
-            400,
-            json!({"error": "id and schemaId are required"}).to_string(),
+            401,
+            None,
+            json!({"error": "invalid ingest secret"}).to_string(),
         )
+    } else if !body["id"].is_string() || !body["schemaId"].is_string() {
+        let error = json!({"error": "id and schemaId are required"});
+        (400, None, error.to_string())
     } else if let Some(next) = state
         .script
         .get_mut(&event_id)
@@ -126,15 +148,20 @@ async fn ingest(
         next
     } else {
         let ok = json!({"ok": true, "packetId": body["id"], "eventId": event_id, "duplicate": false, "deliveriesQueued": 1});
-        (200, ok.to_string())
+        (200, None, ok.to_string())
     };
     state.seen.push(Seen {
         raw: String::from_utf8_lossy(&raw).into_owned(),
         body,
         secret,
         status,
+        at: Instant::now(),
     });
-    (StatusCode::from_u16(status).unwrap(), answer)
+    let mut extra = HeaderMap::new();
+    if let Some((name, value)) = header {
+        extra.insert(name, value.parse().unwrap());
+    }
+    (StatusCode::from_u16(status).unwrap(), extra, answer)
 }
 
 /// A plugins folder with the awareness sink pointed at `service`, sending
@@ -217,7 +244,7 @@ macro_rules! both_stores {
 
 both_stores!(
     every_field_arrives_by_the_mapping_in_packet_order,
-    a_409_and_a_400_are_dead_lettered_with_the_services_reason_and_a_503_is_retried,
+    a_409_and_a_400_are_dead_lettered_with_the_services_reason_a_503_and_a_429_are_retried,
     a_refused_secret_is_retried_without_dead_letters_until_the_secret_is_fixed,
 );
 
@@ -324,7 +351,7 @@ async fn every_field_arrives_by_the_mapping_in_packet_order(backend: Backend) {
     db.cleanup().await;
 }
 
-async fn a_409_and_a_400_are_dead_lettered_with_the_services_reason_and_a_503_is_retried(
+async fn a_409_and_a_400_are_dead_lettered_with_the_services_reason_a_503_and_a_429_are_retried(
     backend: Backend,
 ) {
     let service = AwarenessService::start("k").await;
@@ -343,11 +370,18 @@ async fn a_409_and_a_400_are_dead_lettered_with_the_services_reason_and_a_503_is
     );
     service.script("busy-1", 503, json!({"error": "ingest failed"}));
     service.script("busy-1", 503, json!({"error": "ingest failed"}));
+    service.script_with(
+        "slow-1",
+        429,
+        Some(("retry-after", "1")),
+        json!({"error": "slow down"}),
+    );
 
     d.post_batch(&[
         mutation("conflict-1", "p1", 1, json!({})),
         mutation("bad-1", "p2", 1, json!({})),
         mutation("busy-1", "p3", 1, json!({})),
+        mutation("slow-1", "p4", 1, json!({})),
     ])
     .await;
 
@@ -379,6 +413,26 @@ async fn a_409_and_a_400_are_dead_lettered_with_the_services_reason_and_a_503_is
         })
         .await;
     assert_eq!(done["attempts"], 3, "{done}");
+    // 429 with Retry-After: 1 is retried no sooner than a second later
+    // (the retry base here is 100 ms).
+    let done = d
+        .wait_sink("slow-1", "awareness", Duration::from_secs(20), |x| {
+            x["status"] == "delivered"
+        })
+        .await;
+    assert_eq!(done["attempts"], 2, "{done}");
+    let slow: Vec<Instant> = service
+        .seen()
+        .iter()
+        .filter(|s| s.body["eventId"] == "slow-1")
+        .map(|s| s.at)
+        .collect();
+    assert_eq!(slow.len(), 2);
+    let waited = slow[1] - slow[0];
+    assert!(
+        waited >= Duration::from_millis(950),
+        "retried after {waited:?}"
+    );
     d.stop().await;
     db.cleanup().await;
 }
