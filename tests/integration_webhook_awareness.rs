@@ -7,7 +7,8 @@
 //! HMAC-SHA256 over the raw body, keyed with the secret string, compared in
 //! constant time) and has Node.js check that `JSON.stringify(JSON.parse(body))`
 //! gives the body back byte for byte, as a receiver that re-serializes the
-//! parsed body before verifying needs.
+//! parsed body before verifying needs. An event is not sent back to the
+//! platform whose `requestingPlatform` has the target's origin.
 
 mod common;
 
@@ -103,7 +104,8 @@ fn bodies_javascript_rewrites(bodies: &[Vec<u8>]) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn awareness_bodies_are_what_json_stringify_writes_and_their_signature_verifies() {
+async fn awareness_bodies_are_what_json_stringify_writes_signed_and_never_echoed_to_their_platform()
+{
     let signed = Receiver::start().await;
     let unsigned = Receiver::start().await;
     let secret = "platform-secret: not whsec, not base64 ✓";
@@ -145,16 +147,40 @@ async fn awareness_bodies_are_what_json_stringify_writes_and_their_signature_ver
         .await;
     assert_eq!(status, 201, "{body}");
     ids.push("evt-bare".into());
+    // A mutation platform-a made itself: never sent back to it (no echo),
+    // sent to platform-b.
+    let from_a = format!(
+        r#","schemaid":"s","requestingplatform":"{}/api/graphql""#,
+        signed.origin()
+    );
+    let (status, body) = d
+        .post(
+            "application/cloudevents+json",
+            mutation("evt-echo", "packet-9", "{}", &from_a),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
 
-    for receiver in [&signed, &unsigned] {
-        assert!(
-            eventually(Duration::from_secs(20), || receiver.count() >= ids.len()).await,
-            "not all delivered"
-        );
-    }
+    assert!(
+        eventually(Duration::from_secs(20), || signed.count() >= ids.len()
+            && unsigned.count() > ids.len())
+        .await,
+        "not all delivered"
+    );
+    let echo = d
+        .wait_sink("evt-echo", "platform-a", Duration::from_secs(20), |x| {
+            x["status"] == "delivered"
+        })
+        .await;
+    assert_eq!(echo["attempts"], 1, "{echo}");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let seen = signed.seen();
-    assert_eq!(seen.len(), ids.len(), "each event once");
+    assert_eq!(seen.len(), ids.len(), "each event once, the echo never");
+    assert_eq!(unsigned.count(), ids.len() + 1);
+    assert!(unsigned
+        .seen()
+        .iter()
+        .any(|r| r.header("x-aaas-event-id").as_deref() == Some("evt-echo")));
 
     for r in &seen {
         assert!(

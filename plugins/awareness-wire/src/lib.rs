@@ -150,6 +150,46 @@ fn common_fields(packet: &Packet<'_>) -> json::Object {
     out
 }
 
+/// The origin of an `http://` or `https://` URL as the service compares
+/// them (`new URL(url).origin`, IngestService.ts `safeOrigin`):
+/// `scheme://host[:port]`, scheme and host lower-case, no user info, the
+/// scheme's default port (80, 443) left out. `None` when `url` is not such a
+/// URL; the service then filters nothing.
+pub fn origin(url: &str) -> Option<String> {
+    let url = url.trim();
+    let (scheme, rest, default_port) = if let Some(rest) = strip_scheme(url, "https://") {
+        ("https", rest, 443)
+    } else if let Some(rest) = strip_scheme(url, "http://") {
+        ("http", rest, 80)
+    } else {
+        return None;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let (host, port) = match host_port.rfind(':') {
+        Some(i) if !host_port[i..].contains(']') => (&host_port[..i], &host_port[i + 1..]),
+        _ => (host_port, ""),
+    };
+    if host.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let host = host.to_ascii_lowercase();
+    let port = match port {
+        "" => None,
+        digits => Some(digits.parse::<u16>().ok()?),
+    };
+    Some(match port {
+        Some(port) if port != default_port => format!("{scheme}://{host}:{port}"),
+        _ => format!("{scheme}://{host}"),
+    })
+}
+
+fn strip_scheme<'u>(url: &'u str, scheme: &str) -> Option<&'u str> {
+    let head = url.get(..scheme.len())?;
+    head.eq_ignore_ascii_case(scheme)
+        .then(|| &url[scheme.len()..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +255,32 @@ mod tests {
             String::from_utf8(body).unwrap(),
             r#"{"eventId":"evt-1","id":"envelope-9","w3id":"@owner","evaultPublicKey":"z6Mk","data":{"x":"y"},"schemaId":"550e8400-schema","operation":"update"}"#
         );
+    }
+
+    #[test]
+    fn origins_as_the_service_compares_them() {
+        for (url, expected) in [
+            (
+                "https://Blabsy.Example/api/webhook?x=1",
+                Some("https://blabsy.example"),
+            ),
+            (
+                "HTTPS://blabsy.example:443/",
+                Some("https://blabsy.example"),
+            ),
+            ("http://127.0.0.1:8080", Some("http://127.0.0.1:8080")),
+            ("http://u:p@h:80#f", Some("http://h")),
+            ("http://[::1]:9/x", Some("http://[::1]:9")),
+            ("http://[::1]/x", Some("http://[::1]")),
+            ("ftp://h/", None),
+            ("blabsy", None),
+            ("http://h:x/", None),
+            ("http://h:70000/", None),
+            ("http://h:/", Some("http://h")),
+            ("http:///x", None),
+        ] {
+            assert_eq!(origin(url).as_deref(), expected, "{url}");
+        }
     }
 
     #[test]

@@ -53,7 +53,7 @@ impl outboxd_sink::Guest for Awareness {
 fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
     let packet = match Packet::from_event(event) {
         Ok(packet) => packet,
-        Err(reason) => return Progress::Done(Answer::Failed(Outcome::Reject(reason))),
+        Err(reason) => return Progress::Done(Answer::Decided(Outcome::Reject(reason))),
     };
     let body = awareness_wire::ingest_body(&packet);
     let headers: [Header; 4] = [

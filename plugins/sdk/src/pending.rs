@@ -85,10 +85,11 @@ pub enum Answer {
     /// [`outcome::REASON_BODY_BYTES`] of its body (for `Retry-After` and a
     /// reject reason).
     Response(Response),
-    /// No response: the outcome already decided (a transport error is
-    /// `retry` naming it; a request that can never be sent as built, such
-    /// as a header the host forbids, is `reject`).
-    Failed(Outcome),
+    /// No response to judge: the outcome is already decided (a transport
+    /// error is `retry` naming it; a request that can never be sent as
+    /// built, such as a header the host forbids, is `reject`; a sink may
+    /// also decide an event without sending it).
+    Decided(Outcome),
 }
 
 enum Phase {
@@ -143,7 +144,7 @@ impl<'a> Request<'a> {
     pub fn start(post: Post<'_>, body: Cow<'a, [u8]>) -> Progress<'a> {
         match begin(post) {
             Ok(phase) => Request { body, phase }.advance(),
-            Err(outcome) => Progress::Done(Answer::Failed(outcome)),
+            Err(outcome) => Progress::Done(Answer::Decided(outcome)),
         }
     }
 
@@ -305,8 +306,8 @@ fn await_response(a: Awaiting) -> Step {
             drop(a);
             start_reading(response)
         }
-        Some(Ok(Err(code))) => Step::Done(Answer::Failed(outcome::transport_error(&code))),
-        Some(Err(())) => Step::Done(Answer::Failed(outcome::retry(
+        Some(Ok(Err(code))) => Step::Done(Answer::Decided(outcome::transport_error(&code))),
+        Some(Err(())) => Step::Done(Answer::Decided(outcome::retry(
             "the response was already taken",
         ))),
     }

@@ -40,7 +40,7 @@ pub fn deliver<'a>(
     let mut in_flight: Vec<InFlight<'a>> = Vec::new();
     let mut done = |event: usize, answer: Answer| match answer {
         Answer::Response(response) => judge(&batch[event], response),
-        Answer::Failed(outcome) => outcome,
+        Answer::Decided(outcome) => outcome,
     };
     loop {
         while in_flight.len() < max_in_flight {

@@ -16,17 +16,32 @@
 
 use awareness_wire::Packet;
 use hmac::{Hmac, KeyInit, Mac as _};
+use outboxd_sink::http::Url;
 use outboxd_sink::pending::Header;
 use outboxd_sink::Event;
 use sha2::Sha256;
 
 use crate::cloudevents::{is_header_value, USER_AGENT};
 
-/// The body and headers of the POST for `event`; `Err` is why the event can
-/// never be sent in this format (no `schemaid`, data that is not JSON, an id
-/// that cannot be a header value), for a reject.
-pub fn request(event: &Event, secret: Option<&[u8]>) -> Result<(Vec<Header>, Vec<u8>), String> {
+/// What to do with one event in this mode.
+#[derive(Debug)]
+pub enum Prepared {
+    /// POST these headers and body.
+    Send(Vec<Header>, Vec<u8>),
+    /// The event came from the platform this URL belongs to: not sent back
+    /// to it (the service's ping-pong guard, IngestService.ts: a
+    /// `requestingPlatform` with the target's origin).
+    Echo,
+}
+
+/// The request for `event` to `target`; `Err` is why the event can never
+/// be sent in this format (no `schemaid`, data that is not JSON, an id that
+/// cannot be a header value), for a reject.
+pub fn request(event: &Event, target: &Url, secret: Option<&[u8]>) -> Result<Prepared, String> {
     let packet = Packet::from_event(event)?;
+    if is_echo(target, packet.requesting_platform) {
+        return Ok(Prepared::Echo);
+    }
     if !is_header_value(packet.event_id) {
         return Err(format!(
             "event id `{}` cannot be sent in the x-aaas-event-id header",
@@ -46,7 +61,15 @@ pub fn request(event: &Event, secret: Option<&[u8]>) -> Result<(Vec<Header>, Vec
     if let Some(secret) = secret {
         headers.push(("x-aaas-signature".into(), sign(secret, &body).into_bytes()));
     }
-    Ok((headers, body))
+    Ok(Prepared::Send(headers, body))
+}
+
+/// True when `requesting_platform` has the origin of `target`.
+fn is_echo(target: &Url, requesting_platform: Option<&str>) -> bool {
+    let scheme = if target.https { "https" } else { "http" };
+    let target = awareness_wire::origin(&format!("{scheme}://{}", target.authority));
+    let from = requesting_platform.and_then(awareness_wire::origin);
+    from.is_some() && from == target
 }
 
 /// Lower-case hex of HMAC-SHA256(`secret`, `body`).
@@ -82,6 +105,17 @@ mod tests {
         event
     }
 
+    fn target(url: &str) -> Url {
+        Url::parse(url).unwrap()
+    }
+
+    fn send(event: &Event, secret: Option<&[u8]>) -> (Vec<Header>, Vec<u8>) {
+        match request(event, &target("http://127.0.0.1:9090/api/webhook"), secret).unwrap() {
+            Prepared::Send(headers, body) => (headers, body),
+            Prepared::Echo => panic!("not an echo"),
+        }
+    }
+
     fn get<'a>(headers: &'a [Header], name: &str) -> Option<&'a str> {
         headers
             .iter()
@@ -98,7 +132,7 @@ mod tests {
     #[test]
     fn body_and_signature_match_the_services_reference() {
         let e = event(r#"{ "name": "Zo\u00eb \"Z\"\n", "n": [1.0, 2.50] }"#);
-        let (headers, body) = request(&e, Some(b"whsec_not-decoded")).unwrap();
+        let (headers, body) = send(&e, Some(b"whsec_not-decoded"));
         assert_eq!(std::str::from_utf8(&body).unwrap(), NODE_BODY);
         assert_eq!(
             get(&headers, "x-aaas-signature"),
@@ -118,7 +152,7 @@ mod tests {
 
     #[test]
     fn no_secret_no_signature() {
-        let (headers, _) = request(&event("{}"), None).unwrap();
+        let (headers, _) = send(&event("{}"), None);
         assert_eq!(get(&headers, "x-aaas-signature"), None);
         assert_eq!(get(&headers, "x-aaas-event-id"), Some("evt-1"));
     }
@@ -127,11 +161,36 @@ mod tests {
     fn unsendable_events_are_refused() {
         let mut bad_id = event("{}");
         bad_id.id = "evt\r\n1".into();
-        assert!(request(&bad_id, None)
+        let to = target("http://h/");
+        assert!(request(&bad_id, &to, None)
             .unwrap_err()
             .contains("x-aaas-event-id"));
         let mut no_schema = event("{}");
         no_schema.extensions.retain(|(n, _)| n != "schemaid");
-        assert!(request(&no_schema, None).unwrap_err().contains("schemaid"));
+        assert!(request(&no_schema, &to, None)
+            .unwrap_err()
+            .contains("schemaid"));
+    }
+
+    #[test]
+    fn the_requesting_platform_is_not_sent_its_own_event() {
+        // The event's requestingplatform is https://blabsy.example.
+        let e = event("{}");
+        for (url, echo) in [
+            ("https://blabsy.example/api/webhook", true),
+            ("https://BLABSY.example:443/other", true),
+            ("http://blabsy.example/api/webhook", false),
+            ("https://blabsy.example:8443/api/webhook", false),
+            ("https://pictique.example/api/webhook", false),
+        ] {
+            let prepared = request(&e, &target(url), None).unwrap();
+            assert_eq!(matches!(prepared, Prepared::Echo), echo, "{url}");
+        }
+        let mut unknown = event("{}");
+        unknown
+            .extensions
+            .retain(|(n, _)| n != "requestingplatform");
+        let prepared = request(&unknown, &target("https://blabsy.example/"), None).unwrap();
+        assert!(matches!(prepared, Prepared::Send(..)));
     }
 }

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use crate::awareness;
+use crate::awareness::{self, Prepared};
 use crate::cloudevents;
 use crate::config::{Config, Payload};
 use outboxd_sink::outcome;
@@ -38,8 +38,14 @@ fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
             cloudevents::headers(event, key, previous.as_deref(), timestamp)
                 .map(|headers| (headers, Cow::Borrowed(event.data.as_slice())))
         }
-        Payload::Awareness { secret } => awareness::request(event, secret.as_deref())
-            .map(|(headers, body)| (headers, Cow::Owned(body))),
+        Payload::Awareness { secret } => {
+            match awareness::request(event, &config.target, secret.as_deref()) {
+                Ok(Prepared::Send(headers, body)) => Ok((headers, Cow::Owned(body))),
+                // Answered without sending, as the service never queues it.
+                Ok(Prepared::Echo) => return Progress::Done(Answer::Decided(Outcome::Delivered)),
+                Err(reason) => Err(reason),
+            }
+        }
     };
     match built {
         Ok((headers, body)) => {
@@ -50,6 +56,6 @@ fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
             };
             Request::start(post, body)
         }
-        Err(reason) => Progress::Done(Answer::Failed(Outcome::Reject(reason))),
+        Err(reason) => Progress::Done(Answer::Decided(Outcome::Reject(reason))),
     }
 }
