@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use common::*;
+use common::{both_stores, *};
 use serde_json::{json, Value};
 
 /// One `POST /ingest` as the service saw it.
@@ -109,11 +109,6 @@ impl AwarenessService {
             .filter(|s| s.status == 200)
             .collect()
     }
-}
-
-/// Constant-time equality, as a receiver must compare secrets.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn ingest(
@@ -224,23 +219,6 @@ const INGEST_KEYS: [&str; 10] = [
     "occurredAt",
     "streamVersion",
 ];
-
-macro_rules! both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Sqlite).await }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Postgres).await }
-            )*
-        }
-    };
-}
 
 both_stores!(
     every_field_arrives_by_the_mapping_in_packet_order,

@@ -53,12 +53,7 @@ fn verify_aaas_signature(secret: &str, r: &Received) -> bool {
         return false;
     };
     let expected = hmac_hex(secret.as_bytes(), &r.body);
-    given.len() == expected.len()
-        && given
-            .bytes()
-            .zip(expected.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    constant_time_eq(given.as_bytes(), expected.as_bytes())
 }
 
 /// Node.js's verdict on each body: `JSON.stringify(JSON.parse(body)) ===
