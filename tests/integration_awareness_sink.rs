@@ -495,3 +495,53 @@ async fn a_refused_secret_is_retried_without_dead_letters_until_the_secret_is_fi
     d.stop().await;
     db.cleanup().await;
 }
+
+/// `outboxd plugin check` on the shipped component with its shipped
+/// manifest, enabled as the operator enables it (`awareness.toml.example`
+/// copied to `awareness.toml`).
+fn check_shipped(env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("awareness.wasm");
+    std::fs::copy(built_plugins().join("awareness.wasm"), &wasm).unwrap();
+    std::fs::copy(
+        built_plugins().join("awareness.toml.example"),
+        dir.path().join("awareness.toml"),
+    )
+    .unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    command.args(["plugin", "check"]).arg(&wasm);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OUTBOXD_") {
+            command.env_remove(key);
+        }
+    }
+    let out = command.envs(env.iter().copied()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "check refused the shipped sink:\n{text}"
+    );
+    text
+}
+
+#[test]
+fn the_shipped_manifest_takes_the_ingest_secret_from_the_environment() {
+    // Not installed enabled: the default plugins directory loads without it.
+    assert!(!built_plugins().join("awareness.toml").exists());
+
+    let text = check_shipped(&[]);
+    assert!(text.contains("verdict: ok"), "{text}");
+    let needs = text
+        .split_once("needs at start:")
+        .unwrap_or_else(|| panic!("no `needs at start` section:\n{text}"))
+        .1;
+    assert!(
+        needs.contains("OUTBOXD_AWARENESS_INGEST_SECRET (for config.secret)"),
+        "{text}"
+    );
+    let text = check_shipped(&[("OUTBOXD_AWARENESS_INGEST_SECRET", "s3cret")]);
+    assert!(
+        text.contains("verdict: ok") && !text.contains("needs at start"),
+        "{text}"
+    );
+}
