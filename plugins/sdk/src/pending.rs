@@ -47,6 +47,14 @@ pub type Header = (String, Vec<u8>);
 /// reused, small enough that a chatty endpoint costs nothing.
 pub const RESPONSE_BODY_CAP: usize = 64 * 1024;
 
+/// Upper bound for requests in flight at once: each holds about five host
+/// resources, and the host caps the resource table.
+pub const MAX_IN_FLIGHT: u64 = 1024;
+
+/// Upper bound for a request's timeout, in milliseconds: 10 minutes, what
+/// WASI applies when none is set.
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+
 /// Bytes asked for per read of the response body.
 const READ_CHUNK: usize = 16 * 1024;
 

@@ -21,14 +21,14 @@ pub type SigningKey = Hmac<Sha256>;
 
 /// Requests in flight at once when `max-concurrency` is not set.
 pub const DEFAULT_MAX_CONCURRENCY: u64 = 32;
-/// Upper bound for `max-concurrency`: each request in flight holds about five
-/// host resources, and the host caps the resource table.
-pub const MAX_MAX_CONCURRENCY: u64 = 1024;
+/// Upper bound for `max-concurrency` (the SDK's, from the host's resource
+/// table cap).
+pub const MAX_MAX_CONCURRENCY: u64 = outboxd_sink::pending::MAX_IN_FLIGHT;
 /// Connect, first-byte and between-bytes timeout when `timeout-ms` is not set,
 /// in milliseconds.
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
-/// Upper bound for `timeout-ms` (10 minutes, the WASI default when unset).
-pub const MAX_TIMEOUT_MS: u64 = 600_000;
+/// Upper bound for `timeout-ms` (the SDK's: 10 minutes, the WASI default).
+pub const MAX_TIMEOUT_MS: u64 = outboxd_sink::pending::MAX_TIMEOUT_MS;
 
 /// Prefix of a Standard Webhooks secret (`whsec_<base64>`).
 const SECRET_PREFIX: &str = "whsec_";
