@@ -7,25 +7,22 @@
 //! `x-ingest-secret`; different streams (packets) concurrently, each in
 //! order, through the SDK's sender. See README.md.
 //!
-//! Modules: `config` (the `[config]` keys), `answer` (what the service's
-//! status means).
+//! Modules: `config` (the `[config]` keys), `request` (an event's body and
+//! headers), `answer` (what the service's status means).
 //!
 //! Must never: dead-letter on a refused secret (every event would go), or
 //! send an event before its predecessor in the same packet.
 
 mod answer;
 mod config;
+mod request;
 
 use std::borrow::Cow;
 
-use awareness_wire::Packet;
 use config::Config;
 use outboxd_sink::configured::Configured;
-use outboxd_sink::pending::{self, Answer, Header, Post, Progress, Request};
+use outboxd_sink::pending::{self, Answer, Post, Progress, Request};
 use outboxd_sink::{streams, Event, Outcome};
-
-/// Sent as `user-agent`.
-const USER_AGENT: &str = concat!("outboxd-awareness/", env!("CARGO_PKG_VERSION"));
 
 /// The configuration `init` accepted, for this instance's `deliver` call.
 static CONFIG: Configured<Config> = Configured::new();
@@ -49,25 +46,19 @@ impl outboxd_sink::Guest for Awareness {
     }
 }
 
-/// Builds the body and headers of `event` and starts its request.
+/// Builds `event`'s request and starts it.
 fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
-    let packet = match Packet::from_event(event) {
-        Ok(packet) => packet,
-        Err(reason) => return Progress::Done(Answer::Decided(Outcome::Reject(reason))),
-    };
-    let body = awareness_wire::ingest_body(&packet);
-    let headers: [Header; 4] = [
-        ("content-type".into(), b"application/json".to_vec()),
-        ("content-length".into(), body.len().to_string().into_bytes()),
-        ("user-agent".into(), USER_AGENT.as_bytes().to_vec()),
-        ("x-ingest-secret".into(), config.secret.as_bytes().to_vec()),
-    ];
-    let post = Post {
-        url: &config.ingest,
-        headers: &headers,
-        timeout: config.timeout,
-    };
-    Request::start(post, Cow::Owned(body))
+    match request::build(config, event) {
+        Ok((headers, body)) => {
+            let post = Post {
+                url: &config.ingest,
+                headers: &headers,
+                timeout: config.timeout,
+            };
+            Request::start(post, Cow::Owned(body))
+        }
+        Err(reason) => Progress::Done(Answer::Decided(Outcome::Reject(reason))),
+    }
 }
 
 outboxd_sink::export!(Awareness);
