@@ -100,11 +100,11 @@ impl Config {
                 }
             }
             Some("awareness") => {
-                if table.non_empty("previous-secret").is_some() {
-                    return Err("config key `previous-secret` applies to `payload = \"cloudevents\"` only: the awareness service's x-aaas-signature carries one signature".into());
-                }
-                // The service signs when the secret is truthy in JavaScript:
-                // set and not the empty string.
+                // `x-aaas-signature` carries one signature, made with the
+                // current secret: a `previous-secret` the host passes during
+                // a rotation has no place in it and is not used. The service
+                // signs when the secret is truthy in JavaScript: set and not
+                // the empty string.
                 Payload::Awareness {
                     secret: table
                         .get("secret")
@@ -338,15 +338,19 @@ mod tests {
                 _ => panic!("awareness payload expected"),
             }
         }
-        let err = parse(&[
+        // During a rotation the host passes the old secret too; the
+        // awareness signature is made with the current one alone.
+        let config = parse(&[
             ("url", "http://h/"),
             ("payload", "awareness"),
             ("secret", "s"),
             ("previous-secret", SECRET),
         ])
-        .err()
         .unwrap();
-        assert!(err.contains("`previous-secret`"), "{err}");
+        match config.payload {
+            Payload::Awareness { secret } => assert_eq!(secret.as_deref(), Some(&b"s"[..])),
+            _ => panic!("awareness payload expected"),
+        }
         let err = parse(&[("url", "http://h/"), ("payload", "xml"), ("secret", SECRET)])
             .err()
             .unwrap();
