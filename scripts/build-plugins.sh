@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds every Rust sink in plugins/ for wasm32-wasip2 (release) and installs each
 # `<name>.wasm` with its manifest `<name>.toml` into target/plugins/, the
-# daemon's default plugins directory.
+# daemon's default plugins directory (a sink listed in `disabled` below with
+# its manifest as `<name>.toml.example`).
 #
 # Usage: scripts/build-plugins.sh        (from any directory)
 #
@@ -21,6 +22,13 @@ fi
 
 cargo build --manifest-path "$repo/plugins/Cargo.toml" --workspace --release --target "$target"
 
+# Sinks that serve one deployment's own service, with its secret taken from
+# the environment, are installed disabled: their manifest goes in as
+# `<name>.toml.example`, which the daemon does not load, so the default
+# plugins directory keeps loading (and /ready keeps passing) without their
+# variables. Copy it to `<name>.toml` next to the component to enable one.
+disabled=(awareness)
+
 mkdir -p "$out"
 shopt -s nullglob
 installed=0
@@ -39,8 +47,14 @@ for manifest in "$repo"/plugins/*/*.toml; do
         exit 1
     fi
     cp "$wasm" "$out/$name.wasm"
-    cp "$manifest" "$out/$name.toml"
-    echo "build-plugins: $name -> $out/$name.wasm ($(wc -c <"$out/$name.wasm") bytes)"
+    if [[ " ${disabled[*]} " == *" $name "* ]]; then
+        rm -f "$out/$name.toml"
+        cp "$manifest" "$out/$name.toml.example"
+        echo "build-plugins: $name -> $out/$name.wasm ($(wc -c <"$out/$name.wasm") bytes; disabled: copy $name.toml.example to $name.toml to enable)"
+    else
+        cp "$manifest" "$out/$name.toml"
+        echo "build-plugins: $name -> $out/$name.wasm ($(wc -c <"$out/$name.wasm") bytes)"
+    fi
     installed=$((installed + 1))
 done
 

@@ -14,6 +14,11 @@ cargo clippy --workspace --all-targets -- -D warnings
 bash scripts/build-plugins.sh
 cargo test --workspace --no-fail-fast
 
+# The sinks' own unit tests, run natively (plugins/ is a workspace of its own).
+cargo fmt --manifest-path plugins/Cargo.toml --all --check
+CARGO_TARGET_DIR=target/wasm cargo clippy --manifest-path plugins/Cargo.toml --workspace --all-targets -- -D warnings
+CARGO_TARGET_DIR=target/wasm cargo test --manifest-path plugins/Cargo.toml --workspace
+
 # The delivery protocol, model-checked exhaustively (spin), mutants included.
 bash model/check.sh
 

@@ -575,6 +575,34 @@ impl TestDaemon {
     }
 }
 
+/// Byte equality in constant time, as a receiver compares secrets and
+/// signatures.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Runs each named `async fn NAME(backend: Backend)` as two tests,
+/// `sqlite::NAME` and `postgres::NAME` (`use common::*` brings `Backend`).
+#[allow(unused_macros)] // used by the test files that run on both stores
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() { super::$name(super::Backend::Sqlite).await }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() { super::$name(super::Backend::Postgres).await }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)] // used by the test files that run on both stores
+pub(crate) use both_stores;
+
 /// A CloudEvent in the JSON format.
 pub fn event(id: &str, stream: &str, ty: &str, data: serde_json::Value) -> serde_json::Value {
     serde_json::json!({

@@ -6,6 +6,11 @@
 //!   interface, and [`export!`] to export your sink.
 //! - [`http`]: one blocking request over `wasi:http/outgoing-handler` that
 //!   drops host resources in the order the host requires.
+//! - [`pending`] and [`streams`]: many requests in flight at once, one per
+//!   stream, each stream in batch order (what the `webhook` and `awareness`
+//!   sinks send with).
+//! - [`config`]: the `[config]` table read with known keys, each once;
+//!   [`configured::Configured`] keeps what `init` accepted for `deliver`.
 //! - [`outcome`]: what an HTTP answer means — 2xx delivered; 408, 425, 429
 //!   and 5xx retry with the `Retry-After` hint (delta-seconds or HTTP-date);
 //!   anything else reject; a transport error retry, named.
@@ -35,8 +40,12 @@ pub mod bindings {
     });
 }
 
+pub mod config;
+pub mod configured;
 pub mod http;
 pub mod outcome;
+pub mod pending;
+pub mod streams;
 
 pub use bindings::outboxd::sink::amqp;
 pub use bindings::outboxd::sink::log::{log, Level};

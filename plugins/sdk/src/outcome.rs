@@ -164,6 +164,22 @@ pub fn describe(code: &ErrorCode) -> String {
     text.to_string()
 }
 
+/// `N events: D delivered, R to retry, J rejected`, for a sink's debug log.
+pub fn summary(outcomes: &[Outcome]) -> String {
+    let (mut delivered, mut retry, mut reject) = (0, 0, 0);
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Delivered => delivered += 1,
+            Outcome::Retry(_) => retry += 1,
+            Outcome::Reject(_) => reject += 1,
+        }
+    }
+    format!(
+        "{} events: {delivered} delivered, {retry} to retry, {reject} rejected",
+        outcomes.len()
+    )
+}
+
 /// At most 200 characters of a host-provided message, on one line.
 fn clip(message: &str) -> String {
     message

@@ -10,13 +10,11 @@ use base64::Engine as _;
 use hmac::Mac as _;
 
 use crate::config::SigningKey;
+use outboxd_sink::pending::Header;
 use outboxd_sink::Event;
 
-/// A header as `wasi:http/types.fields.from-list` takes it.
-pub type Header = (String, Vec<u8>);
-
 /// Sent as `user-agent`.
-const USER_AGENT: &str = concat!("outboxd-webhook/", env!("CARGO_PKG_VERSION"));
+pub const USER_AGENT: &str = concat!("outboxd-webhook/", env!("CARGO_PKG_VERSION"));
 
 /// Attributes this sink writes from the event's own fields. An extension of
 /// the same name is not sent again: the event's field is the one that counts.
@@ -35,12 +33,19 @@ const OWN_ATTRIBUTES: [&str; 11] = [
 ];
 
 /// All headers of the POST for `event`, signed with `key` at `timestamp`
-/// (unix seconds).
+/// (unix seconds), and with `previous` too while a secret rotation keeps the
+/// old one valid: `webhook-signature` then carries both, space-separated,
+/// the new one first (the scheme lets a header carry several).
 ///
 /// `Err` holds the reason the event can never be sent as it is (a
 /// `datacontenttype` or extension name that cannot be an HTTP header); the
 /// caller rejects the event with it.
-pub fn headers(event: &Event, key: &SigningKey, timestamp: u64) -> Result<Vec<Header>, String> {
+pub fn headers(
+    event: &Event,
+    key: &SigningKey,
+    previous: Option<&SigningKey>,
+    timestamp: u64,
+) -> Result<Vec<Header>, String> {
     let mut headers = Vec::with_capacity(16 + event.extensions.len());
     let mut add = |name: &str, value: String| headers.push((name.to_string(), value.into_bytes()));
 
@@ -83,7 +88,11 @@ pub fn headers(event: &Event, key: &SigningKey, timestamp: u64) -> Result<Vec<He
     // The signed id is the header value as sent, so a receiver that verifies
     // from the headers always agrees with the signature.
     let webhook_id = percent_encode(&event.id);
-    let signature = sign(key, &webhook_id, timestamp, &event.data);
+    let mut signature = sign(key, &webhook_id, timestamp, &event.data);
+    if let Some(previous) = previous {
+        signature.push(' ');
+        signature.push_str(&sign(previous, &webhook_id, timestamp, &event.data));
+    }
     add("webhook-id", webhook_id);
     add("webhook-timestamp", timestamp.to_string());
     add("webhook-signature", signature);
@@ -127,7 +136,7 @@ fn is_token_char(b: u8) -> bool {
 
 /// Visible ASCII, space and tab, no surrounding whitespace (RFC 9110 §5.5,
 /// without obsolete text).
-fn is_header_value(value: &str) -> bool {
+pub fn is_header_value(value: &str) -> bool {
     value
         .bytes()
         .all(|b| b == b'\t' || b == b' ' || b.is_ascii_graphic())
@@ -135,11 +144,12 @@ fn is_header_value(value: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use hmac::KeyInit as _;
 
-    fn event() -> Event {
+    /// An event for the header tests (also the awareness mode's).
+    pub(crate) fn event() -> Event {
         Event {
             id: "evt-1".into(),
             source: "/orders".into(),
@@ -185,7 +195,7 @@ mod tests {
     #[test]
     fn binary_binding_headers() {
         let key = SigningKey::new_from_slice(b"key").unwrap();
-        let headers = headers(&event(), &key, 1_700_000_000).unwrap();
+        let headers = headers(&event(), &key, None, 1_700_000_000).unwrap();
         assert_eq!(get(&headers, "ce-specversion"), Some("1.0"));
         assert_eq!(get(&headers, "ce-id"), Some("evt-1"));
         assert_eq!(get(&headers, "ce-type"), Some("order.created"));
@@ -207,6 +217,28 @@ mod tests {
     }
 
     #[test]
+    fn rotation_signs_with_both_secrets_new_first() {
+        let new = SigningKey::new_from_slice(b"new key").unwrap();
+        let old = SigningKey::new_from_slice(b"old key").unwrap();
+        let headers = headers(&event(), &new, Some(&old), 1_700_000_000).unwrap();
+        assert_eq!(
+            get(&headers, "webhook-signature").map(String::from),
+            Some(format!(
+                "{} {}",
+                sign(&new, "evt-1", 1_700_000_000, b"{}"),
+                sign(&old, "evt-1", 1_700_000_000, b"{}")
+            ))
+        );
+        assert_eq!(
+            headers
+                .iter()
+                .filter(|(n, _)| n == "webhook-signature")
+                .count(),
+            1
+        );
+    }
+
+    #[test]
     fn own_attributes_win_over_extensions() {
         let key = SigningKey::new_from_slice(b"key").unwrap();
         let mut event = event();
@@ -214,7 +246,7 @@ mod tests {
             ("Sequence".into(), "1".into()),
             ("Tenant".into(), "a".into()),
         ];
-        let headers = headers(&event, &key, 0).unwrap();
+        let headers = headers(&event, &key, None, 0).unwrap();
         assert_eq!(
             headers.iter().filter(|(n, _)| n == "ce-sequence").count(),
             1
@@ -227,10 +259,10 @@ mod tests {
         let key = SigningKey::new_from_slice(b"key").unwrap();
         let mut bad_name = event();
         bad_name.extensions = vec![("a b".into(), "x".into())];
-        assert!(headers(&bad_name, &key, 0).is_err());
+        assert!(headers(&bad_name, &key, None, 0).is_err());
         let mut bad_type = event();
         bad_type.datacontenttype = Some("text/plain\r\nx-injected: 1".into());
-        assert!(headers(&bad_type, &key, 0).is_err());
+        assert!(headers(&bad_type, &key, None, 0).is_err());
     }
 
     #[test]

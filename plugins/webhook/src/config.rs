@@ -2,14 +2,18 @@
 //! `init` and kept for the instance's single `deliver` call.
 //!
 //! Every error names the offending key and says what a valid value looks
-//! like. None ever repeats the value of `secret`, and none repeats `url`
-//! either, since URLs often carry tokens in their query.
+//! like. None ever repeats the value of `secret` or `previous-secret`, and
+//! none repeats `url` either, since URLs often carry tokens in their query.
+
+use std::time::Duration;
 
 use base64::alphabet;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit};
+use outboxd_sink::config::Table;
+use outboxd_sink::http::Url;
 use sha2::Sha256;
 
 /// The Standard Webhooks signing key, ready to sign (cloned per message).
@@ -17,14 +21,14 @@ pub type SigningKey = Hmac<Sha256>;
 
 /// Requests in flight at once when `max-concurrency` is not set.
 pub const DEFAULT_MAX_CONCURRENCY: u64 = 32;
-/// Upper bound for `max-concurrency`: each request in flight holds about five
-/// host resources, and the host caps the resource table.
-pub const MAX_MAX_CONCURRENCY: u64 = 1024;
+/// Upper bound for `max-concurrency` (the SDK's, from the host's resource
+/// table cap).
+pub const MAX_MAX_CONCURRENCY: u64 = outboxd_sink::pending::MAX_IN_FLIGHT;
 /// Connect, first-byte and between-bytes timeout when `timeout-ms` is not set,
 /// in milliseconds.
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
-/// Upper bound for `timeout-ms` (10 minutes, the WASI default when unset).
-pub const MAX_TIMEOUT_MS: u64 = 600_000;
+/// Upper bound for `timeout-ms` (the SDK's: 10 minutes, the WASI default).
+pub const MAX_TIMEOUT_MS: u64 = outboxd_sink::pending::MAX_TIMEOUT_MS;
 
 /// Prefix of a Standard Webhooks secret (`whsec_<base64>`).
 const SECRET_PREFIX: &str = "whsec_";
@@ -36,124 +40,129 @@ const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-const KNOWN_KEYS: &str = "url, secret, max-concurrency, timeout-ms";
+const KNOWN_KEYS: [&str; 6] = [
+    "url",
+    "secret",
+    "previous-secret",
+    "payload",
+    "max-concurrency",
+    "timeout-ms",
+];
 
 /// The parsed `[config]` table.
 #[derive(Clone)]
 pub struct Config {
-    /// Where every event is POSTed.
-    pub target: Target,
-    /// HMAC-SHA256 keyed with the decoded secret.
-    pub key: SigningKey,
+    /// Where every event is POSTed (`url`).
+    pub target: Url,
+    /// What is sent and how it is signed (`payload`, `secret`,
+    /// `previous-secret`).
+    pub payload: Payload,
     /// Most requests in flight at once (`max-concurrency`), at least 1.
     pub max_concurrency: usize,
-    /// Connect, first-byte and between-bytes timeout (`timeout-ms`), in
-    /// nanoseconds as `wasi:http` wants it.
-    pub timeout_ns: u64,
+    /// Connect, first-byte and between-bytes timeout (`timeout-ms`).
+    pub timeout: Duration,
 }
 
-/// `http` or `https`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scheme {
-    Http,
-    Https,
-}
-
-/// The parts of `url` that an outgoing request is built from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
-    pub scheme: Scheme,
-    /// `host[:port]`, no userinfo.
-    pub authority: String,
-    /// Path and query, at least `/`; any `#fragment` dropped.
-    pub path_with_query: String,
+/// The request format, `payload = "cloudevents"` (the default) or
+/// `"awareness"`.
+#[derive(Clone)]
+pub enum Payload {
+    /// The event's data in the CloudEvents HTTP binary binding, signed per
+    /// Standard Webhooks with `key`, and also with `previous` while a
+    /// rotation keeps the old secret valid.
+    CloudEvents {
+        key: Box<SigningKey>,
+        previous: Option<Box<SigningKey>>,
+    },
+    /// The awareness service's subscription body and headers; signed
+    /// (`x-aaas-signature`) with the secret's own bytes when one is set, as
+    /// the service does.
+    Awareness { secret: Option<Vec<u8>> },
 }
 
 impl Config {
     /// Parses the `[config]` table, name → value, as the host hands it over.
     pub fn parse(entries: &[(String, String)]) -> Result<Config, String> {
-        let mut url = None;
-        let mut secret = None;
-        let mut max_concurrency = None;
-        let mut timeout_ms = None;
-        for (key, value) in entries {
-            let slot = match key.as_str() {
-                "url" => &mut url,
-                "secret" => &mut secret,
-                "max-concurrency" => &mut max_concurrency,
-                "timeout-ms" => &mut timeout_ms,
-                other => {
-                    return Err(format!(
-                        "unknown config key `{other}` (known: {KNOWN_KEYS})"
-                    ))
+        let table = Table::new(entries, &KNOWN_KEYS)?;
+        let url = table.required("url", "the http:// or https:// URL to POST events to")?;
+        let payload = match table.get("payload").map(str::trim) {
+            None | Some("cloudevents") => {
+                let secret = table.required(
+                    "secret",
+                    "the endpoint's signing secret, `whsec_<base64>`",
+                )?;
+                Payload::CloudEvents {
+                    key: Box::new(parse_secret("secret", secret)?),
+                    previous: table
+                        .non_empty("previous-secret")
+                        .map(|previous| parse_secret("previous-secret", previous).map(Box::new))
+                        .transpose()?,
                 }
-            };
-            if slot.replace(value.as_str()).is_some() {
-                return Err(format!("config key `{key}` is given more than once"));
             }
-        }
-
-        let url = url
-            .ok_or("config key `url` is required: the http:// or https:// URL to POST events to")?;
-        let secret = secret.ok_or(
-            "config key `secret` is required: the endpoint's signing secret, `whsec_<base64>`",
+            Some("awareness") => {
+                // `x-aaas-signature` carries one signature, made with the
+                // current secret: a `previous-secret` the host passes during
+                // a rotation has no place in it and is not used. The service
+                // signs when the secret is truthy in JavaScript: set and not
+                // the empty string.
+                Payload::Awareness {
+                    secret: table
+                        .get("secret")
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.as_bytes().to_vec()),
+                }
+            }
+            Some(other) => {
+                return Err(format!(
+                    "config key `payload` must be `cloudevents` (the default) or `awareness`, got `{other}`"
+                ))
+            }
+        };
+        let max_concurrency = table.number(
+            "max-concurrency",
+            1,
+            MAX_MAX_CONCURRENCY,
+            DEFAULT_MAX_CONCURRENCY,
         )?;
-        let max_concurrency = match max_concurrency {
-            Some(value) => number("max-concurrency", value, 1, MAX_MAX_CONCURRENCY)?,
-            None => DEFAULT_MAX_CONCURRENCY,
-        };
-        let timeout_ms = match timeout_ms {
-            Some(value) => number("timeout-ms", value, 1, MAX_TIMEOUT_MS)?,
-            None => DEFAULT_TIMEOUT_MS,
-        };
+        let timeout_ms = table.number("timeout-ms", 1, MAX_TIMEOUT_MS, DEFAULT_TIMEOUT_MS)?;
 
         Ok(Config {
             target: parse_url(url)?,
-            key: parse_secret(secret)?,
+            payload,
             max_concurrency: usize::try_from(max_concurrency).unwrap_or(usize::MAX),
-            timeout_ns: timeout_ms.saturating_mul(1_000_000),
+            timeout: Duration::from_millis(timeout_ms),
         })
     }
 }
 
-/// A whole number within `min..=max`.
-fn number(key: &str, value: &str, min: u64, max: u64) -> Result<u64, String> {
-    match value.trim().parse::<u64>() {
-        Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "config key `{key}` must be a whole number from {min} to {max}, got `{value}`"
-        )),
-    }
-}
-
-/// Decodes a Standard Webhooks secret: `whsec_` and base64, or bare base64.
-fn parse_secret(value: &str) -> Result<SigningKey, String> {
+/// Decodes a Standard Webhooks secret given as config key `key`: `whsec_`
+/// and base64, or bare base64.
+fn parse_secret(key: &str, value: &str) -> Result<SigningKey, String> {
     let value = value.trim();
     if value.is_empty() {
-        return Err("config key `secret` is empty: set it to the endpoint's signing secret, `whsec_<base64>`".into());
+        return Err(format!("config key `{key}` is empty: set it to the endpoint's signing secret, `whsec_<base64>`"));
     }
     let encoded = value.strip_prefix(SECRET_PREFIX).unwrap_or(value);
     // The decoder's own error names the offending character and its offset;
     // that would leak part of the secret, so it is not passed on.
-    let key = SECRET_BASE64.decode(encoded).map_err(|_| {
-        "config key `secret` is not valid: expected `whsec_` followed by standard base64"
-            .to_string()
+    let decoded = SECRET_BASE64.decode(encoded).map_err(|_| {
+        format!("config key `{key}` is not valid: expected `whsec_` followed by standard base64")
     })?;
-    if key.is_empty() {
-        return Err("config key `secret` decodes to an empty key".into());
+    if decoded.is_empty() {
+        return Err(format!("config key `{key}` decodes to an empty key"));
     }
-    SigningKey::new_from_slice(&key)
-        .map_err(|_| "config key `secret` is not usable as an HMAC-SHA256 key".to_string())
+    SigningKey::new_from_slice(&decoded)
+        .map_err(|_| format!("config key `{key}` is not usable as an HMAC-SHA256 key"))
 }
 
 /// Splits an absolute `http://` or `https://` URL into scheme, authority and
 /// path-with-query (RFC 3986 §3), refusing what a request could not carry.
-fn parse_url(value: &str) -> Result<Target, String> {
+fn parse_url(value: &str) -> Result<Url, String> {
     let value = value.trim();
-    let (scheme, rest) = if let Some(rest) = strip_prefix_ignore_case(value, "https://") {
-        (Scheme::Https, rest)
+    let (https, rest) = if let Some(rest) = strip_prefix_ignore_case(value, "https://") {
+        (true, rest)
     } else if let Some(rest) = strip_prefix_ignore_case(value, "http://") {
-        (Scheme::Http, rest)
+        (false, rest)
     } else {
         return Err("config key `url` must start with http:// or https://".into());
     };
@@ -170,8 +179,8 @@ fn parse_url(value: &str) -> Result<Target, String> {
     } else {
         path.to_string()
     };
-    Ok(Target {
-        scheme,
+    Ok(Url {
+        https,
         authority: authority.to_ascii_lowercase(),
         path_with_query,
     })
@@ -237,12 +246,8 @@ fn strip_prefix_ignore_case<'a>(value: &'a str, prefix: &str) -> Option<&'a str>
 mod tests {
     use super::*;
 
-    fn parse(entries: &[(&str, &str)]) -> Result<Config, String> {
-        let entries: Vec<(String, String)> = entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::parse(&entries)
+    fn parse(pairs: &[(&str, &str)]) -> Result<Config, String> {
+        Config::parse(&outboxd_sink::config::entries(pairs))
     }
 
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -252,31 +257,120 @@ mod tests {
         let config =
             parse(&[("url", "http://127.0.0.1:9090/webhook"), ("secret", SECRET)]).unwrap();
         assert_eq!(config.max_concurrency, 32);
-        assert_eq!(config.timeout_ns, 10_000_000_000);
+        assert_eq!(config.timeout, Duration::from_secs(10));
         assert_eq!(
             config.target,
-            Target {
-                scheme: Scheme::Http,
+            Url {
+                https: false,
                 authority: "127.0.0.1:9090".into(),
                 path_with_query: "/webhook".into(),
             }
         );
+        assert!(matches!(
+            config.payload,
+            Payload::CloudEvents { previous: None, .. }
+        ));
+    }
+
+    #[test]
+    fn rotation_keeps_a_previous_secret() {
+        let config = parse(&[
+            ("url", "http://h/"),
+            ("secret", SECRET),
+            ("previous-secret", "whsec_c2VjcmV0"),
+        ])
+        .unwrap();
+        assert!(matches!(
+            config.payload,
+            Payload::CloudEvents {
+                previous: Some(_),
+                ..
+            }
+        ));
+        // `${VAR:-}` of an unset variable: no rotation under way.
+        let config = parse(&[
+            ("url", "http://h/"),
+            ("secret", SECRET),
+            ("previous-secret", ""),
+        ])
+        .unwrap();
+        assert!(matches!(
+            config.payload,
+            Payload::CloudEvents { previous: None, .. }
+        ));
+        let err = parse(&[
+            ("url", "http://h/"),
+            ("secret", SECRET),
+            ("previous-secret", "whsec_***"),
+        ])
+        .err()
+        .unwrap();
+        assert!(
+            err.contains("`previous-secret`") && !err.contains("***"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn awareness_payload_takes_the_raw_secret_or_none() {
+        let config = parse(&[
+            ("url", "http://h/"),
+            ("payload", "awareness"),
+            ("secret", "whsec_not base64 here"),
+        ])
+        .unwrap();
+        match config.payload {
+            Payload::Awareness { secret } => {
+                assert_eq!(secret.as_deref(), Some(&b"whsec_not base64 here"[..]))
+            }
+            _ => panic!("awareness payload expected"),
+        }
+        for entries in [
+            &[("url", "http://h/"), ("payload", "awareness")][..],
+            &[
+                ("url", "http://h/"),
+                ("payload", "awareness"),
+                ("secret", ""),
+            ][..],
+        ] {
+            match parse(entries).unwrap().payload {
+                Payload::Awareness { secret } => assert_eq!(secret, None),
+                _ => panic!("awareness payload expected"),
+            }
+        }
+        // During a rotation the host passes the old secret too; the
+        // awareness signature is made with the current one alone.
+        let config = parse(&[
+            ("url", "http://h/"),
+            ("payload", "awareness"),
+            ("secret", "s"),
+            ("previous-secret", SECRET),
+        ])
+        .unwrap();
+        match config.payload {
+            Payload::Awareness { secret } => assert_eq!(secret.as_deref(), Some(&b"s"[..])),
+            _ => panic!("awareness payload expected"),
+        }
+        let err = parse(&[("url", "http://h/"), ("payload", "xml"), ("secret", SECRET)])
+            .err()
+            .unwrap();
+        assert!(err.contains("`payload`"), "{err}");
     }
 
     #[test]
     fn url_forms() {
-        let target = |url: &str| parse_url(url).map(|t| (t.scheme, t.authority, t.path_with_query));
+        let target = |url: &str| parse_url(url).map(|t| (t.https, t.authority, t.path_with_query));
         assert_eq!(
             target("HTTPS://Example.com"),
-            Ok((Scheme::Https, "example.com".into(), "/".into()))
+            Ok((true, "example.com".into(), "/".into()))
         );
         assert_eq!(
             target("http://h?x=1#frag"),
-            Ok((Scheme::Http, "h".into(), "/?x=1".into()))
+            Ok((false, "h".into(), "/?x=1".into()))
         );
         assert_eq!(
             target("http://[::1]:8080/a/b?c"),
-            Ok((Scheme::Http, "[::1]:8080".into(), "/a/b?c".into()))
+            Ok((false, "[::1]:8080".into(), "/a/b?c".into()))
         );
         for bad in [
             "ftp://h/",
@@ -332,9 +426,9 @@ mod tests {
 
     #[test]
     fn secret_without_prefix_or_padding() {
-        assert!(parse_secret("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_ok());
-        assert!(parse_secret("whsec_c2VjcmV0").is_ok());
-        assert!(parse_secret("whsec_c2VjcmV0IQ").is_ok());
-        assert!(parse_secret("whsec_").is_err());
+        assert!(parse_secret("secret", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_ok());
+        assert!(parse_secret("secret", "whsec_c2VjcmV0").is_ok());
+        assert!(parse_secret("secret", "whsec_c2VjcmV0IQ").is_ok());
+        assert!(parse_secret("secret", "whsec_").is_err());
     }
 }

@@ -1,180 +1,61 @@
-//! Delivering a batch: different streams concurrently, each stream strictly
-//! in batch order.
-//!
-//! Every stream has a queue of its events. A stream is either *ready* (its
-//! next event may start), *in flight* (one request outstanding) or done. Up
-//! to `max-concurrency` requests are in flight, each of a different stream;
-//! the loop waits on all their pollables at once and advances whichever are
-//! ready. When an event is not delivered, the rest of its stream in this
-//! batch is not sent and answers `retry` ("predecessor <id> not delivered"),
-//! so a receiver never sees an event before its predecessor.
+//! Delivering a batch: each event's request built in the configured payload
+//! mode, sent by the SDK's per-stream sender (`outboxd_sink::streams`:
+//! different streams concurrently, each stream in batch order, the rest of a
+//! stream answered `retry` once one of its events is not delivered), each
+//! answer judged by the SDK's HTTP table (`outboxd_sink::outcome`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::borrow::Cow;
 
-use wasip2::io::poll::{self, Pollable};
-
+use crate::awareness::{self, Prepared};
 use crate::cloudevents;
-use crate::config::Config;
-use crate::send::{self, Progress, Request};
+use crate::config::{Config, Payload};
 use outboxd_sink::outcome;
-use outboxd_sink::RetryInfo;
-use outboxd_sink::{Event, Outcome};
+use outboxd_sink::pending::{self, Answer, Post, Progress, Request};
+use outboxd_sink::{streams, Event, Outcome};
 
 /// POSTs every event of `batch`; `outcomes[i]` answers `batch[i]`.
 pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
-    let mut state = Batch::new(batch);
-    let mut in_flight: Vec<InFlight<'_>> = Vec::new();
-    loop {
-        while in_flight.len() < config.max_concurrency {
-            let Some((stream, event)) = state.next_ready() else {
-                break;
-            };
-            match start(config, &batch[event]) {
-                Progress::Pending(request) => in_flight.push(InFlight {
-                    stream,
-                    event,
-                    request,
-                }),
-                Progress::Done(outcome) => state.settle(stream, event, outcome),
-            }
-        }
-        if in_flight.is_empty() {
-            break;
-        }
-
-        let ready = {
-            let pollables: Vec<&Pollable> =
-                in_flight.iter().map(|f| f.request.pollable()).collect();
-            let mut ready = vec![false; pollables.len()];
-            for index in poll::poll(&pollables) {
-                if let Some(flag) = usize::try_from(index).ok().and_then(|i| ready.get_mut(i)) {
-                    *flag = true;
-                }
-            }
-            ready
-        };
-        for (flight, is_ready) in std::mem::take(&mut in_flight).into_iter().zip(ready) {
-            if !is_ready {
-                in_flight.push(flight);
-                continue;
-            }
-            let InFlight {
-                stream,
-                event,
-                request,
-            } = flight;
-            match request.advance() {
-                Progress::Pending(request) => in_flight.push(InFlight {
-                    stream,
-                    event,
-                    request,
-                }),
-                Progress::Done(outcome) => state.settle(stream, event, outcome),
-            }
-        }
-    }
-    state.into_outcomes()
+    streams::deliver(
+        batch,
+        config.max_concurrency,
+        |event| start(config, event),
+        |_, response| {
+            outcome::for_response(
+                response.status,
+                response.header("retry-after"),
+                &response.body,
+                pending::now(),
+            )
+        },
+    )
 }
 
-/// Signs and sends one event.
+/// Builds (and signs) one event's request and starts it.
 fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
-    let timestamp = send::now().as_secs();
-    match cloudevents::headers(event, &config.key, timestamp) {
-        Ok(headers) => Request::start(config, &headers, &event.data),
-        Err(reason) => Progress::Done(Outcome::Reject(reason)),
-    }
-}
-
-/// A request in flight for `batch[event]`, the head of stream `stream`.
-struct InFlight<'a> {
-    stream: usize,
-    event: usize,
-    request: Request<'a>,
-}
-
-/// The batch's bookkeeping: answers so far, the streams' queues, and which
-/// streams may start their next event.
-struct Batch<'a> {
-    events: &'a [Event],
-    outcomes: Vec<Option<Outcome>>,
-    /// Per stream, in order of first appearance: indices into `events` not
-    /// yet started, in batch order.
-    queues: Vec<VecDeque<usize>>,
-    /// Streams whose next event may start, first come first served.
-    ready: VecDeque<usize>,
-}
-
-impl<'a> Batch<'a> {
-    fn new(events: &'a [Event]) -> Batch<'a> {
-        let mut queues: Vec<VecDeque<usize>> = Vec::new();
-        let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
-        for (index, event) in events.iter().enumerate() {
-            let stream = *by_name.entry(event.stream.as_str()).or_insert_with(|| {
-                queues.push(VecDeque::new());
-                queues.len() - 1
-            });
-            if let Some(queue) = queues.get_mut(stream) {
-                queue.push_back(index);
+    let built = match &config.payload {
+        Payload::CloudEvents { key, previous } => {
+            let timestamp = pending::now().as_secs();
+            cloudevents::headers(event, key, previous.as_deref(), timestamp)
+                .map(|headers| (headers, Cow::Borrowed(event.data.as_slice())))
+        }
+        Payload::Awareness { secret } => {
+            match awareness::request(event, &config.target, secret.as_deref()) {
+                Ok(Prepared::Send(headers, body)) => Ok((headers, Cow::Owned(body))),
+                // Answered without sending, as the service never queues it.
+                Ok(Prepared::Echo) => return Progress::Done(Answer::Decided(Outcome::Delivered)),
+                Err(reason) => Err(reason),
             }
         }
-        Batch {
-            events,
-            outcomes: vec![None; events.len()],
-            ready: (0..queues.len()).collect(),
-            queues,
+    };
+    match built {
+        Ok((headers, body)) => {
+            let post = Post {
+                url: &config.target,
+                headers: &headers,
+                timeout: config.timeout,
+            };
+            Request::start(post, body)
         }
-    }
-
-    /// The next event to start, with its stream.
-    fn next_ready(&mut self) -> Option<(usize, usize)> {
-        while let Some(stream) = self.ready.pop_front() {
-            if let Some(event) = self.queues.get_mut(stream).and_then(VecDeque::pop_front) {
-                return Some((stream, event));
-            }
-        }
-        None
-    }
-
-    /// Records the answer for `events[event]`. Delivered: its stream's next
-    /// event may start. Anything else: the stream's remaining events retry.
-    fn settle(&mut self, stream: usize, event: usize, outcome: Outcome) {
-        let Some(queue) = self.queues.get_mut(stream) else {
-            return;
-        };
-        match &outcome {
-            Outcome::Delivered => {
-                if !queue.is_empty() {
-                    self.ready.push_back(stream);
-                }
-            }
-            Outcome::Retry(_) | Outcome::Reject(_) => {
-                // A successor cannot go before its predecessor, so it waits
-                // at least as long as the target asked the predecessor to.
-                let after_ms = match &outcome {
-                    Outcome::Retry(info) => info.after_ms,
-                    _ => None,
-                };
-                let id = self.events.get(event).map_or("?", |e| e.id.as_str());
-                let reason = format!("predecessor {id} not delivered");
-                for later in queue.drain(..) {
-                    if let Some(slot) = self.outcomes.get_mut(later) {
-                        *slot = Some(Outcome::Retry(RetryInfo {
-                            reason: reason.clone(),
-                            after_ms,
-                        }));
-                    }
-                }
-            }
-        }
-        if let Some(slot) = self.outcomes.get_mut(event) {
-            *slot = Some(outcome);
-        }
-    }
-
-    fn into_outcomes(self) -> Vec<Outcome> {
-        self.outcomes
-            .into_iter()
-            .map(|outcome| outcome.unwrap_or_else(|| outcome::retry("not attempted")))
-            .collect()
+        Err(reason) => Progress::Done(Answer::Decided(Outcome::Reject(reason))),
     }
 }

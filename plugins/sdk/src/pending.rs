@@ -2,10 +2,13 @@
 //! that many can be in flight at once: the caller waits on
 //! [`Request::pollable`] together with the other requests' pollables
 //! (`wasi:io/poll.poll`) and calls [`Request::advance`] once it is ready.
+//! [`crate::streams`] does that for a whole batch.
 //!
 //! A request goes through four phases: writing the body, waiting for the
 //! body's flush, waiting for the response, reading (a bounded part of) the
-//! response body. Two rules hold throughout:
+//! response body. It ends in an [`Answer`]: the response (status, headers,
+//! the start of a non-2xx body) for the sink to judge, or the outcome of a
+//! request that got no response. Two rules hold throughout:
 //!
 //! - Host resources are dropped children first (pollable, then stream, then
 //!   body, then response): the host refuses to drop a resource whose children
@@ -15,7 +18,11 @@
 //!   request (its allow-list, say), the body's stream closes before the
 //!   response future reports why; the body is finished anyway and the
 //!   future's error becomes the reason.
+//!
+//! Must never: read more than [`RESPONSE_BODY_CAP`] of a response body, or
+//! decide what a status code means (the sink's table does).
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use wasip2::clocks::wall_clock;
@@ -28,23 +35,45 @@ use wasip2::http::types::{
 use wasip2::io::poll::Pollable;
 use wasip2::io::streams::{InputStream, OutputStream};
 
-use crate::cloudevents::Header;
-use crate::config::{self, Config};
-use outboxd_sink::outcome::{self, Class};
-use outboxd_sink::Outcome;
+use crate::http::{Response, Url};
+use crate::outcome;
+use crate::Outcome;
+
+/// A request header as `wasi:http/types.fields.from-list` takes it.
+pub type Header = (String, Vec<u8>);
 
 /// Most bytes of a response body read (and then discarded); the rest is left
 /// unread. Enough to drain a typical acknowledgement so the connection can be
 /// reused, small enough that a chatty endpoint costs nothing.
 pub const RESPONSE_BODY_CAP: usize = 64 * 1024;
 
+/// Upper bound for requests in flight at once: each holds about five host
+/// resources, and the host caps the resource table.
+pub const MAX_IN_FLIGHT: u64 = 1024;
+
+/// Upper bound for a request's timeout, in milliseconds: 10 minutes, what
+/// WASI applies when none is set.
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+
 /// Bytes asked for per read of the response body.
 const READ_CHUNK: usize = 16 * 1024;
 
+/// Where and how to POST.
+#[derive(Debug, Clone, Copy)]
+pub struct Post<'r> {
+    pub url: &'r Url,
+    /// Header names and values, in order.
+    pub headers: &'r [Header],
+    /// Connect, first-byte and between-bytes timeout; the host may clamp it
+    /// to its own ceilings.
+    pub timeout: Duration,
+}
+
 /// An HTTP request in flight.
 pub struct Request<'a> {
-    /// The request body (the event's data), written as the host accepts it.
-    body: &'a [u8],
+    /// The request body, written as the host accepts it: borrowed from the
+    /// event (its data as is) or built for the request.
+    body: Cow<'a, [u8]>,
     phase: Phase,
 }
 
@@ -52,8 +81,23 @@ pub struct Request<'a> {
 pub enum Progress<'a> {
     /// Still in flight: poll [`Request::pollable`] again.
     Pending(Request<'a>),
-    /// Finished, with the event's outcome.
-    Done(Outcome),
+    /// Finished.
+    Done(Answer),
+}
+
+/// How a request ended.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// A response came: its status and, when the status is not 2xx, its
+    /// headers (names lower-case) and the first
+    /// [`outcome::REASON_BODY_BYTES`] of its body (for `Retry-After` and a
+    /// reject reason).
+    Response(Response),
+    /// No response to judge: the outcome is already decided (a transport
+    /// error is `retry` naming it; a request that can never be sent as
+    /// built, such as a header the host forbids, is `reject`; a sink may
+    /// also decide an event without sending it).
+    Decided(Outcome),
 }
 
 enum Phase {
@@ -87,9 +131,9 @@ struct Reading {
     stream: InputStream,
     body: IncomingBody,
     status: u16,
-    retry_after: Option<Vec<u8>>,
+    headers: Vec<Header>,
     read: usize,
-    /// The start of the body, kept when it will be quoted in a reject reason.
+    /// The start of a non-2xx body, for a reject reason.
     kept: Vec<u8>,
 }
 
@@ -99,16 +143,16 @@ enum Step {
     Wait(Phase),
     /// Moved on: step the next phase at once.
     Next(Phase),
-    Done(Outcome),
+    Done(Answer),
 }
 
 impl<'a> Request<'a> {
-    /// Sends `POST` with `headers` and `body` to the configured URL and makes
-    /// as much progress as possible without blocking.
-    pub fn start(config: &Config, headers: &[Header], body: &'a [u8]) -> Progress<'a> {
-        match begin(config, headers) {
+    /// Sends `POST` with `body` as `post` says and makes as much progress
+    /// as possible without blocking.
+    pub fn start(post: Post<'_>, body: Cow<'a, [u8]>) -> Progress<'a> {
+        match begin(post) {
             Ok(phase) => Request { body, phase }.advance(),
-            Err(outcome) => Progress::Done(outcome),
+            Err(outcome) => Progress::Done(Answer::Decided(outcome)),
         }
     }
 
@@ -126,7 +170,7 @@ impl<'a> Request<'a> {
         let Request { body, mut phase } = self;
         loop {
             let step = match phase {
-                Phase::Writing(w) => write(w, body),
+                Phase::Writing(w) => write(w, &body),
                 Phase::Flushing(w) => flush(w),
                 Phase::Awaiting(a) => await_response(a),
                 Phase::Reading(r) => read(r),
@@ -139,25 +183,26 @@ impl<'a> Request<'a> {
                     })
                 }
                 Step::Next(next) => phase = next,
-                Step::Done(outcome) => return Progress::Done(outcome),
+                Step::Done(answer) => return Progress::Done(answer),
             }
         }
     }
 }
 
 /// Builds the request, hands it to the host and opens the body for writing.
-fn begin(config: &Config, headers: &[Header]) -> Result<Phase, Outcome> {
-    let fields = Fields::from_list(headers).map_err(|err| {
+fn begin(post: Post<'_>) -> Result<Phase, Outcome> {
+    let fields = Fields::from_list(post.headers).map_err(|err| {
         Outcome::Reject(match err {
             HeaderError::Forbidden => "a request header is forbidden by the host".into(),
             _ => "a request header is not valid HTTP".into(),
         })
     })?;
     let request = OutgoingRequest::new(fields);
-    let target = &config.target;
-    let scheme = match target.scheme {
-        config::Scheme::Http => Scheme::Http,
-        config::Scheme::Https => Scheme::Https,
+    let target = post.url;
+    let scheme = if target.https {
+        Scheme::Https
+    } else {
+        Scheme::Http
     };
     let accepted = request.set_method(&Method::Post).is_ok()
         && request.set_scheme(Some(&scheme)).is_ok()
@@ -175,7 +220,7 @@ fn begin(config: &Config, headers: &[Header]) -> Result<Phase, Outcome> {
     // Setting a timeout may be refused by a host that does not support it;
     // its own ceilings then apply.
     let options = RequestOptions::new();
-    let timeout = Some(config.timeout_ns);
+    let timeout = Some(u64::try_from(post.timeout.as_nanos()).unwrap_or(u64::MAX));
     let _ = options.set_connect_timeout(timeout);
     let _ = options.set_first_byte_timeout(timeout);
     let _ = options.set_between_bytes_timeout(timeout);
@@ -269,33 +314,37 @@ fn await_response(a: Awaiting) -> Step {
             drop(a);
             start_reading(response)
         }
-        Some(Ok(Err(code))) => Step::Done(outcome::transport_error(&code)),
-        Some(Err(())) => Step::Done(outcome::retry("the response was already taken")),
+        Some(Ok(Err(code))) => Step::Done(Answer::Decided(outcome::transport_error(&code))),
+        Some(Err(())) => Step::Done(Answer::Decided(outcome::retry(
+            "the response was already taken",
+        ))),
     }
 }
 
-/// Takes the status and `Retry-After`, then opens the body for draining.
+/// Takes the status and headers, then opens the body for draining.
 fn start_reading(response: IncomingResponse) -> Step {
     let status = response.status();
-    let retry_after = if outcome::classify(status) == Class::Retry {
-        let headers = response.headers();
-        headers.get("retry-after").into_iter().next()
+    // A 2xx answer is judged by its status alone: its headers are not
+    // copied out of the host. The fields resource is a child of the
+    // response, so it is gone before `consume`.
+    let headers = if (200..300).contains(&status) {
+        Vec::new()
     } else {
-        None
+        response.headers().entries()
     };
     let Ok(body) = response.consume() else {
-        return Step::Done(answer(status, retry_after.as_deref(), &[]));
+        return Step::Done(answer(status, headers, Vec::new()));
     };
     drop(response);
     let Ok(stream) = body.stream() else {
-        return Step::Done(answer(status, retry_after.as_deref(), &[]));
+        return Step::Done(answer(status, headers, Vec::new()));
     };
     Step::Next(Phase::Reading(Reading {
         ready: stream.subscribe(),
         stream,
         body,
         status,
-        retry_after,
+        headers,
         read: 0,
         kept: Vec::new(),
     }))
@@ -303,10 +352,10 @@ fn start_reading(response: IncomingResponse) -> Step {
 
 /// Reads what is there, up to [`RESPONSE_BODY_CAP`] in all.
 fn read(mut r: Reading) -> Step {
-    let keep = if outcome::classify(r.status) == Class::Reject {
-        outcome::REASON_BODY_BYTES
-    } else {
+    let keep = if (200..300).contains(&r.status) {
         0
+    } else {
+        outcome::REASON_BODY_BYTES
     };
     while r.read < RESPONSE_BODY_CAP {
         let want = (RESPONSE_BODY_CAP - r.read).min(READ_CHUNK);
@@ -326,18 +375,22 @@ fn read(mut r: Reading) -> Step {
         stream,
         body,
         status,
-        retry_after,
+        headers,
         kept,
         ..
     } = r;
     drop(ready);
     drop(stream);
     drop(body);
-    Step::Done(answer(status, retry_after.as_deref(), &kept))
+    Step::Done(answer(status, headers, kept))
 }
 
-fn answer(status: u16, retry_after: Option<&[u8]>, body: &[u8]) -> Outcome {
-    outcome::for_response(status, retry_after, body, now())
+fn answer(status: u16, headers: Vec<Header>, body: Vec<u8>) -> Answer {
+    Answer::Response(Response {
+        status,
+        headers,
+        body,
+    })
 }
 
 /// Wall-clock time since the unix epoch (`wasi:clocks/wall-clock`).

@@ -1,0 +1,64 @@
+//! `awareness`: an outboxd sink that POSTs each event to an awareness
+//! service's `/ingest`, the role of the vaults' awareness dispatcher.
+//!
+//! The event is read by the shared mapping (docs/awareness.md) into the body
+//! `{eventId, id, w3id, evaultPublicKey, data, schemaId, operation,
+//! requestingPlatform, occurredAt, streamVersion}`, sent with
+//! `x-ingest-secret`; different streams (packets) concurrently, each in
+//! order, through the SDK's sender. See README.md.
+//!
+//! Modules: `config` (the `[config]` keys), `request` (an event's body and
+//! headers), `answer` (what the service's status means).
+//!
+//! Must never: dead-letter on a refused secret (every event would go), or
+//! send an event before its predecessor in the same packet.
+
+mod answer;
+mod config;
+mod request;
+
+use std::borrow::Cow;
+
+use config::Config;
+use outboxd_sink::configured::Configured;
+use outboxd_sink::pending::{self, Answer, Post, Progress, Request};
+use outboxd_sink::{streams, Event, Outcome};
+
+/// The configuration `init` accepted, for this instance's `deliver` call.
+static CONFIG: Configured<Config> = Configured::new();
+
+struct Awareness;
+
+impl outboxd_sink::Guest for Awareness {
+    fn init(config: Vec<(String, String)>) -> Result<(), String> {
+        CONFIG.init(&config, Config::parse)
+    }
+
+    fn deliver(batch: Vec<Event>) -> Vec<Outcome> {
+        CONFIG.deliver(&batch, |config, batch| {
+            streams::deliver(
+                batch,
+                config.max_concurrency,
+                |event| start(config, event),
+                |_, response| answer::judge(&response, pending::now()),
+            )
+        })
+    }
+}
+
+/// Builds `event`'s request and starts it.
+fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
+    match request::build(config, event) {
+        Ok((headers, body)) => {
+            let post = Post {
+                url: &config.ingest,
+                headers: &headers,
+                timeout: config.timeout,
+            };
+            Request::start(post, Cow::Owned(body))
+        }
+        Err(reason) => Progress::Done(Answer::Decided(Outcome::Reject(reason))),
+    }
+}
+
+outboxd_sink::export!(Awareness);

@@ -1,0 +1,189 @@
+//! Delivering a batch over HTTP: different streams concurrently, each stream
+//! strictly in batch order.
+//!
+//! Every stream has a queue of its events. A stream is either *ready* (its
+//! next event may start), *in flight* (one request outstanding) or done. Up
+//! to `max-concurrency` requests are in flight, each of a different stream;
+//! the loop waits on all their pollables at once and advances whichever are
+//! ready. When an event is not delivered, the rest of its stream in this
+//! batch is not sent and answers `retry` ("predecessor <id> not delivered"),
+//! so a receiver never sees an event before its predecessor.
+//!
+//! The sink says how an event's request is built (`start`) and what a
+//! response means (`judge`); this module owns only the scheduling.
+//!
+//! Must never: start an event while an earlier event of its stream in the
+//! batch is undelivered, or have more than `max_in_flight` requests out.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use wasip2::io::poll::{self, Pollable};
+
+use crate::http::Response;
+use crate::outcome;
+use crate::pending::{Answer, Progress, Request};
+use crate::RetryInfo;
+use crate::{Event, Outcome};
+
+/// Sends every event of `batch`, up to `max_in_flight` requests at once
+/// (at least 1); `outcomes[i]` answers `batch[i]`. `start` begins an
+/// event's request ([`Request::start`], or `Progress::Done` for an event
+/// that cannot be sent); `judge` turns its response into the outcome.
+pub fn deliver<'a>(
+    batch: &'a [Event],
+    max_in_flight: usize,
+    mut start: impl FnMut(&'a Event) -> Progress<'a>,
+    mut judge: impl FnMut(&'a Event, Response) -> Outcome,
+) -> Vec<Outcome> {
+    let max_in_flight = max_in_flight.max(1);
+    let mut state = Batch::new(batch);
+    let mut in_flight: Vec<InFlight<'a>> = Vec::new();
+    let mut done = |event: usize, answer: Answer| match answer {
+        Answer::Response(response) => judge(&batch[event], response),
+        Answer::Decided(outcome) => outcome,
+    };
+    loop {
+        while in_flight.len() < max_in_flight {
+            let Some((stream, event)) = state.next_ready() else {
+                break;
+            };
+            match start(&batch[event]) {
+                Progress::Pending(request) => in_flight.push(InFlight {
+                    stream,
+                    event,
+                    request,
+                }),
+                Progress::Done(answer) => state.settle(stream, event, done(event, answer)),
+            }
+        }
+        if in_flight.is_empty() {
+            break;
+        }
+
+        let ready = {
+            let pollables: Vec<&Pollable> =
+                in_flight.iter().map(|f| f.request.pollable()).collect();
+            let mut ready = vec![false; pollables.len()];
+            for index in poll::poll(&pollables) {
+                if let Some(flag) = usize::try_from(index).ok().and_then(|i| ready.get_mut(i)) {
+                    *flag = true;
+                }
+            }
+            ready
+        };
+        for (flight, is_ready) in std::mem::take(&mut in_flight).into_iter().zip(ready) {
+            if !is_ready {
+                in_flight.push(flight);
+                continue;
+            }
+            let InFlight {
+                stream,
+                event,
+                request,
+            } = flight;
+            match request.advance() {
+                Progress::Pending(request) => in_flight.push(InFlight {
+                    stream,
+                    event,
+                    request,
+                }),
+                Progress::Done(answer) => state.settle(stream, event, done(event, answer)),
+            }
+        }
+    }
+    state.into_outcomes()
+}
+
+/// A request in flight for `batch[event]`, the head of stream `stream`.
+struct InFlight<'a> {
+    stream: usize,
+    event: usize,
+    request: Request<'a>,
+}
+
+/// The batch's bookkeeping: answers so far, the streams' queues, and which
+/// streams may start their next event.
+struct Batch<'a> {
+    events: &'a [Event],
+    outcomes: Vec<Option<Outcome>>,
+    /// Per stream, in order of first appearance: indices into `events` not
+    /// yet started, in batch order.
+    queues: Vec<VecDeque<usize>>,
+    /// Streams whose next event may start, first come first served.
+    ready: VecDeque<usize>,
+}
+
+impl<'a> Batch<'a> {
+    fn new(events: &'a [Event]) -> Batch<'a> {
+        let mut queues: Vec<VecDeque<usize>> = Vec::new();
+        let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
+        for (index, event) in events.iter().enumerate() {
+            let stream = *by_name.entry(event.stream.as_str()).or_insert_with(|| {
+                queues.push(VecDeque::new());
+                queues.len() - 1
+            });
+            if let Some(queue) = queues.get_mut(stream) {
+                queue.push_back(index);
+            }
+        }
+        Batch {
+            events,
+            outcomes: vec![None; events.len()],
+            ready: (0..queues.len()).collect(),
+            queues,
+        }
+    }
+
+    /// The next event to start, with its stream.
+    fn next_ready(&mut self) -> Option<(usize, usize)> {
+        while let Some(stream) = self.ready.pop_front() {
+            if let Some(event) = self.queues.get_mut(stream).and_then(VecDeque::pop_front) {
+                return Some((stream, event));
+            }
+        }
+        None
+    }
+
+    /// Records the answer for `events[event]`. Delivered: its stream's next
+    /// event may start. Anything else: the stream's remaining events retry.
+    fn settle(&mut self, stream: usize, event: usize, outcome: Outcome) {
+        let Some(queue) = self.queues.get_mut(stream) else {
+            return;
+        };
+        match &outcome {
+            Outcome::Delivered => {
+                if !queue.is_empty() {
+                    self.ready.push_back(stream);
+                }
+            }
+            Outcome::Retry(_) | Outcome::Reject(_) => {
+                // A successor cannot go before its predecessor, so it waits
+                // at least as long as the target asked the predecessor to.
+                let after_ms = match &outcome {
+                    Outcome::Retry(info) => info.after_ms,
+                    _ => None,
+                };
+                let id = self.events.get(event).map_or("?", |e| e.id.as_str());
+                let reason = format!("predecessor {id} not delivered");
+                for later in queue.drain(..) {
+                    if let Some(slot) = self.outcomes.get_mut(later) {
+                        *slot = Some(Outcome::Retry(RetryInfo {
+                            reason: reason.clone(),
+                            after_ms,
+                        }));
+                    }
+                }
+            }
+        }
+        if let Some(slot) = self.outcomes.get_mut(event) {
+            *slot = Some(outcome);
+        }
+    }
+
+    fn into_outcomes(self) -> Vec<Outcome> {
+        self.outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or_else(|| outcome::retry("not attempted")))
+            .collect()
+    }
+}
