@@ -110,6 +110,7 @@ both_stores!(
     bad_input_is_refused_naming_the_field_and_nothing_is_created,
     destinations_and_their_states_come_back_after_a_restart,
     a_platform_sync_creates_backfills_updates_and_pauses_and_never_echoes,
+    a_rotated_secret_signs_beside_the_old_one_until_the_grace_period_ends,
 );
 
 async fn fifty_destinations_each_get_exactly_their_events_in_order_signed_with_their_own_secret(
@@ -795,6 +796,55 @@ async fn a_platform_sync_creates_backfills_updates_and_pauses_and_never_echoes(b
     let (status, refused) = sync(json!({ "platforms": [{ "name": "alpha", "url": a2.url() }, { "name": "alpha", "url": b.url() }] })).await;
     assert_eq!(status, 400, "{refused}");
     assert_eq!(refused["field"], "platforms[1].name");
+    d.stop().await;
+    db.cleanup().await;
+}
+
+async fn a_rotated_secret_signs_beside_the_old_one_until_the_grace_period_ends(backend: Backend) {
+    let (target, fallback) = (Receiver::start().await, Receiver::start().await);
+    let plugins = plugins(&fallback, &[&target]);
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    let old = create(&d, "rot", json!({ "config": { "url": target.url() } })).await;
+    d.post_event(&event("r1", "s", "t", json!({}))).await;
+    assert!(eventually(Duration::from_secs(10), || target.count() == 1).await);
+    let (status, rotated) = api(
+        &d,
+        "POST",
+        "/v1/admin/destinations/rot/rotate-secret",
+        Some(json!({ "grace": "3s" })),
+    )
+    .await;
+    assert_eq!(status, 200, "{rotated}");
+    let new = rotated["secret"].as_str().unwrap().to_string();
+    assert!(new.starts_with("whsec_") && new != old);
+    let (_, shown) = api(&d, "GET", "/v1/admin/destinations/rot", None).await;
+    assert!(
+        !shown.to_string().contains(&new) && !shown.to_string().contains(&old),
+        "{shown}"
+    );
+    // Within the grace period: both signatures, each verifying.
+    d.post_event(&event("r2", "s", "t", json!({}))).await;
+    assert!(eventually(Duration::from_secs(10), || target.count() == 2).await);
+    let during = target.seen()[1].clone();
+    assert!(
+        verify_signature(&old, &during) && verify_signature(&new, &during),
+        "{:?}",
+        during.header("webhook-signature")
+    );
+    // After it: the new one only.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    d.post_event(&event("r3", "s", "t", json!({}))).await;
+    assert!(eventually(Duration::from_secs(10), || target.count() == 3).await);
+    let after = target.seen()[2].clone();
+    assert!(
+        verify_signature(&new, &after),
+        "not signed with the new secret"
+    );
+    assert!(
+        !verify_signature(&old, &after),
+        "still signed with the old secret after the grace period"
+    );
     d.stop().await;
     db.cleanup().await;
 }
