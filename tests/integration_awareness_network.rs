@@ -270,7 +270,7 @@ async fn vaults_to_platforms_through_two_outboxd_sigkilled_every_event_once_in_o
         assert!(
             start.elapsed() < Duration::from_secs(420),
             "after {kills_a}+{kills_b} kills: {:?} of {totals:?}\nA:\n{}\nB:\n{}",
-            receivers.iter().map(|r| unique(r)).collect::<Vec<_>>(),
+            receivers.iter().map(&unique).collect::<Vec<_>>(),
             a.log_tail(20),
             b.log_tail(20)
         );
