@@ -465,6 +465,16 @@ async fn a_refused_secret_is_retried_without_dead_letters_until_the_secret_is_fi
     }
     assert!(service.accepted().is_empty());
     assert!(service.seen().iter().all(|s| s.status == 401));
+    // Readiness shows why the sink delivers nothing.
+    let (_, ready) = d.get("/ready").await;
+    let worker = &ready["checks"]["workers"]["sinks"]["awareness"];
+    assert_eq!(worker["delivering"], false, "{ready}");
+    assert!(
+        worker["last_failure"]
+            .as_str()
+            .is_some_and(|r| r.contains("401") && r.contains("ingest secret")),
+        "{ready}"
+    );
 
     // The service takes the sink's secret again: the backlog goes through.
     service.set_secret("before-rotation");
@@ -474,6 +484,11 @@ async fn a_refused_secret_is_retried_without_dead_letters_until_the_secret_is_fi
         })
         .await;
     }
+    let (_, ready) = d.get("/ready").await;
+    assert_eq!(
+        ready["checks"]["workers"]["sinks"]["awareness"]["delivering"], true,
+        "{ready}"
+    );
     let order: Vec<(String, u64)> = service
         .accepted()
         .iter()

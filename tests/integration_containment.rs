@@ -643,3 +643,50 @@ async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it(
     healthy_sink_delivered_each_once(&receiver, &ids).await;
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plugin_opening_sockets_without_wasi_http_reaches_nothing() {
+    init_logs();
+    let receiver = Receiver::start().await;
+    // A real TCP listener and UDP socket on loopback that the guest aims at.
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let udp = std::net::UdpSocket::bind(addr).unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let manifest = format!("[config]\naddr = \"{addr}\"\n{FAST_RETRY}");
+    let plugins = plugins_with(&receiver, "sockets", &manifest);
+    let d = TestDaemon::start(plugins.path()).await;
+    let ids: Vec<String> = (0..2).map(|i| format!("sock-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))
+            .await;
+    }
+    for id in &ids {
+        let state = d
+            .wait_sink(id, "bad", Duration::from_secs(20), |x| {
+                x["status"] == "dead"
+            })
+            .await;
+        let reason = state["last_error"].as_str().unwrap_or("");
+        assert!(
+            reason.contains("tcp:") && reason.contains("udp:"),
+            "both socket kinds failed in the guest: {state}"
+        );
+        assert!(
+            reason.to_ascii_lowercase().contains("denied") || reason.contains("ermission"),
+            "refused as access denied: {state}"
+        );
+    }
+    assert!(
+        matches!(tcp.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the guest's TCP connection reached the listener"
+    );
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(udp.recv_from(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the guest's UDP datagram arrived"
+    );
+    healthy_sink_delivered_each_once(&receiver, &ids).await;
+    d.stop().await;
+}

@@ -169,3 +169,67 @@ fn a_complete_manifest_passes_init() {
     assert!(text.contains("init: ok"), "{text}");
     assert!(text.contains("verdict: ok"), "{text}");
 }
+
+/// A component from component-model text, written to a `.wasm` file.
+fn component_file(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, wat::parse_str(text).unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn an_import_the_host_does_not_provide_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let made_up = component_file(
+        dir.path(),
+        "madeup",
+        r#"(component (import "example:made-up/poke" (instance (export "poke" (func)))))"#,
+    );
+    let out = check(&made_up, &[], &[]);
+    let text = stdout(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "imports `example:made-up/poke` (its `poke`), which this host does not provide"
+        ),
+        "{text}"
+    );
+    // A known interface lacking a member: the member is named too.
+    let lacking = component_file(
+        dir.path(),
+        "lacking",
+        r#"(component (import "wasi:cli/environment@0.2.0" (instance (export "poke" (func)))))"#,
+    );
+    let text = stdout(&check(&lacking, &[], &[]));
+    assert!(
+        text.contains("`wasi:cli/environment@0.2.0` (its `poke`)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_component_importing_wasi_sockets_passes_with_a_note_that_sockets_are_denied() {
+    let sockets = common::test_component("sockets");
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("sockets.wasm");
+    std::fs::copy(&sockets, &wasm).unwrap();
+    std::fs::write(
+        dir.path().join("sockets.toml"),
+        "name = \"sockets\"\nversion = \"0.1.0\"\ncomponent = \"sockets.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n[config]\naddr = \"127.0.0.1:9\"\n",
+    )
+    .unwrap();
+    let out = check(&wasm, &[], &[]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("wasi:sockets/tcp"), "{text}");
+    assert!(
+        text.contains("(linked; every socket call is denied)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "note: it imports wasi:sockets, which is linked with every socket call denied"
+        ),
+        "{text}"
+    );
+}

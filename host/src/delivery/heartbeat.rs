@@ -2,7 +2,10 @@
 //! `/metrics`.
 //!
 //! Owns: per sink, when its loop last finished a turn, when a turn last
-//! succeeded, and how many failed in a row. A loop that is stuck stops
+//! succeeded, and how many failed in a row; and, apart from the turns, why
+//! its batches keep failing at the target (every event of the last batch
+//! retried or rejected — a refused secret, a receiver down), so `/ready`
+//! shows the reason while the loop itself is healthy. A loop that is stuck stops
 //! beating; a loop whose every claim fails beats but never succeeds — the
 //! probes tell the two apart.
 //!
@@ -50,6 +53,14 @@ impl Beat {
 #[derive(Debug, Default)]
 pub struct Heartbeats {
     beats: Mutex<BTreeMap<String, Beat>>,
+    failing: Mutex<BTreeMap<String, Failing>>,
+}
+
+/// A sink whose batches deliver nothing: since when, and the last reason.
+#[derive(Debug, Clone)]
+pub struct Failing {
+    pub since: Instant,
+    pub reason: String,
 }
 
 impl Heartbeats {
@@ -82,6 +93,29 @@ impl Heartbeats {
             beat.consecutive_failures += 1;
         }
         beat.consecutive_failures
+    }
+
+    /// Record what a batch of `sink` achieved: any delivered event clears
+    /// its failing state; a batch with none sets it, with `reason`.
+    pub fn outcome(&self, sink: &str, delivered: usize, reason: Option<&str>) {
+        let mut failing = self.failing.lock().unwrap();
+        match (delivered, reason) {
+            (0, Some(reason)) => {
+                let entry = failing.entry(sink.to_string()).or_insert_with(|| Failing {
+                    since: Instant::now(),
+                    reason: String::new(),
+                });
+                entry.reason = reason.to_string();
+            }
+            _ => {
+                failing.remove(sink);
+            }
+        }
+    }
+
+    /// The sinks whose last batch delivered nothing, with why.
+    pub fn failing(&self) -> BTreeMap<String, Failing> {
+        self.failing.lock().unwrap().clone()
     }
 
     /// A copy of every beat.

@@ -290,6 +290,13 @@ pub async fn run_sink(
             match result {
                 Ok(report) => {
                     shared.heartbeats.turn(&sink, true);
+                    if report.claimed > 0 {
+                        shared.heartbeats.outcome(
+                            &sink,
+                            report.delivered,
+                            report.last_error.as_deref(),
+                        );
+                    }
                     // A batch that runs out of time or memory loses every
                     // outcome in it, so the same batch from the same head
                     // would fail the same way again: halve the batch after
@@ -389,6 +396,11 @@ struct TurnReport {
     shrink: bool,
     /// The claim was cut to this many events to fit the batch byte budget.
     fitted: Option<u32>,
+    /// Events of the batch the target acknowledged.
+    delivered: usize,
+    /// The batch's first failure (a trap, or an event's retry or reject
+    /// reason), if any.
+    last_error: Option<String>,
 }
 
 /// One turn: claim, deliver, finish.
@@ -419,6 +431,8 @@ async fn turn(
             failure: None,
             shrink: false,
             fitted: None,
+            delivered: 0,
+            last_error: None,
         });
     }
     let (claimed, over_budget) = fit_bytes(claimed, plugin.manifest().limits.batch_bytes());
@@ -549,20 +563,22 @@ async fn turn(
             ),
         }
     }
+    let delivered = finishes
+        .iter()
+        .filter(|f| matches!(f, Finish::Delivered))
+        .count();
+    let last_error = failure_reason.clone().or_else(|| {
+        finishes.iter().find_map(|f| match f {
+            Finish::Retry { reason, .. } | Finish::Dead { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+    });
     if let Some(observer) = &target.observer {
-        let delivered = finishes
-            .iter()
-            .filter(|f| matches!(f, Finish::Delivered))
-            .count();
-        let last_error = failure_reason.clone().or_else(|| {
-            finishes.iter().find_map(|f| match f {
-                Finish::Retry { reason, .. } | Finish::Dead { reason, .. } => Some(reason.clone()),
-                _ => None,
-            })
-        });
         observer.turn(delivered, claimed.len() - delivered, last_error.as_deref());
     }
     Ok(TurnReport {
+        delivered,
+        last_error,
         claimed: claimed.len(),
         failure: failure_reason,
         shrink,

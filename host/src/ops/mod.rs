@@ -132,6 +132,7 @@ async fn ready(State(state): State<OpsState>) -> Response {
         Err(_) => Err("database unavailable".to_string()),
     };
     let beats = state.heartbeats.snapshot();
+    let failing = state.heartbeats.failing();
     let mut workers = BTreeMap::new();
     let mut workers_ok = true;
     for (sink, beat) in &beats {
@@ -144,6 +145,11 @@ async fn ready(State(state): State<OpsState>) -> Response {
                 "heartbeat_age_ms": beat.age().as_millis() as u64,
                 "last_success_age_ms": beat.last_success.map(|t| t.elapsed().as_millis() as u64),
                 "consecutive_failures": beat.consecutive_failures,
+                // Shown, not failed on: the loop works; its target refuses
+                // (e.g. a wrong ingest secret) and the batch is retried.
+                "delivering": !failing.contains_key(sink),
+                "last_failure": failing.get(sink).map(|f| f.reason.clone()),
+                "failing_for_ms": failing.get(sink).map(|f| f.since.elapsed().as_millis() as u64),
             }),
         );
     }

@@ -57,7 +57,10 @@ pub async fn run(
     println!("component: {} ({} bytes)", file.display(), bytes.len());
     println!("imports:");
     for (name, _) in ty.imports(runtime.engine()) {
-        println!("  {name}");
+        match import_note(name) {
+            Some(note) => println!("  {name}  ({note})"),
+            None => println!("  {name}"),
+        }
     }
     println!("exports:");
     for (name, _) in ty.exports(runtime.engine()) {
@@ -140,6 +143,15 @@ pub async fn run(
         }
     }
     println!("verdict: ok (matches world outboxd:sink/sink)");
+    if ty
+        .imports(runtime.engine())
+        .any(|(name, _)| name.starts_with("wasi:sockets/"))
+    {
+        println!(
+            "note: it imports wasi:sockets, which is linked with every socket call denied \
+             (access-denied): its only network is wasi:http, by capabilities.http"
+        );
+    }
     if !unresolved.is_empty() {
         println!("needs at start: the daemon refuses this manifest until its environment sets");
         for u in &unresolved {
@@ -147,4 +159,18 @@ pub async fn run(
         }
     }
     ExitCode::SUCCESS
+}
+
+/// What an import gives a plugin, where that is less than its name says
+/// (docs/plugins.md, "What a plugin can reach").
+fn import_note(name: &str) -> Option<&'static str> {
+    if name.starts_with("wasi:sockets/") {
+        Some("linked; every socket call is denied")
+    } else if name.starts_with("wasi:filesystem/") {
+        Some("linked; no directory is open")
+    } else if name.starts_with("wasi:cli/environment") {
+        Some("linked; no variables, no arguments")
+    } else {
+        None
+    }
 }

@@ -278,10 +278,42 @@ fn explain_link_error(e: &wasmtime::Error, grants_http: bool) -> String {
             "imports wasi:http, which its manifest does not grant (add capabilities.http): {text}"
         );
     }
+    let import = missing_import(&text);
     if text.contains("outboxd:sink/") {
-        return format!("imports an outboxd:sink interface this host does not provide (built against another WIT version?): {text}");
+        return format!(
+            "imports {}, an outboxd:sink interface this host does not provide (built against another WIT version?): {text}",
+            import.as_deref().unwrap_or("an interface")
+        );
     }
-    format!("imports something this host does not provide: {text}")
+    match import {
+        Some(import) => format!(
+            "imports {import}, which this host does not provide (it links wasi:cli, clocks, random, io, \
+             filesystem, sockets, wasi:http when granted, and outboxd:sink/log, amqp): {text}"
+        ),
+        None => format!("imports something this host does not provide: {text}"),
+    }
+}
+
+/// The import a linker error names (`component imports instance
+/// `example:poke/poke`…` and, when the instance exists but lacks a member,
+/// ``instance export `poke` …``), as "`example:poke/poke` (its `poke`)".
+fn missing_import(text: &str) -> Option<String> {
+    let quoted_after = |marker: &str| {
+        let rest = &text[text.find(marker)? + marker.len()..];
+        let start = rest.find('`')? + 1;
+        let end = start + rest[start..].find('`')?;
+        Some(rest[start..end].to_string())
+    };
+    let instance = quoted_after("imports instance")
+        .or_else(|| quoted_after("imports func"))
+        .or_else(|| quoted_after("import"));
+    let member = quoted_after("instance export");
+    match (instance, member) {
+        (Some(i), Some(m)) => Some(format!("`{i}` (its `{m}`)")),
+        (Some(i), None) => Some(format!("`{i}`")),
+        (None, Some(m)) => Some(format!("`{m}`")),
+        (None, None) => None,
+    }
 }
 
 /// Per-store state of one plugin instance.
