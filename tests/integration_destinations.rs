@@ -111,6 +111,7 @@ both_stores!(
     destinations_and_their_states_come_back_after_a_restart,
     a_platform_sync_creates_backfills_updates_and_pauses_and_never_echoes,
     a_rotated_secret_signs_beside_the_old_one_until_the_grace_period_ends,
+    a_huge_backlog_on_one_destination_does_not_starve_another,
 );
 
 async fn fifty_destinations_each_get_exactly_their_events_in_order_signed_with_their_own_secret(
@@ -844,6 +845,73 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_grace_period_ends(b
     assert!(
         !verify_signature(&old, &after),
         "still signed with the old secret after the grace period"
+    );
+    d.stop().await;
+    db.cleanup().await;
+}
+
+async fn a_huge_backlog_on_one_destination_does_not_starve_another(backend: Backend) {
+    let (big, small, fallback) = (
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+    );
+    // Each request to `big` takes 5 ms: its backlog drains for seconds.
+    big.set_delay(Duration::from_millis(5));
+    let plugins = plugins(&fallback, &[&big, &small]);
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    create(
+        &d,
+        "big",
+        json!({ "config": { "url": big.url() }, "filter": { "types": ["bulk"] } }),
+    )
+    .await;
+    create(
+        &d,
+        "small",
+        json!({ "config": { "url": small.url() }, "filter": { "types": ["urgent"] } }),
+    )
+    .await;
+    const BACKLOG: usize = 3_000;
+    for chunk in 0..BACKLOG / 500 {
+        let batch: Vec<Value> = (chunk * 500..(chunk + 1) * 500)
+            .map(|n| {
+                event(
+                    &format!("bulk{n}"),
+                    &format!("s{}", n % 30),
+                    "bulk",
+                    json!({ "n": n }),
+                )
+            })
+            .collect();
+        d.post_batch(&batch).await;
+    }
+    let batch: Vec<Value> = (0..10)
+        .map(|n| {
+            event(
+                &format!("urgent{n}"),
+                &format!("u{n}"),
+                "urgent",
+                json!({ "n": n }),
+            )
+        })
+        .collect();
+    d.post_batch(&batch).await;
+    let started = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(15), || small.count() == 10).await,
+        "the small destination got {} of 10 behind a backlog of {BACKLOG}",
+        small.count()
+    );
+    let waited = started.elapsed();
+    assert!(
+        big.count() < BACKLOG,
+        "the backlog was already drained ({waited:?}): the test shows nothing"
+    );
+    eprintln!(
+        "small destination served in {waited:?} with {} of {BACKLOG} of the big one's delivered",
+        big.count()
     );
     d.stop().await;
     db.cleanup().await;
