@@ -113,6 +113,13 @@ impl PrivatePostgres {
         );
     }
 
+    /// `pg_ctl restart -m fast`: every connection is closed, in-flight
+    /// transactions roll back, and the server is back when this returns.
+    pub fn restart(&self) {
+        self.stop();
+        self.start();
+    }
+
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }

@@ -509,10 +509,7 @@ async fn turn(
         .zip(&finishes)
         .map(|(c, f)| (c.delivery_id, c.lease_token.as_str(), f))
         .collect();
-    let kept_all = tokio::time::timeout(db_timeout, store.finish_many(&items))
-        .await
-        .map_err(|_| format!("finish timed out after {db_timeout:?}"))?
-        .map_err(|e| format!("finish: {e}"))?;
+    let kept_all = finish_with_retries(store, &items, db_timeout).await?;
     for ((c, finish), kept) in claimed.iter().zip(&finishes).zip(kept_all) {
         let ev = &c.event.event;
         if !kept {
@@ -584,6 +581,42 @@ async fn turn(
         shrink,
         fitted,
     })
+}
+
+/// Delays between the attempts of a batch's finish that failed (a
+/// database restart closes every connection; the pool reconnects on the
+/// next use). The leases are still ours, and every attempt is fenced on
+/// them, so a retried finish changes nothing a worker that took over did;
+/// without it the outcomes of the batch wait for lease expiry
+/// (`delivery.lease`) and are delivered again.
+const FINISH_RETRY_DELAYS: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_millis(500),
+    Duration::from_millis(1000),
+];
+
+/// [`Store::finish_many`], tried again after [`FINISH_RETRY_DELAYS`] when
+/// it fails; each attempt bounded by `db_timeout`.
+async fn finish_with_retries(
+    store: &dyn Store,
+    items: &[(i64, &str, &Finish)],
+    db_timeout: Duration,
+) -> Result<Vec<bool>, String> {
+    let mut delays = FINISH_RETRY_DELAYS.iter();
+    loop {
+        let error = match tokio::time::timeout(db_timeout, store.finish_many(items)).await {
+            Ok(Ok(kept)) => return Ok(kept),
+            Ok(Err(e)) => format!("finish: {e}"),
+            Err(_) => format!("finish timed out after {db_timeout:?}"),
+        };
+        match delays.next() {
+            Some(delay) => {
+                tracing::info!("{error}; trying again in {delay:?}");
+                tokio::time::sleep(*delay).await;
+            }
+            None => return Err(error),
+        }
+    }
 }
 
 /// Split a claim into the batch to deliver — as many events as fit in
