@@ -257,22 +257,7 @@ async fn start_daemon(db: &TestDb, plugins: &PluginsDir, source: SourceConfig) -
     .await
 }
 
-macro_rules! both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Sqlite).await }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Postgres).await }
-            )*
-        }
-    };
-}
+use common::both_stores;
 
 both_stores!(
     five_thousand_messages_over_a_hundred_streams_are_stored_once_and_delivered_in_stream_order,

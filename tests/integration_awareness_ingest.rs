@@ -21,22 +21,7 @@ use serde_json::json;
 /// The secret producers send, given to the child as `${AWARENESS_INGEST_SECRET}`.
 const SECRET: &str = "test-ingest-secret-0123456789";
 
-macro_rules! both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Sqlite).await }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Postgres).await }
-            )*
-        }
-    };
-}
+use common::both_stores;
 
 both_stores!(
     a_good_body_is_stored_mapped_and_delivered_and_its_retry_is_a_duplicate,

@@ -286,22 +286,7 @@ async fn wait_metric(d: &TestDaemon, what: &str, f: impl Fn(&str) -> bool) -> St
     }
 }
 
-macro_rules! both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Sqlite).await }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Postgres).await }
-            )*
-        }
-    };
-}
+use common::both_stores;
 
 both_stores!(
     a_new_entry_waits_for_its_exchange_then_is_published_once_and_marked,

@@ -85,22 +85,7 @@ fn per_stream(r: &Receiver) -> BTreeMap<String, Vec<u64>> {
     out
 }
 
-macro_rules! both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Sqlite).await }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Postgres).await }
-            )*
-        }
-    };
-}
+use common::both_stores;
 
 both_stores!(
     fifty_destinations_each_get_exactly_their_events_in_order_signed_with_their_own_secret,

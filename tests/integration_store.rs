@@ -587,22 +587,7 @@ async fn a_stale_follower_never_blocks_ahead_of_an_earlier_dead_letter(backend: 
     db.cleanup().await;
 }
 
-macro_rules! both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Sqlite).await }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() { super::$name(super::Backend::Postgres).await }
-            )*
-        }
-    };
-}
+use common::both_stores;
 
 both_stores!(
     event_and_deliveries_commit_together,
