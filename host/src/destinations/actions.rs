@@ -28,10 +28,6 @@ use crate::plugin::registry::Registry;
 use crate::plugin::Plugin;
 use crate::store::{Purged, PutMode, Store, StoreError};
 
-/// Most live-or-dead rows counted for the queue figures of a listing (the
-/// figures say `capped` past it), as `/ready` counts.
-pub const QUEUE_CAP: u64 = 100_000;
-
 /// What the actions work on.
 #[derive(Clone)]
 pub struct Context {
@@ -200,7 +196,6 @@ async fn write(
         });
     }
     ctx.live.refresh().await?;
-    ctx.live.poke();
     let created = stored.is_none();
     let backfilled = match since_ms.filter(|_| created) {
         Some(since) => {
@@ -432,7 +427,6 @@ async fn update(
         return Err(ActionError::Changed(name.to_string()));
     }
     ctx.live.refresh().await?;
-    ctx.live.poke();
     Ok(d)
 }
 
@@ -526,7 +520,6 @@ pub async fn delete(ctx: &Context, name: &str, pending: Pending) -> Result<Value
         return Err(ActionError::NotFound(name.to_string()));
     }
     ctx.live.refresh().await?;
-    ctx.live.poke();
     let purged = match pending {
         Pending::Purge => ctx.store.purge_target(name).await?,
         Pending::Park => Purged::default(),
@@ -546,7 +539,7 @@ pub async fn list(ctx: &Context) -> Result<Vec<Value>, ActionError> {
         .into_iter()
         .filter_map(|(n, h)| serde_json::from_str(&h).ok().map(|h| (n, h)))
         .collect();
-    let queue = ctx.store.queue_stats(QUEUE_CAP).await?;
+    let queue = ctx.store.queue_stats(crate::store::STATS_COUNT_CAP).await?;
     let mut out = Vec::new();
     for row in rows {
         let mut view = match serde_json::from_str::<Destination>(&row.record) {

@@ -94,7 +94,7 @@ impl Live {
         }
         drop(unreadable);
         self.tx
-            .send_replace(Arc::new(Snapshot { by_name, revisions }));
+            .send_replace(Arc::new(Snapshot::new(by_name, revisions)));
         Ok(())
     }
 

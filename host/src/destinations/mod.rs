@@ -261,6 +261,9 @@ pub struct Snapshot {
     pub by_name: BTreeMap<String, Destination>,
     /// Store revision of each, by name: what a refresh compares.
     pub revisions: BTreeMap<String, i64>,
+    /// Names of the destinations of each sink (routing looks a sink up
+    /// here for every event, rather than scanning every destination).
+    pub by_sink: BTreeMap<String, Vec<String>>,
 }
 
 impl Snapshot {
@@ -275,16 +278,15 @@ impl Snapshot {
         }
         let mut keys = Vec::with_capacity(sinks.len());
         for sink in sinks {
-            let mut has_any = false;
-            for d in self.by_name.values().filter(|d| d.sink == sink) {
-                has_any = true;
-                if d.filter.matches(event) {
-                    keys.push(d.name.clone());
-                }
-            }
-            if !has_any {
+            if !self.by_sink.contains_key(&sink) {
                 keys.push(sink);
+                continue;
             }
+            keys.extend(
+                self.of_sink(&sink)
+                    .filter(|d| d.filter.matches(event))
+                    .map(|d| d.name.clone()),
+            );
         }
         keys.sort();
         keys.dedup();
@@ -292,8 +294,31 @@ impl Snapshot {
     }
 
     /// The destinations of `sink`.
-    pub fn of_sink<'s>(&'s self, sink: &'s str) -> impl Iterator<Item = &'s Destination> + 's {
-        self.by_name.values().filter(move |d| d.sink == sink)
+    pub fn of_sink<'s>(&'s self, sink: &str) -> impl Iterator<Item = &'s Destination> + 's {
+        self.by_sink
+            .get(sink)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.by_name.get(name))
+    }
+
+    /// A snapshot of `by_name` (with its store revisions), indexed by sink.
+    pub fn new(
+        by_name: BTreeMap<String, Destination>,
+        revisions: BTreeMap<String, i64>,
+    ) -> Snapshot {
+        let mut by_sink: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for d in by_name.values() {
+            by_sink
+                .entry(d.sink.clone())
+                .or_default()
+                .push(d.name.clone());
+        }
+        Snapshot {
+            by_name,
+            revisions,
+            by_sink,
+        }
     }
 }
 

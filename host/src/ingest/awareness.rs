@@ -37,6 +37,9 @@ use super::http::IngestState;
 use crate::config::IngestConfig;
 use crate::event::{EventError, NewEvent};
 use crate::store::IngestError;
+// Errors in the service's shape, `{"error"}` with the field at fault, as
+// `POST /v1/events` answers.
+use super::http::{bad_event as bad_field, error};
 
 /// The header carrying the shared secret (the awareness service's
 /// `IngestController`: `req.header("x-ingest-secret")`).
@@ -197,20 +200,6 @@ pub fn router(config: &IngestConfig, state: IngestState) -> Result<Router, Strin
             ingest: state,
             secret_digest,
         }))
-}
-
-/// An answer in the service's error shape, `{"error": "..."}`, with the
-/// field at fault when there is one.
-fn error(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Response {
-    let mut body = json!({ "error": message.into() });
-    if let Some(field) = field {
-        body["field"] = json!(field);
-    }
-    (status, Json(body)).into_response()
-}
-
-fn bad_field(e: EventError) -> Response {
-    error(StatusCode::BAD_REQUEST, Some(&e.field), e.to_string())
 }
 
 async fn post_ingest(

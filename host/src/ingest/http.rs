@@ -48,7 +48,13 @@ pub fn router(state: IngestState) -> Router {
         .with_state(state)
 }
 
-fn error(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Response {
+/// An error answer, `{"error": "...", "field": "..."}` (the field at fault
+/// when there is one); the shape both ingest endpoints answer with.
+pub(crate) fn error(
+    status: StatusCode,
+    field: Option<&str>,
+    message: impl Into<String>,
+) -> Response {
     let mut body = json!({ "error": message.into() });
     if let Some(field) = field {
         body["field"] = json!(field);
@@ -56,7 +62,8 @@ fn error(status: StatusCode, field: Option<&str>, message: impl Into<String>) ->
     (status, Json(body)).into_response()
 }
 
-fn bad_event(e: EventError) -> Response {
+/// 400 naming the attribute at fault.
+pub(crate) fn bad_event(e: EventError) -> Response {
     error(StatusCode::BAD_REQUEST, Some(&e.field), e.to_string())
 }
 

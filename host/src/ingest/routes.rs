@@ -120,15 +120,11 @@ impl Router {
     /// process has loaded, and every sink a stored destination names (the
     /// destinations are shared by every replica, the plugins folder is not).
     fn routed_sinks(&self, event: &NewEvent, snapshot: &Snapshot) -> Vec<String> {
-        let registered = self
-            .registered
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let registered = self.registered.read().unwrap_or_else(|e| e.into_inner());
         let Some(routes) = &self.routes else {
             let mut sinks = self.sinks.read().unwrap_or_else(|e| e.into_inner()).clone();
-            sinks.extend(snapshot.by_name.values().map(|d| d.sink.clone()));
-            sinks.extend(registered.routable);
+            sinks.extend(snapshot.by_sink.keys().cloned());
+            sinks.extend(registered.routable.iter().cloned());
             sinks.retain(|s| !registered.retired.contains(s));
             sinks.sort();
             sinks.dedup();

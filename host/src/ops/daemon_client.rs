@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 
 /// Longest the CLI waits for the daemon.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -93,21 +93,26 @@ pub async fn call(
 ) -> Result<(u16, serde_json::Value), DaemonClientError> {
     let addr = loopback_for(listen);
     let limit = timeout.unwrap_or(CLIENT_TIMEOUT);
-    tokio::time::timeout(limit, send(addr, method, path, token, body))
+    let (status, bytes) = tokio::time::timeout(limit, send(addr, method, path, token, body))
         .await
         .map_err(|_| DaemonClientError::Unreachable {
             addr,
             reason: format!("no answer within {limit:?}"),
-        })?
+        })??;
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    ))
 }
 
+/// One request to `addr`: its status and body bytes.
 async fn send(
     addr: SocketAddr,
     method: http::Method,
     path: &str,
     token: Option<&str>,
     body: Option<serde_json::Value>,
-) -> Result<(u16, serde_json::Value), DaemonClientError> {
+) -> Result<(u16, bytes::Bytes), DaemonClientError> {
     let unreachable = |reason: String| DaemonClientError::Unreachable { addr, reason };
     let stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -140,10 +145,7 @@ async fn send(
         .await
         .map_err(|e| unreachable(e.to_string()))?
         .to_bytes();
-    Ok((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
-    ))
+    Ok((status, bytes))
 }
 
 /// The address to reach a daemon listening on `listen`: loopback when it
@@ -171,53 +173,22 @@ async fn get(
     token: Option<&str>,
 ) -> Result<(SocketAddr, serde_json::Value), DaemonClientError> {
     let addr = loopback_for(listen);
-    let body = tokio::time::timeout(CLIENT_TIMEOUT, get_json(addr, path, token))
-        .await
-        .map_err(|_| DaemonClientError::Unreachable {
-            addr,
-            reason: format!("no answer within {CLIENT_TIMEOUT:?}"),
-        })??;
-    Ok((addr, body))
-}
-
-async fn get_json(
-    addr: SocketAddr,
-    path: &'static str,
-    token: Option<&str>,
-) -> Result<serde_json::Value, DaemonClientError> {
-    let unreachable = |reason: String| DaemonClientError::Unreachable { addr, reason };
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-    tokio::spawn(connection);
-    let mut request = http::Request::get(path).header(http::header::HOST, addr.to_string());
-    if let Some(token) = token.filter(|t| !t.is_empty()) {
-        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-    }
-    let request = request
-        .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| unreachable(e.to_string()))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    let status = response.status().as_u16();
+    let (status, bytes) = tokio::time::timeout(
+        CLIENT_TIMEOUT,
+        send(addr, http::Method::GET, path, token, None),
+    )
+    .await
+    .map_err(|_| DaemonClientError::Unreachable {
+        addr,
+        reason: format!("no answer within {CLIENT_TIMEOUT:?}"),
+    })??;
     if status != 200 {
         return Err(DaemonClientError::Status { addr, path, status });
     }
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| unreachable(e.to_string()))?
-        .to_bytes();
-    serde_json::from_slice(&bytes).map_err(|e| DaemonClientError::Body {
+    let body = serde_json::from_slice(&bytes).map_err(|e| DaemonClientError::Body {
         addr,
         path,
         reason: e.to_string(),
-    })
+    })?;
+    Ok((addr, body))
 }

@@ -32,8 +32,8 @@ use crate::store::{QueueStats, Store};
 
 /// Longest a probe waits for the database.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Most rows counted for queue figures.
-pub const COUNT_CAP: u64 = 100_000;
+/// Most rows counted for queue figures ([`crate::store::STATS_COUNT_CAP`]).
+pub const COUNT_CAP: u64 = crate::store::STATS_COUNT_CAP;
 
 /// What the endpoints look at.
 #[derive(Clone)]

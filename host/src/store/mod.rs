@@ -189,6 +189,11 @@ pub struct BackfillPage {
     pub next_after: Option<i64>,
 }
 
+/// Most live-or-dead rows [`Store::queue_stats`] is asked to count for
+/// `/ready` and the admin views (figures past it are marked `capped`), so
+/// a huge backlog cannot make a probe slow.
+pub const STATS_COUNT_CAP: u64 = 100_000;
+
 /// One destination as stored (see `crate::destinations`): its name — the
 /// delivery key its deliveries are stored under — its sink, and the host's
 /// record of it as JSON text, which the store keeps whole and never reads.
