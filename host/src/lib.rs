@@ -15,6 +15,7 @@ pub mod destinations;
 pub mod event;
 pub mod fleet;
 pub mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod ops;
 pub mod plugin;
