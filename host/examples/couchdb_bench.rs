@@ -4,7 +4,7 @@
 //! (reqwest reads the pending view page by page, lapin publishes each page
 //! with 100 confirms in flight, reqwest marks each document with GET + PUT,
 //! one after the other as `couchdb-mark` does). Rounds alternate which side
-//! goes first (the disk's fsync time drifts, DESIGN §8); the ratio is
+//! goes first (the disk's fsync time drifts, docs/measurements.md); the ratio is
 //! printed. Then the time from a document's save to its entry marked
 //! published, p50/p99, with documents saved at a steady pace while outboxd
 //! runs.

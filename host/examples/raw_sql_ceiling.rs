@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outboxd::store::plan::take_runs;
 use outboxd::store::postgres::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
@@ -147,32 +148,23 @@ async fn claim_and_complete(pool: &PgPool) -> Result<(usize, Duration, Duration)
         return Ok((0, started.elapsed(), Duration::ZERO));
     }
     let streams: Vec<String> = heads.iter().map(|h| h.0.clone()).collect();
-    let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
-    let room = BATCH - ids.len();
-    if room > 0 {
-        let followers: Vec<(i64, String, bool)> = sqlx::query_as(CLAIM_RUNS_SQL)
+    let room = BATCH - heads.len();
+    let followers: Vec<(i64, String, bool)> = if room > 0 {
+        let head_ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
+        sqlx::query_as(CLAIM_RUNS_SQL)
             .bind(SINK)
-            .bind(ids.clone())
+            .bind(head_ids)
             .bind(room as i64)
             .fetch_all(&mut *tx)
-            .await?;
-        let mut room = room;
-        let mut stopped = BTreeSet::new();
-        for (id, stream, eligible) in followers {
-            if room == 0 {
-                break;
-            }
-            if stopped.contains(&stream) {
-                continue;
-            }
-            if !eligible {
-                stopped.insert(stream);
-                continue;
-            }
-            ids.push(id);
-            room -= 1;
-        }
-    }
+            .await?
+    } else {
+        Vec::new()
+    };
+    // The runs behind the heads, cut as outboxd cuts them.
+    let ids: Vec<i64> = take_runs(&heads, followers, BATCH)
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
     let token = format!("{:032x}", rand::random::<u128>());
     let event_ids: Vec<String> = sqlx::query_scalar(
         "UPDATE outboxd.deliveries SET lease_token = $2, lease_expires_at = now() + $3 * interval '1 millisecond', \

@@ -1,7 +1,7 @@
 //! Messages consumed and stored per second by the `amqp` source, against a
 //! plain lapin consumer that inserts the same rows with sqlx and
 //! acknowledges after the commit, same broker, same PostgreSQL, same run,
-//! alternating rounds (the disk's fsync time drifts, DESIGN §8), with the
+//! alternating rounds (the disk's fsync time drifts, docs/measurements.md), with the
 //! ratio.
 //!
 //! Each round and side gets a fresh database (outboxd's own migrations)

@@ -21,7 +21,7 @@ use crate::metrics::{Metrics, PluginLabel};
 use crate::ops::OpsState;
 use crate::plugin::registry::Registry;
 use crate::plugin::{self, Plugin, Runtime};
-use crate::store::{self, StoreError};
+use crate::store::{self, Store, StoreError};
 
 /// Why the daemon did not start.
 #[derive(Debug, thiserror::Error)]
@@ -70,112 +70,46 @@ impl Daemon {
     /// Start everything; returns once the listener is bound.
     pub async fn start(config: Config, migrations: Migrations) -> Result<Daemon, StartError> {
         let url = config.effective_database_url();
-        let store = store::open(&url).await?;
-        let pending = store.pending_migrations().await?;
-        if !pending.is_empty() {
-            if migrations == Migrations::Apply || store.is_uninitialised().await? {
-                tracing::info!(migrations = %pending.join(", "), "applying database migrations");
-                store.migrate().await?;
-            } else {
-                return Err(StoreError::PendingMigrations(pending.join(", ")).into());
-            }
-        }
-
+        let store = open_store(&url, migrations).await?;
         let runtime = Runtime::new()
             .map_err(|e| StartError::Runtime(format!("{e:#}")))?
             .with_cache(config.data_dir.join("cache"));
         let metrics = Metrics::new();
-        let plugins = plugin::load_dir(&runtime, &config.plugins_dir);
-        for name in plugins.loaded.keys() {
-            metrics
-                .plugin_loads
-                .get_or_create(&PluginLabel {
-                    plugin: name.clone(),
-                })
-                .inc();
-        }
-        for failure in &plugins.failed {
-            let plugin = failure
-                .name
-                .clone()
-                .unwrap_or_else(|| failure.file.display().to_string());
-            metrics
-                .plugin_load_failures
-                .get_or_create(&PluginLabel { plugin })
-                .inc();
-        }
-        let known = plugins.known_sinks();
-        for plugin in plugins.loaded.values() {
-            admit(plugin, &known, config.delivery.lease).map_err(StartError::Config)?;
-            crate::sources::amqp::check_routes_apart(&config.sources, plugin.manifest())
-                .map_err(StartError::Config)?;
-        }
+        let plugins = load_plugins(&runtime, &config, &metrics)?;
         let live = crate::destinations::live::Live::load(store.clone()).await?;
         let routes = Arc::new(
-            Routes::new(config.routes.clone(), known)?.with_destinations(live.subscribe()),
+            Routes::new(config.routes.clone(), plugins.known_sinks())?
+                .with_destinations(live.subscribe()),
         );
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let wake = crate::wakeups::Wakeups::new();
-        let heartbeats = Arc::new(Heartbeats::default());
-        let quarantines = Arc::new(crate::delivery::Quarantines::default());
         store.forward_wakeups(wake.clone(), shutdown_rx.clone());
         let shared = Shared {
             store: store.clone(),
             config: config.delivery.clone(),
             wake: wake.clone(),
-            heartbeats: heartbeats.clone(),
+            heartbeats: Arc::new(Heartbeats::default()),
             metrics: metrics.clone(),
-            quarantines: quarantines.clone(),
+            quarantines: Arc::new(crate::delivery::Quarantines::default()),
             paused: Arc::default(),
         };
-        let mut tasks = Vec::new();
-        let route_table = routes.clone();
-        tasks.push(tokio::spawn(crate::delivery::run_router(
-            store.clone(),
-            Arc::new(move |e: &crate::event::NewEvent| route_table.sinks_for(e)),
-            config.delivery.clone(),
-            wake.clone(),
-            shutdown_rx.clone(),
-        )));
-        tasks.push(tokio::spawn(crate::delivery::run_retention(
-            shared.clone(),
-            shutdown_rx.clone(),
-        )));
-        let lease = config.delivery.lease;
-        let sink_routes = routes.clone();
+        let mut tasks = background(&config, &shared, &routes, &live, &shutdown_rx);
         let sink_tasks: SinkTasks = Arc::default();
-        let source_configs = config.sources.clone();
-        let serve = crate::destinations::live::ServeContext {
-            shared: shared.clone(),
-            live: live.clone(),
-            disable_after: config.destinations.disable_after,
-            idle_poll: config.destinations.idle_poll_interval,
-            spawned: sink_tasks.clone(),
-            shutdown: shutdown_rx.clone(),
-        };
-        tasks.push(
-            live.clone()
-                .run(config.destinations.refresh_interval, shutdown_rx.clone()),
-        );
-        let registry = Registry::new(
-            runtime.clone(),
-            &config.plugins_dir,
+        let registry = registry(
+            &config,
+            &runtime,
             plugins,
-            Box::new(move |plugin, known| {
-                admit(plugin, known, lease)?;
-                crate::sources::amqp::check_routes_apart(&source_configs, plugin.manifest())
-            }),
-            Box::new(move |sink, current| {
-                if !sink_routes.add_sink(sink) {
-                    tracing::warn!(
-                        sink,
-                        "no route names this sink: it gets no events until the routes do"
-                    );
-                }
-                crate::destinations::live::serve_sink(serve.clone(), sink.to_string(), current);
-            }),
-            metrics.clone(),
+            &routes,
+            crate::destinations::live::ServeContext {
+                shared: shared.clone(),
+                live: live.clone(),
+                disable_after: config.destinations.disable_after,
+                idle_poll: config.destinations.idle_poll_interval,
+                spawned: sink_tasks.clone(),
+                shutdown: shutdown_rx.clone(),
+            },
+            &metrics,
         );
         tasks.push(registry.clone().watch(shutdown_rx.clone()));
         let fleet = crate::fleet::Fleet::join(
@@ -202,7 +136,6 @@ impl Daemon {
             sources.clone(),
             shutdown_rx.clone(),
         ));
-
         if let Some(sync) = &config.destinations.sync {
             let ctx = crate::destinations::actions::Context {
                 store: store.clone(),
@@ -218,63 +151,23 @@ impl Daemon {
                 shutdown_rx.clone(),
             ));
         }
-        let wake_ops = wake.clone();
-        // `[ingest.awareness]`: the awareness-compatible `POST /ingest`.
-        let awareness = crate::ingest::awareness::router(
-            &config.ingest,
-            IngestState {
-                store: store.clone(),
-                routes: routes.clone(),
-                limits: config.ingest.clone(),
-                wake: wake.clone(),
-                metrics: metrics.clone(),
-            },
-        )
-        .map_err(StartError::Config)?;
-        let app = crate::ingest::http::router(IngestState {
-            store: store.clone(),
-            routes: routes.clone(),
-            limits: config.ingest.clone(),
-            wake,
-            metrics: metrics.clone(),
-        })
-        .merge(crate::ops::router(OpsState {
+        let ops = OpsState {
             store: store.clone(),
             plugins: registry.clone(),
-            heartbeats,
+            heartbeats: shared.heartbeats.clone(),
             metrics,
-            quarantines,
+            quarantines: shared.quarantines.clone(),
             admin_token: config.admin.token.clone(),
             amqp: runtime.amqp().clone(),
             routes,
             sources,
             live,
-            wake: wake_ops,
+            wake,
             fleet,
-        }));
-        let app = app.merge(awareness);
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: config.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Listen {
-            addr: config.listen,
-            source,
-        })?;
-        let mut rx = shutdown_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            let stop = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
-            {
-                tracing::error!("HTTP server failed: {e}");
-            }
-        }));
+        };
+        let app = http_app(&config, ops)?;
+        let (addr, server) = serve(config.listen, app, shutdown_rx).await?;
+        tasks.push(server);
         tracing::info!(
             listen = %addr,
             store = %store::redact_url(&url),
@@ -342,4 +235,164 @@ pub fn admit_lease(plugin: &Plugin, lease: std::time::Duration) -> Result<(), St
         ));
     }
     Ok(())
+}
+
+/// Open the store at `url` and bring its schema up to date as
+/// `migrations` allows. Errors: the database cannot be opened, or
+/// migrations are pending and may not be applied (named).
+async fn open_store(url: &str, migrations: Migrations) -> Result<Arc<dyn Store>, StartError> {
+    let store = store::open(url).await?;
+    let pending = store.pending_migrations().await?;
+    if !pending.is_empty() {
+        if migrations == Migrations::Apply || store.is_uninitialised().await? {
+            tracing::info!(migrations = %pending.join(", "), "applying database migrations");
+            store.migrate().await?;
+        } else {
+            return Err(StoreError::PendingMigrations(pending.join(", ")).into());
+        }
+    }
+    Ok(store)
+}
+
+/// Load the plugins folder, count loads and refusals, and check every
+/// loaded sink against the lease and the sources' routes. Errors: a sink
+/// the daemon cannot serve as configured (what to change).
+fn load_plugins(
+    runtime: &Runtime,
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<plugin::Plugins, StartError> {
+    let plugins = plugin::load_dir(runtime, &config.plugins_dir);
+    for name in plugins.loaded.keys() {
+        metrics
+            .plugin_loads
+            .get_or_create(&PluginLabel {
+                plugin: name.clone(),
+            })
+            .inc();
+    }
+    for failure in &plugins.failed {
+        let plugin = failure
+            .name
+            .clone()
+            .unwrap_or_else(|| failure.file.display().to_string());
+        metrics
+            .plugin_load_failures
+            .get_or_create(&PluginLabel { plugin })
+            .inc();
+    }
+    let known = plugins.known_sinks();
+    for plugin in plugins.loaded.values() {
+        admit(plugin, &known, config.delivery.lease).map_err(StartError::Config)?;
+        crate::sources::amqp::check_routes_apart(&config.sources, plugin.manifest())
+            .map_err(StartError::Config)?;
+    }
+    Ok(plugins)
+}
+
+/// The tasks that run beside the delivery loops: the router of events
+/// enqueued by SQL, retention, and the destinations' refresh.
+fn background(
+    config: &Config,
+    shared: &Shared,
+    routes: &Arc<Routes>,
+    live: &Arc<crate::destinations::live::Live>,
+    shutdown: &watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let route_table = routes.clone();
+    vec![
+        tokio::spawn(crate::delivery::run_router(
+            shared.store.clone(),
+            Arc::new(move |e: &crate::event::NewEvent| route_table.sinks_for(e)),
+            config.delivery.clone(),
+            shared.wake.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(crate::delivery::run_retention(
+            shared.clone(),
+            shutdown.clone(),
+        )),
+        live.clone()
+            .run(config.destinations.refresh_interval, shutdown.clone()),
+    ]
+}
+
+/// The plugin registry: admits each sink loaded now or later (the same
+/// checks as at start) and starts its delivery loops through `serve`.
+fn registry(
+    config: &Config,
+    runtime: &Runtime,
+    plugins: plugin::Plugins,
+    routes: &Arc<Routes>,
+    serve: crate::destinations::live::ServeContext,
+    metrics: &Arc<Metrics>,
+) -> Arc<Registry> {
+    let lease = config.delivery.lease;
+    let source_configs = config.sources.clone();
+    let sink_routes = routes.clone();
+    Registry::new(
+        runtime.clone(),
+        &config.plugins_dir,
+        plugins,
+        Box::new(move |plugin, known| {
+            admit(plugin, known, lease)?;
+            crate::sources::amqp::check_routes_apart(&source_configs, plugin.manifest())
+        }),
+        Box::new(move |sink, current| {
+            if !sink_routes.add_sink(sink) {
+                tracing::warn!(
+                    sink,
+                    "no route names this sink: it gets no events until the routes do"
+                );
+            }
+            crate::destinations::live::serve_sink(serve.clone(), sink.to_string(), current);
+        }),
+        metrics.clone(),
+    )
+}
+
+/// The HTTP API: ingest and the read API, the awareness-compatible
+/// `POST /ingest` when `[ingest.awareness]` enables it, and operations.
+fn http_app(config: &Config, ops: OpsState) -> Result<axum::Router, StartError> {
+    let ingest = IngestState {
+        store: ops.store.clone(),
+        routes: ops.routes.clone(),
+        limits: config.ingest.clone(),
+        wake: ops.wake.clone(),
+        metrics: ops.metrics.clone(),
+    };
+    let awareness = crate::ingest::awareness::router(&config.ingest, ingest.clone())
+        .map_err(StartError::Config)?;
+    Ok(crate::ingest::http::router(ingest)
+        .merge(crate::ops::router(ops))
+        .merge(awareness))
+}
+
+/// Bind `listen` and serve `app` until `shutdown` turns true; the bound
+/// address and the server's task.
+async fn serve(
+    listen: SocketAddr,
+    app: axum::Router,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+    let listen_error = |source| StartError::Listen {
+        addr: listen,
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(listen_error)?;
+    let addr = listener.local_addr().map_err(listen_error)?;
+    let task = tokio::spawn(async move {
+        let stop = async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+        {
+            tracing::error!("HTTP server failed: {e}");
+        }
+    });
+    Ok((addr, task))
 }

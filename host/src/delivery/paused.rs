@@ -2,7 +2,7 @@
 //! process.
 //!
 //! Owns: a cache of `Store::paused_sinks` renewed at most every
-//! [`super::PAUSE_RECHECK`], read by every delivery loop before it claims
+//! [`super::sink_loop::PAUSE_RECHECK`], read by every delivery loop before it claims
 //! — one query per second for the process, however many loops (a thousand
 //! destinations must not mean a thousand reads a second).
 //!
@@ -24,7 +24,7 @@ pub struct PausedSinks {
 impl PausedSinks {
     /// Whether any of `names` (a delivery key, its sink) is paused,
     /// reading the store when the cached answer is older than
-    /// [`super::PAUSE_RECHECK`]. A read that fails or times out keeps the
+    /// [`super::sink_loop::PAUSE_RECHECK`]. A read that fails or times out keeps the
     /// last answer.
     pub async fn any(
         &self,
@@ -35,7 +35,7 @@ impl PausedSinks {
         let mut inner = self.inner.lock().await;
         let stale = inner
             .as_ref()
-            .is_none_or(|(at, _)| at.elapsed() >= super::PAUSE_RECHECK);
+            .is_none_or(|(at, _)| at.elapsed() >= super::sink_loop::PAUSE_RECHECK);
         if stale {
             match tokio::time::timeout(timeout, store.paused_sinks()).await {
                 Ok(Ok(paused)) => *inner = Some((Instant::now(), paused)),

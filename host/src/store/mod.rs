@@ -16,8 +16,13 @@
 //! Must never: decide policy (retry delays, routing, what counts as
 //! permanent) — callers pass decisions in; call plugins or the network.
 
+pub mod plan;
 pub mod postgres;
+mod shared;
+pub mod sql;
 pub mod sqlite;
+
+pub use plan::DeliveryStatus;
 
 use std::time::Duration;
 
@@ -103,8 +108,7 @@ pub struct StoredEvent {
 #[derive(Debug, Clone, Serialize)]
 pub struct DeliveryInfo {
     pub sink: String,
-    /// `pending`, `leased`, `retrying`, `delivered` or `dead`.
-    pub status: String,
+    pub status: DeliveryStatus,
     pub attempts: u32,
     pub last_error: Option<String>,
     /// Unix milliseconds; `None` once delivered or dead.
@@ -286,14 +290,27 @@ pub enum Finish {
 /// [`sqlite::SqliteStore`].
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// The runner the shared operations ([`shared`]) use.
+    fn sql(&self) -> &dyn sql::Sql;
+
+    /// An event, by id, without its deliveries.
+    async fn stored_event(&self, id: &str) -> Result<Option<StoredEvent>, StoreError>;
+
     /// Store a request's events and their deliveries in one transaction.
     /// Returns one [`Ingested`] per item, in order. Either every new event
     /// is stored or, on error, none is.
     async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError>;
 
     /// An event and its deliveries, by id.
-    async fn event(&self, id: &str)
-        -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError>;
+    async fn event(
+        &self,
+        id: &str,
+    ) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError> {
+        let Some(event) = self.stored_event(id).await? else {
+            return Ok(None);
+        };
+        Ok(Some((event, shared::deliveries_of(self.sql(), id).await?)))
+    }
 
     /// Claim for a chained sink: as [`Store::claim`], and when `after`
     /// names another sink, a delivery is taken only once the same event's
@@ -363,31 +380,45 @@ pub trait Store: Send + Sync + 'static {
     );
 
     /// Queue figures per sink, counting at most `cap` live-or-dead rows.
-    async fn queue_stats(&self, cap: u64) -> Result<QueueStats, StoreError>;
+    async fn queue_stats(&self, cap: u64) -> Result<QueueStats, StoreError> {
+        shared::queue_stats(self.sql(), cap).await
+    }
 
     /// Dead letters matching `filter`, newest first, at most `limit`.
     async fn list_dead(
         &self,
         filter: &DeadFilter,
         limit: u32,
-    ) -> Result<Vec<DeadLetter>, StoreError>;
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        shared::list_dead(self.sql(), filter, limit).await
+    }
 
     /// Make up to `limit` matching dead letters pending again: attempts and
     /// retry window start afresh. Returns how many.
-    async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError>;
+    async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
+        shared::replay_dead(self.sql(), filter, limit).await
+    }
 
     /// Delete up to `limit` matching dead letters. Returns how many.
-    async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError>;
+    async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
+        shared::purge_dead(self.sql(), filter, limit).await
+    }
 
     /// Pause (nothing claimed, nothing lost) or resume a sink.
-    async fn set_paused(&self, sink: &str, paused: bool) -> Result<(), StoreError>;
+    async fn set_paused(&self, sink: &str, paused: bool) -> Result<(), StoreError> {
+        shared::set_paused(self.sql(), sink, paused).await
+    }
 
     /// Sinks currently paused.
-    async fn paused_sinks(&self) -> Result<Vec<String>, StoreError>;
+    async fn paused_sinks(&self) -> Result<Vec<String>, StoreError> {
+        shared::paused_sinks(self.sql()).await
+    }
 
     /// Delete up to `limit` deliveries delivered more than `older_than` ago.
     /// Returns how many.
-    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError>;
+    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        shared::purge_delivered(self.sql(), older_than, limit).await
+    }
 
     /// Create deliveries for `sink` over up to `page` events ingested at or
     /// after `since_ms`, after the cursor `after` (start with 0), whose
@@ -404,31 +435,51 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<BackfillPage, StoreError>;
 
     /// Names of migrations not yet applied.
-    async fn pending_migrations(&self) -> Result<Vec<String>, StoreError>;
+    async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
+        let uninitialised = self.is_uninitialised().await?;
+        shared::pending_migrations(self.sql(), self.sql().migrator(), uninitialised).await
+    }
 
     /// True when no migration was ever applied (a new, empty database).
-    async fn is_uninitialised(&self) -> Result<bool, StoreError>;
+    async fn is_uninitialised(&self) -> Result<bool, StoreError> {
+        let sql = self.sql();
+        let rows = sql
+            .read(sql::Stmt::new(
+                sql.dialect().no_migrations.to_string(),
+                &[sql::Col::Bool],
+            ))
+            .await?;
+        Ok(rows.first().is_some_and(|r| r[0] == sql::Val::Bool(true)))
+    }
 
     /// Apply pending migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
 
     /// Check that the database answers.
-    async fn ping(&self) -> Result<(), StoreError>;
+    async fn ping(&self) -> Result<(), StoreError> {
+        shared::ping(self.sql()).await
+    }
 
     /// The checkpoint source `source` (a `[sources.NAME]` name) last saved,
     /// as it saved it; `None` before its first save. A checkpoint is a
     /// shortcut for where to resume, never a reason to skip work.
-    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError>;
+    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError> {
+        shared::source_checkpoint(self.sql(), source).await
+    }
 
     /// Save `checkpoint` as source `source`'s, replacing the previous one.
     async fn save_source_checkpoint(
         &self,
         source: &str,
         checkpoint: &str,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        shared::save_source_checkpoint(self.sql(), source, checkpoint).await
+    }
 
     /// Every destination, by name.
-    async fn destinations(&self) -> Result<Vec<DestinationRow>, StoreError>;
+    async fn destinations(&self) -> Result<Vec<DestinationRow>, StoreError> {
+        shared::destinations(self.sql()).await
+    }
 
     /// Write destination `name` as `mode` allows. Returns the new revision,
     /// or `None` when `mode` refused (it exists on `Create`; another
@@ -439,41 +490,61 @@ pub trait Store: Send + Sync + 'static {
         sink: &str,
         record: &str,
         mode: PutMode,
-    ) -> Result<Option<i64>, StoreError>;
+    ) -> Result<Option<i64>, StoreError> {
+        shared::put_destination(self.sql(), name, sink, record, mode).await
+    }
 
     /// Delete destination `name` and its health; its deliveries stay
     /// (parked under its name until one of that name exists again, or
     /// [`Store::purge_target`]). Returns whether it existed.
-    async fn delete_destination(&self, name: &str) -> Result<bool, StoreError>;
+    async fn delete_destination(&self, name: &str) -> Result<bool, StoreError> {
+        shared::delete_destination(self.sql(), name).await
+    }
 
     /// Delete every delivery of delivery key `key` that is not delivered
     /// (pending, retrying, leased and dead), and its heads, in one
     /// transaction.
-    async fn purge_target(&self, key: &str) -> Result<Purged, StoreError>;
+    async fn purge_target(&self, key: &str) -> Result<Purged, StoreError> {
+        shared::purge_target(self.sql(), key).await
+    }
 
     /// The health record (host JSON) of every destination that has one.
-    async fn destination_health(&self) -> Result<Vec<(String, String)>, StoreError>;
+    async fn destination_health(&self) -> Result<Vec<(String, String)>, StoreError> {
+        shared::destination_health(self.sql()).await
+    }
 
     /// Replace the health record of destination `name`.
-    async fn save_destination_health(&self, name: &str, health: &str) -> Result<(), StoreError>;
+    async fn save_destination_health(&self, name: &str, health: &str) -> Result<(), StoreError> {
+        shared::save_destination_health(self.sql(), name, health).await
+    }
 
     /// Register every sink of `sinks` not registered yet (a retired one
     /// stays retired). Returns the names newly registered.
-    async fn register_sinks(&self, sinks: &[SinkIdentity]) -> Result<Vec<String>, StoreError>;
+    async fn register_sinks(&self, sinks: &[SinkIdentity]) -> Result<Vec<String>, StoreError> {
+        shared::register_sinks(self.sql(), sinks).await
+    }
 
     /// The fleet's registry, by name.
-    async fn registered_sinks(&self) -> Result<Vec<RegisteredSink>, StoreError>;
+    async fn registered_sinks(&self) -> Result<Vec<RegisteredSink>, StoreError> {
+        shared::registered_sinks(self.sql()).await
+    }
 
     /// Record that `replica` serves exactly `sinks` now (its earlier report
     /// is replaced; reports older than an hour, of any replica, deleted).
-    async fn beat_replica(&self, replica: &str, sinks: &[SinkIdentity]) -> Result<(), StoreError>;
+    async fn beat_replica(&self, replica: &str, sinks: &[SinkIdentity]) -> Result<(), StoreError> {
+        shared::beat_replica(self.sql(), replica, sinks).await
+    }
 
     /// Every replica's last report, by sink then replica.
-    async fn sink_replicas(&self) -> Result<Vec<SinkReplica>, StoreError>;
+    async fn sink_replicas(&self) -> Result<Vec<SinkReplica>, StoreError> {
+        shared::sink_replicas(self.sql()).await
+    }
 
     /// Retire sink `name`: no replica routes new events to it. Returns
     /// false when it is not registered or already retired.
-    async fn retire_sink(&self, name: &str) -> Result<bool, StoreError>;
+    async fn retire_sink(&self, name: &str) -> Result<bool, StoreError> {
+        shared::retire_sink(self.sql(), name).await
+    }
 }
 
 /// Open the store named by a database URL: `postgres://…` /
@@ -515,161 +586,6 @@ pub fn redact_url(url: &str) -> String {
             }
         }
         _ => url.to_string(),
-    }
-}
-
-/// The sequence `ev` (item `index` of its request) takes on a stream whose
-/// last sequence is `last`: the producer's own, which must advance the
-/// stream, or the next one.
-pub(crate) fn next_sequence(index: usize, ev: &NewEvent, last: u64) -> Result<u64, IngestError> {
-    match ev.sequence {
-        Some(given) if given <= last => Err(IngestError::SequenceNotIncreasing {
-            index,
-            id: ev.id.clone(),
-            stream: ev.stream.clone(),
-            given,
-            last,
-        }),
-        Some(given) => Ok(given),
-        None => Ok(last + 1),
-    }
-}
-
-/// A delivery row as a claim's update returned it.
-pub(crate) struct LeasedRow {
-    pub delivery_id: i64,
-    pub event_id: String,
-    pub attempts: u32,
-    pub first_attempt_at_ms: i64,
-    pub claimed_at_ms: i64,
-}
-
-/// Join leased rows with their events into the batch, in the order the
-/// sink contract wants: by stream, then sequence.
-pub(crate) fn assemble_claims(
-    rows: Vec<LeasedRow>,
-    events: &std::collections::BTreeMap<String, StoredEvent>,
-    token: &str,
-) -> Result<Vec<Claimed>, StoreError> {
-    let mut claimed = Vec::with_capacity(rows.len());
-    for row in rows {
-        let event = events.get(&row.event_id).cloned().ok_or_else(|| {
-            StoreError::Corrupt(format!(
-                "delivery refers to missing event {:?}",
-                row.event_id
-            ))
-        })?;
-        claimed.push(Claimed {
-            delivery_id: row.delivery_id,
-            lease_token: token.to_string(),
-            attempts: row.attempts,
-            first_attempt_at_ms: row.first_attempt_at_ms,
-            claimed_at_ms: row.claimed_at_ms,
-            event,
-        });
-    }
-    claimed.sort_by(|a, b| {
-        (a.event.event.stream.as_str(), a.event.sequence)
-            .cmp(&(b.event.event.stream.as_str(), b.event.sequence))
-    });
-    Ok(claimed)
-}
-
-/// Whether `stored` and `new` (same id) are the same event: equal content
-/// hashes, or — when the stored row has no hash (enqueued by SQL) — no
-/// differing attribute. `Err` lists the attributes that differ.
-pub(crate) fn same_event(
-    stored_hash: Option<&str>,
-    stored: &NewEvent,
-    new: &NewEvent,
-    new_hash: &str,
-) -> Result<(), Vec<String>> {
-    if stored_hash == Some(new_hash) {
-        return Ok(());
-    }
-    let diff = new.differences(stored);
-    if diff.is_empty() && stored_hash.is_none() {
-        return Ok(());
-    }
-    if diff.is_empty() {
-        return Err(vec!["content".to_string()]);
-    }
-    Err(diff)
-}
-
-/// Cut claim runs for a chained sink. `order` lists (stream, delivery id)
-/// as claimed: heads first, then each stream's run in sequence order.
-/// Each stream keeps its ids up to the first `blocked` one. Returns the
-/// kept ids, the streams that kept their head, and the streams whose head
-/// is held back.
-pub(crate) fn cut_runs(
-    order: &[(String, i64)],
-    heads: &[(String, i64)],
-    blocked: &std::collections::HashSet<i64>,
-) -> (Vec<i64>, Vec<String>, Vec<String>) {
-    let mut stopped = std::collections::HashSet::new();
-    let mut kept = Vec::new();
-    for (stream, id) in order {
-        if stopped.contains(stream) {
-            continue;
-        }
-        if blocked.contains(id) {
-            stopped.insert(stream.clone());
-            continue;
-        }
-        kept.push(*id);
-    }
-    let (held, claimed): (Vec<_>, Vec<_>) = heads.iter().partition(|(_, id)| blocked.contains(id));
-    (
-        kept,
-        claimed.into_iter().map(|(s, _)| s.clone()).collect(),
-        held.into_iter().map(|(s, _)| s.clone()).collect(),
-    )
-}
-
-/// A `(name, sink, record, revision, updated_at)` row as a
-/// [`DestinationRow`].
-pub(crate) fn destination_row(
-    (name, sink, record, revision, updated_at_ms): (String, String, String, i64, i64),
-) -> DestinationRow {
-    DestinationRow {
-        name,
-        sink,
-        record,
-        revision,
-        updated_at_ms,
-    }
-}
-
-/// A `(name, version, sha, registered_at, retired_at)` row.
-pub(crate) fn registered_sink(
-    (name, version, component_sha, registered_at_ms, retired_at_ms): (
-        String,
-        String,
-        String,
-        i64,
-        Option<i64>,
-    ),
-) -> RegisteredSink {
-    RegisteredSink {
-        name,
-        version,
-        component_sha,
-        registered_at_ms,
-        retired_at_ms,
-    }
-}
-
-/// A `(replica, sink, version, sha, age)` row.
-pub(crate) fn sink_replica(
-    (replica, sink, version, component_sha, age_ms): (String, String, String, String, i64),
-) -> SinkReplica {
-    SinkReplica {
-        replica,
-        sink,
-        version,
-        component_sha,
-        age_ms,
     }
 }
 
@@ -716,68 +632,30 @@ where
     })
 }
 
-/// A dead letter as both stores select it: event id, sink, stream,
-/// sequence, attempts, last error, finished at (Unix ms).
-pub(crate) type DeadRow = (
-    String,
-    String,
-    String,
-    i64,
-    i64,
-    Option<String>,
-    Option<i64>,
-);
-
-/// [`DeadRow`]s as [`DeadLetter`]s.
-pub(crate) fn dead_letters(rows: Vec<DeadRow>) -> Vec<DeadLetter> {
-    rows.into_iter()
-        .map(
-            |(event_id, sink, stream, sequence, attempts, reason, died)| DeadLetter {
-                event_id,
-                sink,
-                stream,
-                sequence: sequence as u64,
-                attempts: attempts as u32,
-                reason,
-                died_at_ms: died,
-            },
-        )
-        .collect()
-}
-
-/// Fold (sink, status, count) rows and (sink, age) rows into figures.
-pub(crate) fn fold_stats(
-    rows: Vec<(String, String, i64)>,
-    ages: Vec<(String, i64)>,
-    cap: u64,
-) -> QueueStats {
-    let mut by_sink: std::collections::BTreeMap<String, SinkQueue> =
-        std::collections::BTreeMap::new();
-    let mut total = 0u64;
-    for (sink, status, n) in rows {
-        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {
-            sink,
-            ..Default::default()
-        });
-        let n = n.max(0) as u64;
-        total += n;
-        match status.as_str() {
-            "dead" => q.dead += n,
-            "leased" => q.leased += n,
-            "expired" => q.expired_leases += n,
-            "retrying" => q.retrying += n,
-            _ => q.pending += n,
+/// The events of a backfill page (rows of `seq_id` and the event columns)
+/// whose routes include `key`, and the page's last `seq_id` (the next
+/// cursor).
+pub(crate) fn backfill_rows<'r, R>(
+    rows: &'r [R],
+    key: &str,
+    route: &RouteFn<'_>,
+) -> Result<(Vec<StoredEvent>, Option<i64>), StoreError>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let mut routed = Vec::new();
+    let mut last = None;
+    for row in rows {
+        last = Some(row.try_get("seq_id")?);
+        let stored = event_from_row(row)?;
+        if route(&stored.event).iter().any(|s| s == key) {
+            routed.push(stored);
         }
     }
-    for (sink, age) in ages {
-        let q = by_sink.entry(sink.clone()).or_insert_with(|| SinkQueue {
-            sink,
-            ..Default::default()
-        });
-        q.oldest_due_age_ms = Some(age.max(0));
-    }
-    QueueStats {
-        sinks: by_sink.into_values().collect(),
-        capped: total >= cap,
-    }
+    Ok((routed, last))
 }

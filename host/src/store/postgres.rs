@@ -21,21 +21,21 @@
 //! Must never: compute a time from the process clock, or hold a
 //! transaction open across a plugin call.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{PgPool, Postgres, QueryBuilder, Row, Transaction};
+use sqlx::{PgPool, Postgres, Row, Transaction};
 use tokio::sync::watch;
 
+use super::plan::{self, FinishPlan, HeadChanges, IngestInputs, IngestPlan, KeptRow};
+use super::sql::{self as shared_sql, Dialect, Rows, Sql, SqlTx, Stmt};
 use super::{
-    destination_row, new_lease_token, registered_sink, same_event, sink_replica, BackfillPage,
-    Claimed, DeadFilter, DeadLetter, DeliveryInfo, DestinationRow, Finish, IngestError, IngestItem,
-    Ingested, Purged, PutMode, QueueStats, RegisteredSink, RouteFn, SinkIdentity, SinkReplica,
-    Store, StoreError, StoredEvent,
+    new_lease_token, shared, BackfillPage, Claimed, Finish, IngestError, IngestItem, Ingested,
+    RouteFn, Store, StoreError, StoredEvent,
 };
 use crate::event::NewEvent;
 
@@ -79,37 +79,6 @@ pub const MOVE_HEADS_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id,
                          WHERE sink = m.sink AND stream = m.stream AND status = 'pending' \
                          ORDER BY sequence LIMIT 1) AS n \
      WHERE h.sink = m.sink AND h.stream = m.stream AND h.delivery_id = m.id";
-
-/// Of the deliveries `$1` (ids), those behind an undelivered earlier
-/// delivery of their (sink, stream): a pending one, or a dead letter
-/// blocking the head (due `infinity`).
-pub const BEHIND_EARLIER_SQL: &str = "SELECT c.id FROM outboxd.deliveries c WHERE c.id = ANY($1) AND ( \
-       EXISTS (SELECT 1 FROM outboxd.deliveries e WHERE e.sink = c.sink AND e.stream = c.stream \
-               AND e.status = 'pending' AND e.sequence < c.sequence) \
-       OR EXISTS (SELECT 1 FROM outboxd.heads h JOIN outboxd.deliveries hd ON hd.id = h.delivery_id \
-               WHERE h.sink = c.sink AND h.stream = c.stream AND h.due_at = 'infinity' \
-                 AND hd.sequence < c.sequence))";
-
-/// Point the head of (`$1` sink, `$2` stream) at its earliest live
-/// delivery (after a replay or a backfill added one that may sit before
-/// the current head).
-pub const RESET_HEAD_SQL: &str = "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
-     SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
-     FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
-     ORDER BY sequence LIMIT 1 \
-     ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at";
-
-/// [`RESET_HEAD_SQL`], except that a head blocked by a dead letter (due
-/// `infinity`, `on-dead = "block"`) stays unless its dead letter is among
-/// `$3` (delivery ids being replayed): a replay of other letters, or a
-/// backfill (`$3` empty), adds deliveries that wait behind the block, and
-/// they go first once the blocking letter itself is replayed.
-pub const RESET_HEAD_UNLESS_BLOCKED_SQL: &str = "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
-     SELECT sink, stream, id, GREATEST(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) \
-     FROM outboxd.deliveries WHERE sink = $1 AND stream = $2 AND status = 'pending' \
-     ORDER BY sequence LIMIT 1 \
-     ON CONFLICT (sink, stream) DO UPDATE SET delivery_id = EXCLUDED.delivery_id, due_at = EXCLUDED.due_at \
-     WHERE outboxd.heads.due_at < 'infinity' OR outboxd.heads.delivery_id = ANY($3)";
 
 /// The PostgreSQL store.
 pub struct PgStore {
@@ -305,13 +274,14 @@ async fn lock_streams(
 }
 
 impl PgStore {
-    async fn ingest_once(
-        &self,
+    /// What an ingest request finds stored, read under the locks of its
+    /// streams' rows (taken here, in byte order, creating missing rows).
+    async fn ingest_inputs(
+        tx: &mut Transaction<'_, Postgres>,
         items: &[IngestItem],
-    ) -> Result<(Vec<Ingested>, bool), IngestError> {
-        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        // Lock every stream row this request touches, in byte order (COLLATE "C",
-        // the order Rust sorts in and finish_many locks in), so ingest and
+    ) -> Result<IngestInputs, StoreError> {
+        // Lock every stream row this request touches, in byte order (COLLATE
+        // "C", the order Rust sorts in and finishes lock in), so ingest and
         // finish never lock two streams in opposite orders.
         let streams: BTreeSet<&str> = items.iter().map(|i| i.event.stream.as_str()).collect();
         let streams: Vec<&str> = streams.into_iter().collect();
@@ -320,164 +290,185 @@ impl PgStore {
              ORDER BY s COLLATE \"C\" ON CONFLICT (stream) DO NOTHING",
         )
         .bind(&streams)
-        .execute(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
-        let rows: Vec<(String, i64)> = sqlx::query_as(
+        .execute(&mut **tx)
+        .await?;
+        let last: Vec<(String, i64)> = sqlx::query_as(
             "SELECT stream, last_sequence FROM outboxd.streams WHERE stream = ANY($1) ORDER BY stream COLLATE \"C\" FOR UPDATE",
         )
         .bind(&streams)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
-        let mut last: BTreeMap<String, u64> =
-            rows.into_iter().map(|(s, n)| (s, n as u64)).collect();
-        let original = last.clone();
-        // A stream with events enqueued by SQL and not yet routed: new events
-        // of it wait for the router too, so deliveries keep stream order.
+        .fetch_all(&mut **tx)
+        .await?;
         let unrouted: BTreeSet<String> = sqlx::query_scalar(
             "SELECT DISTINCT stream FROM outboxd.events WHERE NOT routed AND stream = ANY($1)",
         )
         .bind(&streams)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(StoreError::from)?
+        .fetch_all(&mut **tx)
+        .await?
         .into_iter()
         .collect();
-
         // Events of this request already stored, in one statement.
         let ids: Vec<&str> = items.iter().map(|i| i.event.id.as_str()).collect();
-        let mut stored: HashMap<String, (Option<String>, StoredEvent)> = HashMap::new();
+        let mut stored = HashMap::new();
         for row in sqlx::query(&format!(
             "SELECT {EVENT_COLUMNS}, content_hash FROM outboxd.events WHERE id = ANY($1)"
         ))
         .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(StoreError::from)?
+        .fetch_all(&mut **tx)
+        .await?
         {
-            let hash: Option<String> = row.try_get("content_hash").map_err(StoreError::from)?;
+            let hash: Option<String> = row.try_get("content_hash")?;
             let event = super::event_from_row(&row)?;
             stored.insert(event.event.id.clone(), (hash, event));
         }
+        Ok(IngestInputs {
+            stored,
+            last: last.into_iter().map(|(s, n)| (s, n as u64)).collect(),
+            unrouted,
+        })
+    }
 
-        let mut out = Vec::with_capacity(items.len());
-        let mut queued = false;
-        // The delivery keys queued, named in the NOTIFY so other processes
-        // wake only those loops; `everyone` when the router must run.
-        let mut woken: Vec<&String> = Vec::new();
-        let mut everyone = false;
-        // New events of this request, by id: (hash, item index, sequence).
-        let mut fresh: HashMap<&str, (String, usize, u64)> = HashMap::new();
+    /// Write what [`plan::plan_ingest`] planned: one statement for the
+    /// events, one for the deliveries and heads, one for the streams' last
+    /// sequences, and the wake-up naming the delivery keys queued (`*` when
+    /// the router must run).
+    async fn write_ingest(
+        tx: &mut Transaction<'_, Postgres>,
+        items: &[IngestItem],
+        plan: &IngestPlan,
+    ) -> Result<(), StoreError> {
         let mut rows = NewRows::default();
-        for (index, item) in items.iter().enumerate() {
-            let ev = &item.event;
-            let hash = ev.content_hash();
-            // The same id again: stored before, or earlier in this request.
-            let earlier = match (stored.get(&ev.id), fresh.get(ev.id.as_str())) {
-                (Some((stored_hash, s)), _) => Some((
-                    stored_hash.as_deref(),
-                    &s.event,
-                    s.event.stream.clone(),
-                    s.sequence,
-                )),
-                (None, Some((h, i, seq))) => {
-                    let first = &items[*i].event;
-                    Some((Some(h.as_str()), first, first.stream.clone(), *seq))
-                }
-                (None, None) => None,
-            };
-            if let Some((earlier_hash, earlier_event, stream, sequence)) = earlier {
-                match same_event(earlier_hash, earlier_event, ev, &hash) {
-                    Ok(()) => {
-                        out.push(Ingested {
-                            id: ev.id.clone(),
-                            stream,
-                            sequence,
-                            duplicate: true,
-                            deliveries_queued: 0,
-                        });
-                        continue;
-                    }
-                    Err(attributes) => {
-                        return Err(IngestError::Conflict {
-                            index,
-                            id: ev.id.clone(),
-                            attributes,
-                        })
-                    }
-                }
-            }
-            let prev = last.get(&ev.stream).copied().unwrap_or(0);
-            let sequence = super::next_sequence(index, ev, prev)?;
-            last.insert(ev.stream.clone(), sequence);
-            let routed = !unrouted.contains(&ev.stream);
-            rows.push_event(ev, sequence, hash.clone(), routed);
-            let deliveries_queued = if routed { item.sinks.len() as u64 } else { 0 };
-            if routed {
-                for sink in &item.sinks {
-                    rows.push_delivery(&ev.id, sink, &ev.stream, sequence);
-                    woken.push(sink);
-                }
-                queued |= !item.sinks.is_empty();
-            } else {
-                // The router creates its deliveries (and wakes the loops).
-                queued = true;
-                everyone = true;
-            }
-            fresh.insert(ev.id.as_str(), (hash, index, sequence));
-            out.push(Ingested {
-                id: ev.id.clone(),
-                stream: ev.stream.clone(),
-                sequence,
-                duplicate: false,
-                deliveries_queued,
-            });
+        let mut sequences = HashMap::new();
+        for row in &plan.events {
+            let ev = &items[row.index].event;
+            rows.push_event(ev, row.sequence, row.content_hash.clone(), row.routed);
+            sequences.insert(row.index, row.sequence);
         }
-        rows.insert(&mut tx).await.map_err(StoreError::from)?;
-        let changed: Vec<(String, i64)> = last
-            .iter()
-            .filter(|(s, n)| original.get(*s) != Some(n))
-            .map(|(s, n)| (s.clone(), *n as i64))
-            .collect();
-        if !changed.is_empty() {
-            let (names, values): (Vec<String>, Vec<i64>) = changed.into_iter().unzip();
+        for (index, key) in &plan.deliveries {
+            let ev = &items[*index].event;
+            rows.push_delivery(&ev.id, key, &ev.stream, sequences[index]);
+        }
+        rows.insert(tx).await?;
+        if !plan.last_sequences.is_empty() {
+            let (names, values): (Vec<&str>, Vec<i64>) = plan
+                .last_sequences
+                .iter()
+                .map(|(s, n)| (s.as_str(), *n as i64))
+                .unzip();
             sqlx::query(
                 "UPDATE outboxd.streams AS s SET last_sequence = v.n \
                  FROM unnest($1::text[], $2::bigint[]) AS v(stream, n) WHERE s.stream = v.stream",
             )
             .bind(&names)
             .bind(&values)
-            .execute(&mut *tx)
-            .await
-            .map_err(StoreError::from)?;
+            .execute(&mut **tx)
+            .await?;
         }
-        if queued {
-            let payload = if everyone {
+        if plan.queued() {
+            let payload = if plan.route_later {
                 "*".to_string()
             } else {
-                crate::wakeups::payload(woken.iter().map(|k| k.as_str()))
+                crate::wakeups::payload(plan.deliveries.iter().map(|(_, k)| k.as_str()))
             };
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(WAKE_CHANNEL)
                 .bind(payload)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from)?;
+                .execute(&mut **tx)
+                .await?;
         }
+        Ok(())
+    }
+
+    async fn ingest_once(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError> {
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        let inputs = Self::ingest_inputs(&mut tx, items).await?;
+        let plan = plan::plan_ingest(items, &inputs)?;
+        Self::write_ingest(&mut tx, items, &plan).await?;
         tx.commit().await.map_err(StoreError::from)?;
-        Ok((out, queued))
+        Ok(plan.answers)
+    }
+}
+
+/// A transaction on the pool, as the shared code runs it.
+struct PgTx(Transaction<'static, Postgres>);
+
+#[async_trait]
+impl SqlTx for PgTx {
+    async fn rows(&mut self, stmt: Stmt) -> Result<Rows, sqlx::Error> {
+        let query = shared_sql::bind_all(sqlx::query(&stmt.sql), stmt.args);
+        let rows = query.fetch_all(&mut *self.0).await?;
+        rows.iter()
+            .map(|row| shared_sql::decode(row, stmt.cols))
+            .collect()
+    }
+
+    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
+        self.0.commit().await
+    }
+}
+
+/// The PostgreSQL spelling of the shared templates ([`super::sql`]):
+/// delivery-table times are `timestamptz`, registry times Unix-ms bigints.
+static DIALECT: Dialect = Dialect {
+    name: "postgres",
+    schema: "outboxd.",
+    now_ms: "(extract(epoch FROM now()) * 1000)::bigint",
+    now: "now()",
+    question_marks: false,
+    greatest: "GREATEST",
+    time_as_ms: "(extract(epoch FROM {}) * 1000)::bigint",
+    ms_as_time: "to_timestamp({}::bigint / 1000.0)",
+    ms_ago: "(now() - {}::bigint * interval '1 millisecond')",
+    ms_ahead: "(now() + {}::bigint * interval '1 millisecond')",
+    // A probe must answer fast even under a huge backlog.
+    probe_timeout: Some("SET LOCAL statement_timeout = 2000"),
+    blocked_due: "'infinity'",
+    for_update: " FOR UPDATE",
+    lock_stream: Some("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE"),
+    no_migrations: "SELECT to_regclass('_sqlx_migrations') IS NULL",
+    notify: Some("SELECT pg_notify('outboxd_wake', $1)"),
+};
+
+#[async_trait]
+impl Sql for PgStore {
+    fn dialect(&self) -> &'static Dialect {
+        &DIALECT
+    }
+
+    fn migrator(&self) -> &'static sqlx::migrate::Migrator {
+        &MIGRATOR
+    }
+
+    async fn begin(&self) -> Result<Box<dyn SqlTx + '_>, sqlx::Error> {
+        Ok(Box::new(PgTx(self.pool.begin().await?)))
+    }
+
+    async fn begin_read(&self) -> Result<Box<dyn SqlTx + '_>, sqlx::Error> {
+        self.begin().await
     }
 }
 
 #[async_trait]
 impl Store for PgStore {
+    fn sql(&self) -> &dyn Sql {
+        self
+    }
+
+    async fn stored_event(&self, id: &str) -> Result<Option<StoredEvent>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| super::event_from_row(&row)).transpose()
+    }
+
     async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             match self.ingest_once(items).await {
-                Ok((out, _)) => return Ok(out),
+                Ok(out) => return Ok(out),
                 Err(e) if attempt < INGEST_ATTEMPTS && is_retryable(&e) => {
                     tracing::debug!(attempt, "ingest transaction lost a race, retrying: {e}");
                     continue;
@@ -487,48 +478,6 @@ impl Store for PgStore {
         }
     }
 
-    async fn event(
-        &self,
-        id: &str,
-    ) -> Result<Option<(StoredEvent, Vec<DeliveryInfo>)>, StoreError> {
-        let Some(row) = sqlx::query(&format!(
-            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?
-        else {
-            return Ok(None);
-        };
-        let event = super::event_from_row(&row)?;
-        let rows = sqlx::query(
-            "SELECT sink, attempts, last_error, \
-               CASE WHEN status = 'pending' AND lease_expires_at > now() THEN 'leased' \
-                    WHEN status = 'pending' AND attempts > 0 THEN 'retrying' \
-                    ELSE status END AS shown, \
-               CASE WHEN status = 'pending' THEN (extract(epoch FROM next_attempt_at) * 1000)::bigint END AS next_ms, \
-               (extract(epoch FROM finished_at) * 1000)::bigint AS finished_ms \
-             FROM outboxd.deliveries WHERE event_id = $1 ORDER BY sink",
-        )
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
-        let deliveries = rows
-            .iter()
-            .map(|row| {
-                Ok(DeliveryInfo {
-                    sink: row.try_get("sink")?,
-                    status: row.try_get("shown")?,
-                    attempts: row.try_get::<i32, _>("attempts")? as u32,
-                    last_error: row.try_get("last_error")?,
-                    next_attempt_at_ms: row.try_get("next_ms")?,
-                    finished_at_ms: row.try_get("finished_ms")?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        Ok(Some((event, deliveries)))
-    }
-
     async fn claim_after(
         &self,
         sink: &str,
@@ -536,77 +485,40 @@ impl Store for PgStore {
         lease: Duration,
         after: Option<&str>,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = PgTx(self.pool.begin().await?);
         let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
             .bind(sink)
             .bind(limit as i64)
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut *tx.0)
             .await?;
         if heads.is_empty() {
-            tx.commit().await?;
+            tx.0.commit().await?;
             return Ok(Vec::new());
         }
-        let mut streams: Vec<String> = heads.iter().map(|h| h.0.clone()).collect();
-        let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
-        let mut order: Vec<(String, i64)> = heads.clone();
-        // Contiguous runs behind the heads we now hold locked: the next live
-        // rows of each stream while each is due and not leased.
-        let room = (limit as usize).saturating_sub(ids.len());
-        if room > 0 {
-            let head_ids: Vec<i64> = ids.clone();
-            let followers: Vec<(i64, String, bool)> = sqlx::query_as(CLAIM_RUNS_SQL)
+        // Contiguous runs behind the heads we now hold locked.
+        let room = (limit as usize).saturating_sub(heads.len());
+        let followers: Vec<(i64, String, bool)> = if room > 0 {
+            let head_ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
+            sqlx::query_as(CLAIM_RUNS_SQL)
                 .bind(sink)
                 .bind(&head_ids)
                 .bind(room as i64)
-                .fetch_all(&mut *tx)
-                .await?;
-            let mut room = room;
-            let mut stopped: BTreeSet<String> = BTreeSet::new();
-            for (id, stream, eligible) in followers {
-                if room == 0 {
-                    break;
-                }
-                if stopped.contains(&stream) {
-                    continue;
-                }
-                if !eligible {
-                    stopped.insert(stream);
-                    continue;
-                }
-                ids.push(id);
-                order.push((stream, id));
-                room -= 1;
-            }
-        }
-        if let Some(after) = after {
-            let blocked: std::collections::HashSet<i64> = sqlx::query_scalar(
-                "SELECT d.id FROM outboxd.deliveries d JOIN outboxd.deliveries t \
-                   ON t.event_id = d.event_id AND t.sink = $2 \
-                 WHERE d.id = ANY($1) AND t.status <> 'delivered'",
-            )
-            .bind(&ids)
-            .bind(after)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
-            if !blocked.is_empty() {
-                let (kept, claimed_streams, held) = super::cut_runs(&order, &heads, &blocked);
-                sqlx::query(
-                    "UPDATE outboxd.heads SET due_at = now() + interval '1 second' \
-                     WHERE sink = $1 AND stream = ANY($2)",
-                )
-                .bind(sink)
-                .bind(&held)
-                .execute(&mut *tx)
-                .await?;
-                ids = kept;
-                streams = claimed_streams;
-                if ids.is_empty() {
-                    tx.commit().await?;
-                    return Ok(Vec::new());
-                }
-            }
+                .fetch_all(&mut *tx.0)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let order = plan::take_runs(&heads, followers, limit as usize);
+        let (ids, streams) = match after {
+            Some(after) => shared::apply_after(self, &mut tx, sink, after, &heads, &order).await?,
+            None => (
+                order.iter().map(|(_, id)| *id).collect(),
+                heads.iter().map(|(s, _)| s.clone()).collect::<Vec<_>>(),
+            ),
+        };
+        if ids.is_empty() {
+            tx.0.commit().await?;
+            return Ok(Vec::new());
         }
         let token = new_lease_token();
         let rows = sqlx::query(
@@ -620,7 +532,7 @@ impl Store for PgStore {
         .bind(&ids)
         .bind(&token)
         .bind(lease.as_millis() as i64)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *tx.0)
         .await?;
         sqlx::query(
             "UPDATE outboxd.heads SET due_at = now() + $3 * interval '1 millisecond' \
@@ -629,7 +541,7 @@ impl Store for PgStore {
         .bind(sink)
         .bind(&streams)
         .bind(lease.as_millis() as i64)
-        .execute(&mut *tx)
+        .execute(&mut *tx.0)
         .await?;
         let event_ids: Vec<String> = rows
             .iter()
@@ -640,17 +552,17 @@ impl Store for PgStore {
             "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = ANY($1)"
         ))
         .bind(&event_ids)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *tx.0)
         .await?
         {
             let ev = super::event_from_row(&row)?;
             events.insert(ev.event.id.clone(), ev);
         }
-        tx.commit().await?;
+        tx.0.commit().await?;
         let leased = rows
             .iter()
             .map(|row| {
-                Ok(super::LeasedRow {
+                Ok(plan::LeasedRow {
                     delivery_id: row.try_get("id")?,
                     event_id: row.try_get("event_id")?,
                     attempts: row.try_get::<i32, _>("attempts")? as u32,
@@ -659,15 +571,15 @@ impl Store for PgStore {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        super::assemble_claims(leased, &events, &token)
+        plan::assemble_claims(leased, &events, &token)
     }
 
     async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
         // One transaction (one commit, one fsync) and a fixed number of
         // statements for a whole batch, whatever its size.
-        let mut tx = self.pool.begin().await?;
-        let kept = finish_batch(&mut tx, items).await?;
-        tx.commit().await?;
+        let mut tx = PgTx(self.pool.begin().await?);
+        let kept = finish_batch(self, &mut tx, items).await?;
+        tx.0.commit().await?;
         Ok(kept)
     }
 
@@ -770,174 +682,6 @@ impl Store for PgStore {
         });
     }
 
-    async fn queue_stats(&self, cap: u64) -> Result<QueueStats, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        // A probe must answer fast even under a huge backlog.
-        sqlx::query("SET LOCAL statement_timeout = 2000")
-            .execute(&mut *tx)
-            .await?;
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT sink, st, COUNT(*) FROM ( \
-               SELECT sink, CASE WHEN status = 'dead' THEN 'dead' \
-                                 WHEN lease_expires_at > now() THEN 'leased' \
-                                 WHEN lease_expires_at IS NOT NULL THEN 'expired' \
-                                 WHEN attempts > 0 THEN 'retrying' ELSE 'pending' END AS st \
-               FROM outboxd.deliveries WHERE status IN ('pending', 'dead') LIMIT $1) AS q \
-             GROUP BY sink, st",
-        )
-        .bind(cap as i64)
-        .fetch_all(&mut *tx)
-        .await?;
-        let ages: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT sink, (extract(epoch FROM now() - MIN(due_at)) * 1000)::bigint FROM outboxd.heads \
-             WHERE due_at <= now() GROUP BY sink",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(super::fold_stats(rows, ages, cap))
-    }
-
-    async fn list_dead(
-        &self,
-        filter: &DeadFilter,
-        limit: u32,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        let mut q = QueryBuilder::<Postgres>::new(
-            "SELECT event_id, sink, stream, sequence, attempts::bigint, last_error, \
-             (extract(epoch FROM finished_at) * 1000)::bigint FROM outboxd.deliveries WHERE status = 'dead'",
-        );
-        push_dead_filter(&mut q, filter);
-        q.push(" ORDER BY finished_at DESC LIMIT ")
-            .push_bind(limit as i64);
-        let rows: Vec<super::DeadRow> = q.build_query_as().fetch_all(&self.pool).await?;
-        Ok(super::dead_letters(rows))
-    }
-
-    async fn replay_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let mut q = QueryBuilder::<Postgres>::new(
-            "UPDATE outboxd.deliveries SET status = 'pending', attempts = 0, first_attempt_at = NULL, \
-             next_attempt_at = now(), finished_at = NULL \
-             WHERE id IN (SELECT id FROM outboxd.deliveries WHERE status = 'dead'",
-        );
-        push_dead_filter(&mut q, filter);
-        q.push(" LIMIT ")
-            .push_bind(limit as i64)
-            .push(" FOR UPDATE) RETURNING id, sink, stream");
-        let rows: Vec<(i64, String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
-        let replayed: Vec<i64> = rows.iter().map(|r| r.0).collect();
-        let pairs: BTreeSet<(String, String)> = rows
-            .iter()
-            .map(|(_, sink, stream)| (stream.clone(), sink.clone()))
-            .collect();
-        let streams: BTreeSet<String> = pairs.iter().map(|(stream, _)| stream.clone()).collect();
-        lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
-        // The replayed letter may sit before its stream's current head.
-        for (stream, sink) in pairs {
-            sqlx::query(RESET_HEAD_UNLESS_BLOCKED_SQL)
-                .bind(&sink)
-                .bind(&stream)
-                .bind(&replayed)
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query("SELECT pg_notify($1, 'replay')")
-            .bind(WAKE_CHANNEL)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(rows.len() as u64)
-    }
-
-    async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let mut q = QueryBuilder::<Postgres>::new(
-            "DELETE FROM outboxd.deliveries WHERE id IN (SELECT id FROM outboxd.deliveries WHERE status = 'dead'",
-        );
-        push_dead_filter(&mut q, filter);
-        q.push(" LIMIT ")
-            .push_bind(limit as i64)
-            .push(" FOR UPDATE) RETURNING sink, stream, id");
-        let rows: Vec<(String, String, i64)> = q.build_query_as().fetch_all(&mut *tx).await?;
-        // A purged letter that blocked its stream (`on-dead = "block"`)
-        // still holds the head: the stream moves on to its next live
-        // delivery. Streams locked in ingest's order (see `finish_in`).
-        let mut by_stream: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
-        for (sink, stream, id) in &rows {
-            by_stream
-                .entry((stream.clone(), sink.clone()))
-                .or_default()
-                .push(*id);
-        }
-        let streams: BTreeSet<String> =
-            by_stream.keys().map(|(stream, _)| stream.clone()).collect();
-        lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
-        for ((stream, sink), ids) in by_stream {
-            let held = sqlx::query(
-                "DELETE FROM outboxd.heads WHERE sink = $1 AND stream = $2 AND delivery_id = ANY($3)",
-            )
-            .bind(&sink)
-            .bind(&stream)
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if held > 0 {
-                sqlx::query(RESET_HEAD_SQL)
-                    .bind(&sink)
-                    .bind(&stream)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        sqlx::query("SELECT pg_notify($1, 'purge')")
-            .bind(WAKE_CHANNEL)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(rows.len() as u64)
-    }
-
-    async fn set_paused(&self, sink: &str, paused: bool) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO outboxd.sink_state (sink, paused) VALUES ($1, $2) \
-             ON CONFLICT (sink) DO UPDATE SET paused = EXCLUDED.paused",
-        )
-        .bind(sink)
-        .bind(paused)
-        .execute(&self.pool)
-        .await?;
-        if !paused {
-            sqlx::query("SELECT pg_notify($1, 'resume')")
-                .bind(WAKE_CHANNEL)
-                .execute(&self.pool)
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn paused_sinks(&self) -> Result<Vec<String>, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT sink FROM outboxd.sink_state WHERE paused ORDER BY sink")
-                .fetch_all(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn purge_delivered(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        let result = sqlx::query(
-            "DELETE FROM outboxd.deliveries WHERE id IN (SELECT id FROM outboxd.deliveries \
-             WHERE status = 'delivered' AND finished_at < now() - $1 * interval '1 millisecond' \
-             ORDER BY finished_at LIMIT $2)",
-        )
-        .bind(older_than.as_millis() as i64)
-        .bind(limit as i64)
-        .execute(&self.pool)
-        .await?;
-        Ok(result.rows_affected())
-    }
-
     async fn backfill_page(
         &self,
         sink: &str,
@@ -946,7 +690,7 @@ impl Store for PgStore {
         page: u32,
         route: &RouteFn<'_>,
     ) -> Result<BackfillPage, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = PgTx(self.pool.begin().await?);
         let rows = sqlx::query(&format!(
             "SELECT seq_id, {EVENT_COLUMNS} FROM outboxd.events \
              WHERE seq_id > $1 AND ingested_at >= to_timestamp($2) AND routed ORDER BY seq_id LIMIT $3"
@@ -954,296 +698,28 @@ impl Store for PgStore {
         .bind(after)
         .bind(since_ms as f64 / 1000.0)
         .bind(page as i64)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *tx.0)
         .await?;
-        let mut out = BackfillPage {
+        let (routed, last) = super::backfill_rows(&rows, sink, route)?;
+        let created = shared::add_backfill(self, &mut tx, sink, &routed).await?;
+        tx.0.commit().await?;
+        Ok(BackfillPage {
             scanned: rows.len() as u64,
-            ..Default::default()
-        };
-        let mut routed = Vec::new();
-        for row in &rows {
-            out.next_after = Some(row.try_get("seq_id")?);
-            let stored = super::event_from_row(row)?;
-            if route(&stored.event).iter().any(|s| s == sink) {
-                routed.push(stored);
-            }
-        }
-        // Stream locks first, as ingest takes them, before adding deliveries
-        // and moving heads.
-        let touched: BTreeSet<String> = routed.iter().map(|e| e.event.stream.clone()).collect();
-        lock_streams(&mut tx, &touched.into_iter().collect::<Vec<_>>()).await?;
-        let mut streams = BTreeSet::new();
-        for stored in &routed {
-            let created = sqlx::query(
-                "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (event_id, sink) DO NOTHING",
-            )
-            .bind(&stored.event.id)
-            .bind(sink)
-            .bind(&stored.event.stream)
-            .bind(stored.sequence as i64)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if created > 0 {
-                out.created += created;
-                streams.insert(stored.event.stream.clone());
-            }
-        }
-        let none: Vec<i64> = Vec::new();
-        for stream in streams {
-            sqlx::query(RESET_HEAD_UNLESS_BLOCKED_SQL)
-                .bind(sink)
-                .bind(&stream)
-                .bind(&none)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if out.created > 0 {
-            sqlx::query("SELECT pg_notify($1, 'backfill')")
-                .bind(WAKE_CHANNEL)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        if rows.len() < page as usize {
-            out.next_after = None;
-        }
-        Ok(out)
-    }
-
-    async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
-        let applied: Vec<i64> = if self.is_uninitialised().await? {
-            Vec::new()
-        } else {
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&self.pool)
-                .await?
-        };
-        Ok(MIGRATOR
-            .iter()
-            .filter(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
-            .map(|m| format!("{}_{}", m.version, m.description.replace(' ', "_")))
-            .collect())
-    }
-
-    async fn is_uninitialised(&self) -> Result<bool, StoreError> {
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(!exists)
+            created,
+            // A short page is the last one.
+            next_after: last.filter(|_| rows.len() == page as usize),
+        })
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
         MIGRATOR.run(&self.pool).await?;
         Ok(())
     }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn source_checkpoint(&self, source: &str) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT checkpoint FROM outboxd.source_checkpoints WHERE source = $1",
-        )
-        .bind(source)
-        .fetch_optional(&self.pool)
-        .await?)
-    }
-
-    async fn save_source_checkpoint(
-        &self,
-        source: &str,
-        checkpoint: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO outboxd.source_checkpoints (source, checkpoint, updated_at) VALUES ($1, $2, now()) \
-             ON CONFLICT (source) DO UPDATE SET checkpoint = EXCLUDED.checkpoint, updated_at = EXCLUDED.updated_at",
-        )
-        .bind(source)
-        .bind(checkpoint)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn destinations(&self) -> Result<Vec<DestinationRow>, StoreError> {
-        let rows: Vec<(String, String, String, i64, i64)> = sqlx::query_as(
-            "SELECT name, sink, record, revision, updated_at FROM outboxd.destinations ORDER BY name",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(destination_row).collect())
-    }
-
-    async fn put_destination(
-        &self,
-        name: &str,
-        sink: &str,
-        record: &str,
-        mode: PutMode,
-    ) -> Result<Option<i64>, StoreError> {
-        let sql = match mode {
-            PutMode::Create => "INSERT INTO outboxd.destinations (name, sink, record, revision, updated_at) VALUES ($1, $2, $3, 1, (extract(epoch from now()) * 1000)::bigint) \
-                 ON CONFLICT (name) DO NOTHING RETURNING revision",
-            PutMode::Upsert => "INSERT INTO outboxd.destinations (name, sink, record, revision, updated_at) VALUES ($1, $2, $3, 1, (extract(epoch from now()) * 1000)::bigint) \
-                 ON CONFLICT (name) DO UPDATE SET sink = excluded.sink, record = excluded.record, \
-                 revision = outboxd.destinations.revision + 1, updated_at = excluded.updated_at RETURNING revision",
-            PutMode::Revision(_) => "UPDATE outboxd.destinations SET sink = $2, record = $3, revision = revision + 1, updated_at = (extract(epoch from now()) * 1000)::bigint \
-                 WHERE name = $1 AND revision = $4 RETURNING revision",
-        };
-        let mut query = sqlx::query_scalar(sql).bind(name).bind(sink).bind(record);
-        if let PutMode::Revision(r) = mode {
-            query = query.bind(r);
-        }
-        Ok(query.fetch_optional(&self.pool).await?)
-    }
-
-    async fn delete_destination(&self, name: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM outboxd.destination_health WHERE name = $1")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        let gone = sqlx::query("DELETE FROM outboxd.destinations WHERE name = $1")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        tx.commit().await?;
-        Ok(gone > 0)
-    }
-
-    async fn purge_target(&self, key: &str) -> Result<Purged, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM outboxd.heads WHERE sink = $1")
-            .bind(key)
-            .execute(&mut *tx)
-            .await?;
-        let dead =
-            sqlx::query("DELETE FROM outboxd.deliveries WHERE sink = $1 AND status = 'dead'")
-                .bind(key)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        let pending =
-            sqlx::query("DELETE FROM outboxd.deliveries WHERE sink = $1 AND status = 'pending'")
-                .bind(key)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        tx.commit().await?;
-        Ok(Purged { pending, dead })
-    }
-
-    async fn destination_health(&self) -> Result<Vec<(String, String)>, StoreError> {
-        Ok(
-            sqlx::query_as("SELECT name, health FROM outboxd.destination_health ORDER BY name")
-                .fetch_all(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn save_destination_health(&self, name: &str, health: &str) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO outboxd.destination_health (name, health, updated_at) VALUES ($1, $2, (extract(epoch from now()) * 1000)::bigint) \
-             ON CONFLICT (name) DO UPDATE SET health = excluded.health, updated_at = excluded.updated_at",
-        )
-        .bind(name)
-        .bind(health)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn register_sinks(&self, sinks: &[SinkIdentity]) -> Result<Vec<String>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let mut new = Vec::new();
-        for s in sinks {
-            let row: Option<String> = sqlx::query_scalar("INSERT INTO outboxd.sinks (name, version, component_sha, registered_at) VALUES ($1, $2, $3, (extract(epoch from now()) * 1000)::bigint) \
-                 ON CONFLICT (name) DO NOTHING RETURNING name")
-            .bind(&s.name)
-            .bind(&s.version)
-            .bind(&s.component_sha)
-            .fetch_optional(&mut *tx)
-            .await?;
-            new.extend(row);
-        }
-        tx.commit().await?;
-        Ok(new)
-    }
-
-    async fn registered_sinks(&self) -> Result<Vec<RegisteredSink>, StoreError> {
-        let rows: Vec<(String, String, String, i64, Option<i64>)> = sqlx::query_as(
-            "SELECT name, version, component_sha, registered_at, retired_at FROM outboxd.sinks ORDER BY name",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(registered_sink).collect())
-    }
-
-    async fn beat_replica(&self, replica: &str, sinks: &[SinkIdentity]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM outboxd.sink_replicas WHERE replica = $1 OR beat_at < (extract(epoch from now()) * 1000)::bigint - 3600000")
-        .bind(replica)
-        .execute(&mut *tx)
-        .await?;
-        for s in sinks {
-            sqlx::query("INSERT INTO outboxd.sink_replicas (replica, sink, version, component_sha, beat_at) VALUES ($1, $2, $3, $4, (extract(epoch from now()) * 1000)::bigint)")
-            .bind(replica)
-            .bind(&s.name)
-            .bind(&s.version)
-            .bind(&s.component_sha)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn sink_replicas(&self) -> Result<Vec<SinkReplica>, StoreError> {
-        let rows: Vec<(String, String, String, String, i64)> = sqlx::query_as("SELECT replica, sink, version, component_sha, (extract(epoch from now()) * 1000)::bigint - beat_at FROM outboxd.sink_replicas ORDER BY sink, replica")
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(sink_replica).collect())
-    }
-
-    async fn retire_sink(&self, name: &str) -> Result<bool, StoreError> {
-        Ok(sqlx::query("UPDATE outboxd.sinks SET retired_at = (extract(epoch from now()) * 1000)::bigint WHERE name = $1 AND retired_at IS NULL")
-        .bind(name)
-        .execute(&self.pool)
-        .await?
-        .rows_affected()
-            > 0)
-    }
-}
-
-fn push_dead_filter(q: &mut QueryBuilder<'_, Postgres>, f: &DeadFilter) {
-    if let Some(sink) = &f.sink {
-        q.push(" AND sink = ").push_bind(sink.clone());
-    }
-    if let Some(stream) = &f.stream {
-        q.push(" AND stream = ").push_bind(stream.clone());
-    }
-    if let Some(id) = &f.event_id {
-        q.push(" AND event_id = ").push_bind(id.clone());
-    }
-    if let Some(since) = f.since_ms {
-        q.push(" AND finished_at >= to_timestamp(")
-            .push_bind(since as f64 / 1000.0)
-            .push(")");
-    }
-    if let Some(until) = f.until_ms {
-        q.push(" AND finished_at < to_timestamp(")
-            .push_bind(until as f64 / 1000.0)
-            .push(")");
-    }
 }
 
 /// Fenced finishes of a batch inside `tx` (see [`Store::finish_many`]),
-/// set-based: at most nine statements whatever the batch size.
+/// as [`FinishPlan`] orders them, set-based: at most nine statements
+/// whatever the batch size.
 ///
 /// 1. Lock the streams whose head may move (delivered, dead), in ingest's
 ///    order (`COLLATE "C"`): a head moving must not interleave with an
@@ -1252,174 +728,152 @@ fn push_dead_filter(q: &mut QueryBuilder<'_, Postgres>, f: &DeadFilter) {
 ///    dropped: the new delivery stranded).
 /// 2. One fenced `UPDATE` per kind of outcome, matching (delivery, lease
 ///    token, pending); what it returns is what was kept.
-/// 3. Heads: a head on a delivered or moved-on dead delivery moves to its
-///    stream's first live delivery (possibly one of this batch now waiting
-///    to retry), or goes when there is none; a blocking dead letter becomes
-///    its stream's head, due never; a head waiting to retry, or released,
-///    takes its delivery's next attempt time.
+/// 3. Heads, as [`HeadChanges`] says.
 async fn finish_batch(
-    tx: &mut Transaction<'_, Postgres>,
+    store: &PgStore,
+    tx: &mut PgTx,
     items: &[(i64, &str, &Finish)],
 ) -> Result<Vec<bool>, StoreError> {
-    let mut kept = vec![false; items.len()];
-    let index: std::collections::HashMap<i64, usize> = items
-        .iter()
-        .enumerate()
-        .map(|(i, (id, _, _))| (*id, i))
-        .collect();
-
-    let moving: Vec<i64> = items
-        .iter()
-        .filter(|(_, _, f)| matches!(f, Finish::Delivered | Finish::Dead { .. }))
-        .map(|(id, _, _)| *id)
-        .collect();
-    if !moving.is_empty() {
+    let mut plan = FinishPlan::new(items);
+    if !plan.moving.is_empty() {
         sqlx::query(
             "SELECT 1 FROM outboxd.streams WHERE stream IN \
                (SELECT stream FROM outboxd.deliveries WHERE id = ANY($1)) \
              ORDER BY stream COLLATE \"C\" FOR UPDATE",
         )
-        .bind(&moving)
-        .execute(&mut **tx)
+        .bind(&plan.moving)
+        .execute(&mut *tx.0)
         .await?;
     }
-
-    // (delivery, sink, stream) of each kept outcome, by kind.
-    let mut moved: Vec<(i64, String, String)> = Vec::new();
-    let mut blocked: Vec<(i64, String, String)> = Vec::new();
-    let mut waiting: Vec<(i64, String, String)> = Vec::new();
-    let clear = "lease_token = NULL, lease_expires_at = NULL";
-    let fence = "d.id = f.id AND d.lease_token = f.token AND d.status = 'pending' \
-                 RETURNING d.id, d.sink, d.stream";
-
-    let (ids, tokens) = pick(items, |f| matches!(f, Finish::Delivered).then_some(()));
-    if !ids.is_empty() {
-        let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
-            "UPDATE outboxd.deliveries d SET status = 'delivered', finished_at = now(), last_error = NULL, {clear} \
-             FROM unnest($1::bigint[], $2::text[]) AS f(id, token) WHERE {fence}"
-        ))
-        .bind(&ids)
-        .bind(&tokens)
-        .fetch_all(&mut **tx)
-        .await?;
-        moved.extend(rows);
-    }
-
-    let (ids, tokens, extra) = pick_with(items, |f| match f {
-        Finish::Retry { delay, reason } => Some((delay.as_millis() as i64, reason.clone())),
-        _ => None,
-    });
-    if !ids.is_empty() {
-        let (delays, reasons): (Vec<i64>, Vec<String>) = extra.into_iter().unzip();
-        let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
-            "UPDATE outboxd.deliveries d SET next_attempt_at = now() + f.delay * interval '1 millisecond', \
-             last_error = f.reason, {clear} \
-             FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS f(id, token, delay, reason) \
-             WHERE {fence}"
-        ))
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(&delays)
-        .bind(&reasons)
-        .fetch_all(&mut **tx)
-        .await?;
-        waiting.extend(rows);
-    }
-
-    // A blocking dead letter must be its stream's first undelivered
-    // delivery (the delivered ones of this batch are already marked). When
-    // an earlier one is still pending or blocking (its lease was taken over
-    // after this batch was claimed, model/README.md `NO_BLOCK_HEAD_CHECK`),
-    // it is released to wait behind it instead.
-    let blocking_ids: Vec<i64> = items
+    let mut heads = HeadChanges::default();
+    let delivered = fenced(&plan.delivered);
+    heads.moved.extend(
+        fenced_update(
+            tx,
+            "status = 'delivered', finished_at = now(), last_error = NULL",
+            "",
+            delivered,
+            None,
+        )
+        .await?,
+    );
+    let (ids, delays_reasons): (Vec<_>, Vec<_>) = plan
+        .retry
         .iter()
-        .filter(|(_, _, f)| {
-            matches!(
-                f,
-                Finish::Dead {
-                    blocks_stream: true,
-                    ..
-                }
-            )
-        })
-        .map(|(id, _, _)| *id)
+        .map(|(f, delay, reason)| (*f, (*delay, reason.to_string())))
+        .unzip();
+    let (delays, reasons): (Vec<i64>, Vec<String>) = delays_reasons.into_iter().unzip();
+    heads.waiting.extend(
+        fenced_update(
+            tx,
+            "next_attempt_at = now() + f.delay * interval '1 millisecond', last_error = f.reason",
+            ", $3::bigint[], $4::text[]) AS f(id, token, delay, reason",
+            fenced(&ids),
+            Some((Extra::Ints(delays), reasons)),
+        )
+        .await?,
+    );
+    let behind = shared::behind_earlier(store, tx, &plan.blocking).await?;
+    plan.settle(items, &behind);
+    let (dead, reasons): (Vec<_>, Vec<String>) = plan
+        .dead
+        .iter()
+        .map(|(f, reason, _)| (*f, reason.to_string()))
+        .unzip();
+    let blocking: HashSet<i64> = plan
+        .dead
+        .iter()
+        .filter(|(_, _, blocks)| *blocks)
+        .map(|((id, _), _, _)| *id)
         .collect();
-    let mut rewritten: Vec<(i64, &str, &Finish)> = items.to_vec();
-    if !blocking_ids.is_empty() {
-        let behind: std::collections::HashSet<i64> = sqlx::query_scalar(BEHIND_EARLIER_SQL)
-            .bind(&blocking_ids)
-            .fetch_all(&mut **tx)
-            .await?
-            .into_iter()
-            .collect();
-        for item in rewritten.iter_mut() {
-            if behind.contains(&item.0) {
-                item.2 = &Finish::Release;
-            }
+    for row in fenced_update(
+        tx,
+        "status = 'dead', finished_at = now(), last_error = f.reason",
+        ", $3::text[]) AS f(id, token, reason",
+        fenced(&dead),
+        Some((Extra::None, reasons)),
+    )
+    .await?
+    {
+        if blocking.contains(&row.0) {
+            heads.blocked.push(row);
+        } else {
+            heads.moved.push(row);
         }
     }
-    let items = &rewritten[..];
+    heads.waiting.extend(
+        fenced_update(
+            tx,
+            "attempts = d.attempts - 1, \
+             first_attempt_at = CASE WHEN d.attempts <= 1 THEN NULL ELSE d.first_attempt_at END",
+            "",
+            fenced(&plan.release),
+            None,
+        )
+        .await?,
+    );
+    apply_heads(tx, &heads).await?;
+    Ok(heads.kept(items))
+}
 
-    let (ids, tokens, extra) = pick_with(items, |f| match f {
-        Finish::Dead {
-            reason,
-            blocks_stream,
-        } => Some((reason.clone(), *blocks_stream)),
-        _ => None,
-    });
-    if !ids.is_empty() {
-        let (reasons, blocks): (Vec<String>, Vec<bool>) = extra.into_iter().unzip();
-        let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
-            "UPDATE outboxd.deliveries d SET status = 'dead', finished_at = now(), last_error = f.reason, {clear} \
-             FROM unnest($1::bigint[], $2::text[], $3::text[]) AS f(id, token, reason) WHERE {fence}"
-        ))
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(&reasons)
-        .fetch_all(&mut **tx)
-        .await?;
-        let blocking: std::collections::HashSet<i64> = ids
-            .iter()
-            .zip(&blocks)
-            .filter(|(_, b)| **b)
-            .map(|(id, _)| *id)
-            .collect();
-        for row in rows {
-            if blocking.contains(&row.0) {
-                blocked.push(row);
-            } else {
-                moved.push(row);
-            }
-        }
+/// Ids and lease tokens as two arrays for `unnest`.
+fn fenced(items: &[plan::Fenced<'_>]) -> (Vec<i64>, Vec<String>) {
+    items
+        .iter()
+        .map(|(id, token)| (*id, token.to_string()))
+        .unzip()
+}
+
+/// A third `unnest` column of [`fenced_update`], before the reasons.
+enum Extra {
+    None,
+    Ints(Vec<i64>),
+}
+
+/// One fenced `UPDATE … SET {set}` over `(ids, tokens)` (and, with
+/// `extra`, more columns named by `columns`), kept only where the delivery
+/// still holds its token: the (delivery, key, stream) rows changed.
+async fn fenced_update(
+    tx: &mut PgTx,
+    set: &str,
+    columns: &str,
+    (ids, tokens): (Vec<i64>, Vec<String>),
+    extra: Option<(Extra, Vec<String>)>,
+) -> Result<Vec<KeptRow>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
     }
-
-    let (ids, tokens) = pick(items, |f| matches!(f, Finish::Release).then_some(()));
-    if !ids.is_empty() {
-        let rows: Vec<(i64, String, String)> = sqlx::query_as(&format!(
-            "UPDATE outboxd.deliveries d SET attempts = d.attempts - 1, \
-             first_attempt_at = CASE WHEN d.attempts <= 1 THEN NULL ELSE d.first_attempt_at END, {clear} \
-             FROM unnest($1::bigint[], $2::text[]) AS f(id, token) WHERE {fence}"
-        ))
-        .bind(&ids)
-        .bind(&tokens)
-        .fetch_all(&mut **tx)
-        .await?;
-        waiting.extend(rows);
+    let columns = if columns.is_empty() {
+        ") AS f(id, token".to_string()
+    } else {
+        columns.to_string()
+    };
+    let sql = format!(
+        "UPDATE outboxd.deliveries d SET {set}, lease_token = NULL, lease_expires_at = NULL \
+         FROM unnest($1::bigint[], $2::text[]{columns}) \
+         WHERE d.id = f.id AND d.lease_token = f.token AND d.status = 'pending' \
+         RETURNING d.id, d.sink, d.stream"
+    );
+    let mut q = sqlx::query_as::<_, KeptRow>(&sql).bind(ids).bind(tokens);
+    match extra {
+        Some((Extra::Ints(ints), texts)) => q = q.bind(ints).bind(texts),
+        Some((Extra::None, texts)) => q = q.bind(texts),
+        None => {}
     }
+    Ok(q.fetch_all(&mut *tx.0).await?)
+}
 
-    for (id, _, _) in moved.iter().chain(&blocked).chain(&waiting) {
-        if let Some(i) = index.get(id) {
-            kept[*i] = true;
-        }
-    }
-
-    if !moved.is_empty() {
-        let (ids, sinks, streams) = columns(&moved);
+/// Apply a batch's [`HeadChanges`], set-based: moved heads (to the first
+/// live delivery, or gone), then blocking dead letters (the head, due
+/// never), then waiting heads (their delivery's next attempt time).
+async fn apply_heads(tx: &mut PgTx, heads: &HeadChanges) -> Result<(), StoreError> {
+    if !heads.moved.is_empty() {
+        let (ids, sinks, streams) = columns(&heads.moved);
         sqlx::query(MOVE_HEADS_SQL)
             .bind(&ids)
             .bind(&sinks)
             .bind(&streams)
-            .execute(&mut **tx)
+            .execute(&mut *tx.0)
             .await?;
         // Heads still on a finished delivery had no live one behind them.
         sqlx::query(
@@ -1429,14 +883,11 @@ async fn finish_batch(
         .bind(&ids)
         .bind(&sinks)
         .bind(&streams)
-        .execute(&mut **tx)
+        .execute(&mut *tx.0)
         .await?;
     }
-    if !blocked.is_empty() {
-        // Everything before a blocking dead letter in this batch was
-        // delivered and everything after it released: it is the first
-        // undelivered delivery of its stream, so it becomes the head.
-        let (ids, sinks, streams) = columns(&blocked);
+    if !heads.blocked.is_empty() {
+        let (ids, sinks, streams) = columns(&heads.blocked);
         sqlx::query(
             "INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
              SELECT sink, stream, id, 'infinity' FROM unnest($1::bigint[], $2::text[], $3::text[]) AS b(id, sink, stream) \
@@ -1445,11 +896,11 @@ async fn finish_batch(
         .bind(&ids)
         .bind(&sinks)
         .bind(&streams)
-        .execute(&mut **tx)
+        .execute(&mut *tx.0)
         .await?;
     }
-    if !waiting.is_empty() {
-        let (ids, sinks, streams) = columns(&waiting);
+    if !heads.waiting.is_empty() {
+        let (ids, sinks, streams) = columns(&heads.waiting);
         sqlx::query(
             "UPDATE outboxd.heads h SET due_at = d.next_attempt_at \
              FROM unnest($1::bigint[], $2::text[], $3::text[]) AS w(id, sink, stream) \
@@ -1459,35 +910,10 @@ async fn finish_batch(
         .bind(&ids)
         .bind(&sinks)
         .bind(&streams)
-        .execute(&mut **tx)
+        .execute(&mut *tx.0)
         .await?;
     }
-    Ok(kept)
-}
-
-/// Ids and lease tokens of the items whose finish `want` picks.
-fn pick(
-    items: &[(i64, &str, &Finish)],
-    want: impl Fn(&Finish) -> Option<()>,
-) -> (Vec<i64>, Vec<String>) {
-    let (ids, tokens, _) = pick_with(items, want);
-    (ids, tokens)
-}
-
-/// Ids, lease tokens and what `want` extracts, of the items it picks.
-fn pick_with<T>(
-    items: &[(i64, &str, &Finish)],
-    want: impl Fn(&Finish) -> Option<T>,
-) -> (Vec<i64>, Vec<String>, Vec<T>) {
-    let mut out = (Vec::new(), Vec::new(), Vec::new());
-    for (id, token, finish) in items {
-        if let Some(extra) = want(finish) {
-            out.0.push(*id);
-            out.1.push(token.to_string());
-            out.2.push(extra);
-        }
-    }
-    out
+    Ok(())
 }
 
 /// (delivery, sink, stream) rows as three arrays for `unnest`.

@@ -1,0 +1,308 @@
+//! One delivery key's loop: takes the [`Target`] the key is served by,
+//! runs a [`super::turn`] whenever work may be due, and decides how long to
+//! sleep between turns — at once after a full batch; otherwise until the
+//! next due time, a wake-up from ingest, a swap of the target, or the
+//! maximum poll interval; longer while paused, quarantined or failing.
+//!
+//! Must never: hold a lease while sleeping (a rate-limited key takes its
+//! permits before it claims), or let a wake-up end a quarantine.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::quarantine::TrapCounter;
+use super::turn::{turn, TurnReport};
+use super::{stale_after, target, Shared, Target};
+use crate::metrics::PluginLabel;
+
+/// How long a paused sink's loop waits before looking again (and how
+/// long the pause read is reused: [`super::paused`]).
+pub(super) const PAUSE_RECHECK: Duration = Duration::from_secs(1);
+
+/// The first backoff after a failed turn; doubled per failure in a row, up
+/// to the poll interval (at least [`FAILURE_BACKOFF_CAP`]).
+const FAILURE_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The least cap on the failure backoff, whatever the poll interval.
+const FAILURE_BACKOFF_CAP: Duration = Duration::from_secs(5);
+
+/// Run the delivery loop of one delivery key — a sink, or one destination
+/// of a sink (`crate::destinations`) — until `shutdown` turns true or the
+/// sender of `current` is dropped. An in-flight batch is finished before
+/// the loop returns.
+///
+/// `current` holds the [`Target`] the key is served by (see
+/// `plugin::registry` and `crate::destinations`): each batch runs on the
+/// plugin version current when it starts. While it holds `None` the sink
+/// was removed: nothing is claimed, its deliveries wait (no busy loop, no
+/// dead letters), and the loop resumes when a version comes back. Metrics
+/// are labelled by the plugin's sink name, never by the key.
+pub async fn run_sink(
+    shared: Shared,
+    sink: String,
+    mut current: watch::Receiver<Option<Target>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let config = &shared.config;
+    let mut state = LoopState::new(sink.clone());
+    let key_wake = shared.wake.subscribe(&sink);
+    tracing::info!(sink = %sink, lease = ?config.lease, "delivery loop started");
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        state.refresh(&shared, &mut current);
+        let Some(target) = state.serving.clone() else {
+            // Removed: beat (the loop is alive and means to be idle) and
+            // wait for the plugin to come back.
+            shared.heartbeats.turn(&sink, true);
+            tokio::select! {
+                changed = current.changed() => {
+                    if changed.is_err() {
+                        break; // the registry is gone: no version will come
+                    }
+                    state.swapped = true;
+                }
+                _ = tokio::time::sleep(config.max_poll_interval) => {}
+                _ = shutdown.changed() => {}
+            }
+            continue;
+        };
+        if let Some(left) = state.quarantine_left() {
+            // Beat at least every poll interval, so a quarantine longer
+            // than the stale limit does not make /health fail.
+            shared.heartbeats.turn(&sink, true);
+            tokio::select! {
+                _ = tokio::time::sleep(left.min(config.max_poll_interval)) => {}
+                Ok(()) = current.changed() => state.swapped = true,
+                _ = shutdown.changed() => {}
+            }
+            continue;
+        }
+        // Register for wake-ups before looking, so an ingest between the
+        // look and the sleep is not missed.
+        let notified = shared.wake.all().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let notified_key = key_wake.notified();
+        tokio::pin!(notified_key);
+        notified_key.as_mut().enable();
+
+        // A sink paused by an operator holds every destination of it too.
+        let paused = shared
+            .paused
+            .any(
+                &*shared.store,
+                config.db_timeout,
+                &[&sink, target.plugin.name()],
+            )
+            .await;
+        let held = paused || target.hold.is_some();
+        let sleep = if held {
+            shared.heartbeats.turn(&sink, true);
+            PAUSE_RECHECK
+        } else {
+            state.run_turn(&shared, &target).await
+        };
+        if sleep.is_zero() {
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = &mut notified, if !held => {}
+            _ = &mut notified_key, if !held => {}
+            Ok(()) = current.changed() => state.swapped = true,
+            _ = shutdown.changed() => {}
+        }
+    }
+    tracing::info!(sink = %sink, "delivery loop stopped");
+}
+
+/// What one key's loop keeps from turn to turn.
+struct LoopState {
+    key: String,
+    /// Read at the first turn, and whenever the registry swaps it.
+    serving: Option<Target>,
+    traps: TrapCounter,
+    /// While set and in the future the key is quarantined: nothing is
+    /// claimed, ingest wake-ups do not end it, the loop still beats.
+    quarantined_until: Option<Instant>,
+    /// The next claim's size: halved after a batch that ran out of time or
+    /// memory, grown back after batches that get their outcomes.
+    batch_limit: u32,
+    /// Set when a wait saw `current` change (which marks it seen).
+    swapped: bool,
+}
+
+impl LoopState {
+    fn new(key: String) -> LoopState {
+        LoopState {
+            key,
+            serving: None,
+            traps: TrapCounter::default(),
+            quarantined_until: None,
+            batch_limit: u32::MAX,
+            swapped: true,
+        }
+    }
+
+    /// Take the target `current` holds when it changed (and at the first
+    /// turn): trap counts, quarantine and batch size start afresh.
+    fn refresh(&mut self, shared: &Shared, current: &mut watch::Receiver<Option<Target>>) {
+        if !(self.swapped || current.has_changed().unwrap_or(false)) {
+            return;
+        }
+        self.swapped = false;
+        self.serving = current.borrow_and_update().clone();
+        self.traps.reset(&shared.quarantines, &self.key);
+        self.quarantined_until = None;
+        self.batch_limit = u32::MAX;
+        if let Some(Target { plugin, .. }) = &self.serving {
+            shared.metrics.sink_started(plugin.name());
+            shared.heartbeats.register(
+                &self.key,
+                stale_after(&shared.config, plugin.manifest().limits.deadline),
+            );
+        }
+    }
+
+    /// The quarantine time left, when the key is quarantined.
+    fn quarantine_left(&self) -> Option<Duration> {
+        self.quarantined_until
+            .and_then(|t| t.checked_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero())
+    }
+
+    /// Claim, deliver and finish one batch of `target`, bounded by the
+    /// turn deadline; returns how long to sleep before the next turn (zero:
+    /// go again at once).
+    async fn run_turn(&mut self, shared: &Shared, target: &Target) -> Duration {
+        let config = &shared.config;
+        let limits = &target.plugin.manifest().limits;
+        let batch_size = target
+            .max_in_flight
+            .map_or(limits.max_batch, |cap| cap.min(limits.max_batch));
+        self.batch_limit = self.batch_limit.min(batch_size);
+        // A rate-limited key takes its permits before it claims, so it
+        // never holds a lease while it waits for one.
+        let limit = match target.rate.as_deref() {
+            None => self.batch_limit,
+            Some(rate) => match target::take_permits(rate, self.batch_limit) {
+                0 => {
+                    shared.heartbeats.turn(&self.key, true);
+                    rate.until_ready().await;
+                    1
+                }
+                n => n,
+            },
+        };
+        // A turn may take the plugin's deadline plus its database calls;
+        // past this it is abandoned (its leases then expire and others
+        // take over).
+        let turn_deadline = limits.deadline + config.db_timeout * 3;
+        let ran = tokio::time::timeout(
+            turn_deadline,
+            turn(shared, target, &self.key, limit, config.lease),
+        )
+        .await;
+        match ran {
+            Ok(Ok(report)) => self.after_turn(shared, target, batch_size, report).await,
+            Ok(Err(e)) => self.after_failure(shared, &e),
+            Err(_) => self.after_failure(
+                shared,
+                &format!("turn exceeded its deadline of {turn_deadline:?}; its leases will expire"),
+            ),
+        }
+    }
+
+    /// Learn from a turn that ran: beat, resize the batch, count a batch
+    /// that failed as a whole towards quarantine; the sleep before the next
+    /// turn.
+    async fn after_turn(
+        &mut self,
+        shared: &Shared,
+        target: &Target,
+        batch_size: u32,
+        report: TurnReport,
+    ) -> Duration {
+        let config = &shared.config;
+        let key = &self.key;
+        shared.heartbeats.turn(key, true);
+        if report.claimed > 0 {
+            shared
+                .heartbeats
+                .outcome(key, report.delivered, report.last_error.as_deref());
+        }
+        // A batch that runs out of time or memory loses every outcome in
+        // it, so the same batch from the same head would fail the same way
+        // again: halve the batch after either (down to one event, which
+        // then fails or succeeds on its own), grow it back after batches
+        // that get their outcomes. A batch cut to fit
+        // `limits.max-batch-bytes` sets the next claim's size.
+        if report.shrink {
+            self.batch_limit = (self.batch_limit / 2).max(1);
+            tracing::warn!(sink = %key, batch_limit = self.batch_limit, "batch ran out of time or memory; batch size halved");
+        } else if let Some(fitted) = report.fitted {
+            self.batch_limit = fitted.max(1);
+        } else if report.claimed > 0 && report.failure.is_none() {
+            self.batch_limit = self.batch_limit.saturating_mul(2).min(batch_size);
+        }
+        // Counted per batch attempted: a turn that claimed nothing (the
+        // usual turn after a failure, whose deliveries wait for their
+        // retry) changes nothing.
+        let quarantine = match (&report.failure, report.claimed) {
+            (_, 0) => None,
+            (Some(reason), _) => self.traps.failed(
+                &shared.quarantines,
+                key,
+                reason,
+                config.quarantine_after_traps,
+                config.quarantine_backoff,
+            ),
+            (None, _) => {
+                self.traps.answered(&shared.quarantines, key);
+                None
+            }
+        };
+        if let Some(backoff) = quarantine {
+            let plugin = target.plugin.name().to_string();
+            shared
+                .metrics
+                .plugin_quarantines
+                .get_or_create(&PluginLabel { plugin })
+                .inc();
+            tracing::error!(
+                sink = %key, pause = ?backoff,
+                "plugin quarantined after {} batches in a row failed as a whole; deliveries wait",
+                config.quarantine_after_traps.max(1)
+            );
+            self.quarantined_until = Some(Instant::now() + backoff);
+            return Duration::ZERO;
+        }
+        if report.claimed > 0 {
+            // More may be due at once: go again without sleeping.
+            return Duration::ZERO;
+        }
+        let next = tokio::time::timeout(config.db_timeout, shared.store.next_due_in(key)).await;
+        match next {
+            Ok(Ok(Some(wait))) => wait.min(config.max_poll_interval),
+            Ok(Ok(None)) => target.idle_poll.unwrap_or(config.max_poll_interval),
+            Ok(Err(e)) => {
+                tracing::warn!(sink = %key, "next due time: {e}");
+                config.max_poll_interval
+            }
+            Err(_) => config.max_poll_interval,
+        }
+    }
+
+    /// After a turn that failed (a database call, or its deadline): count
+    /// it and back off, doubling per failure in a row.
+    fn after_failure(&self, shared: &Shared, error: &str) -> Duration {
+        let failures = shared.heartbeats.turn(&self.key, false);
+        let cap = shared.config.max_poll_interval.max(FAILURE_BACKOFF_CAP);
+        let backoff = (FAILURE_BACKOFF * 2u32.saturating_pow(failures.min(10))).min(cap);
+        tracing::warn!(sink = %self.key, consecutive_failures = failures, "delivery turn failed: {error}");
+        backoff
+    }
+}

@@ -1,0 +1,405 @@
+//! One turn of a delivery key's loop: claim a batch, hand it to the
+//! sink's plugin, turn the answer into finishes by the retry policy, and
+//! record them fenced, in one transaction.
+//!
+//! Must never: mark delivered anything the sink did not acknowledge, or
+//! charge an attempt to an event that was not tried.
+
+use std::time::Duration;
+
+use super::{retry, Shared, Target};
+use crate::metrics::{SinkLabel, TrapLabel};
+use crate::plugin::bindings::{Event, Outcome};
+use crate::plugin::SinkFailure;
+use crate::store::{Claimed, Finish, Store};
+
+/// What one turn did.
+#[derive(Debug, Default)]
+pub(super) struct TurnReport {
+    /// Events handed to the plugin.
+    pub claimed: usize,
+    /// Why the batch failed as a whole (a trap, or `init` refusing), if it
+    /// did.
+    pub failure: Option<String>,
+    /// The batch ran out of its deadline or memory: halve the next one.
+    pub shrink: bool,
+    /// The claim was cut to this many events to fit the batch byte budget.
+    pub fitted: Option<u32>,
+    /// Events of the batch the target acknowledged.
+    pub delivered: usize,
+    /// The batch's first failure (a trap, or an event's retry or reject
+    /// reason), if any.
+    pub last_error: Option<String>,
+}
+
+/// One turn: claim, deliver, finish. `Err` when a database call failed
+/// or timed out (the batch's leases then expire and it is tried again).
+pub(super) async fn turn(
+    shared: &Shared,
+    target: &Target,
+    sink: &str,
+    batch_size: u32,
+    lease: Duration,
+) -> Result<TurnReport, String> {
+    let plugin = &target.plugin;
+    // Metrics are labelled by sink, so the label count stays bounded by the
+    // plugins loaded, however many destinations each serves.
+    let label = plugin.name();
+    let db_timeout = shared.config.db_timeout;
+    let claimed = tokio::time::timeout(
+        db_timeout,
+        shared
+            .store
+            .claim_after(sink, batch_size, lease, plugin.manifest().after.as_deref()),
+    )
+    .await
+    .map_err(|_| format!("claim timed out after {db_timeout:?}"))?
+    .map_err(|e| format!("claim: {e}"))?;
+    if claimed.is_empty() {
+        return Ok(TurnReport::default());
+    }
+    let (claimed, over_budget) = fit_bytes(claimed, plugin.manifest().limits.batch_bytes());
+    let fitted = (!over_budget.is_empty()).then_some(claimed.len() as u32);
+    if !over_budget.is_empty() {
+        release(shared, label, &over_budget).await?;
+    }
+    let batch: Vec<Event> = claimed.iter().map(to_wit_event).collect();
+    let started = std::time::Instant::now();
+    let outcomes = plugin.deliver(&batch).await;
+    shared
+        .metrics
+        .attempt_duration
+        .get_or_create(&SinkLabel {
+            sink: label.to_string(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    let decided = decide(shared, target, sink, &claimed, outcomes);
+    let mut finishes = decided.finishes;
+    hold_back_behind_failures(&claimed, &mut finishes);
+    // Every outcome of the batch in one transaction: one commit, not one
+    // per delivery (each commit is an fsync, docs/measurements.md).
+    let items: Vec<(i64, &str, &Finish)> = claimed
+        .iter()
+        .zip(&finishes)
+        .map(|(c, f)| (c.delivery_id, c.lease_token.as_str(), f))
+        .collect();
+    let kept = finish_with_retries(&*shared.store, &items, db_timeout).await?;
+    for ((c, finish), kept) in claimed.iter().zip(&finishes).zip(kept) {
+        record(shared, label, sink, c, finish, kept);
+    }
+    let delivered = finishes
+        .iter()
+        .filter(|f| matches!(f, Finish::Delivered))
+        .count();
+    let last_error = decided.failure.clone().or_else(|| {
+        finishes.iter().find_map(|f| match f {
+            Finish::Retry { reason, .. } | Finish::Dead { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+    });
+    if let Some(observer) = &target.observer {
+        observer.turn(delivered, claimed.len() - delivered, last_error.as_deref());
+    }
+    Ok(TurnReport {
+        delivered,
+        last_error,
+        claimed: claimed.len(),
+        failure: decided.failure,
+        shrink: decided.shrink,
+        fitted,
+    })
+}
+
+/// What a batch's plugin call decided.
+struct Decided {
+    /// One per claimed delivery, in order.
+    finishes: Vec<Finish>,
+    /// Why the batch failed as a whole, if it did.
+    failure: Option<String>,
+    /// It ran out of its deadline or memory.
+    shrink: bool,
+}
+
+/// Turn the plugin's answer into finishes by the sink's retry policy: its
+/// outcomes one by one, or — when the batch failed as a whole (a trap,
+/// `init` refusing) — a retry of every event.
+fn decide(
+    shared: &Shared,
+    target: &Target,
+    sink: &str,
+    claimed: &[Claimed],
+    outcomes: Result<Vec<Outcome>, SinkFailure>,
+) -> Decided {
+    let policy = &target.plugin.manifest().retry;
+    let outcomes = match outcomes {
+        Ok(outcomes) => outcomes,
+        Err(failure) => {
+            log_failure(sink, &failure, claimed.len());
+            let mut shrink = false;
+            if let SinkFailure::Trap { kind, .. } = &failure {
+                shrink = failure.is_deadline() || failure.is_out_of_memory();
+                shared
+                    .metrics
+                    .plugin_traps
+                    .get_or_create(&TrapLabel {
+                        plugin: target.plugin.name().to_string(),
+                        kind: kind.clone(),
+                    })
+                    .inc();
+            }
+            let reason = failure.to_string();
+            return Decided {
+                finishes: claimed
+                    .iter()
+                    .map(|c| retry::after_failure(policy, c, &reason, None))
+                    .collect(),
+                failure: Some(reason),
+                shrink,
+            };
+        }
+    };
+    let finishes = claimed
+        .iter()
+        .zip(outcomes)
+        .map(|(c, outcome)| match outcome {
+            Outcome::Delivered => Finish::Delivered,
+            Outcome::Retry(info) => retry::after_failure(
+                policy,
+                c,
+                &info.reason,
+                info.after_ms.map(Duration::from_millis),
+            ),
+            Outcome::Reject(reason) => retry::dead(policy, format!("rejected: {reason}")),
+        })
+        .collect();
+    Decided {
+        finishes,
+        failure: None,
+        shrink: false,
+    }
+}
+
+/// Behind the first event of a stream that was not delivered, the rest of
+/// that stream in this batch was not tried (the sink contract) and must
+/// wait for it: give those leases back without charging an attempt. A
+/// `delivered` the sink reported is kept: it did reach the target.
+fn hold_back_behind_failures(claimed: &[Claimed], finishes: &mut [Finish]) {
+    let mut blocked: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for (c, finish) in claimed.iter().zip(finishes.iter_mut()) {
+        let stream = c.event.event.stream.as_str();
+        if blocked.contains(stream) {
+            if !matches!(finish, Finish::Delivered) {
+                *finish = Finish::Release;
+            }
+        } else if !matches!(finish, Finish::Delivered) {
+            blocked.insert(stream);
+        }
+    }
+}
+
+/// Count and log one recorded finish (`kept`: the lease still held).
+fn record(shared: &Shared, label: &str, sink: &str, c: &Claimed, finish: &Finish, kept: bool) {
+    let metrics = &shared.metrics;
+    let ev = &c.event.event;
+    if !kept {
+        metrics.delivery(label, "lease_lost");
+        tracing::warn!(
+            event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
+            "lease lost before the outcome was recorded; outcome dropped"
+        );
+        return;
+    }
+    metrics.delivery(
+        label,
+        match finish {
+            Finish::Delivered => "delivered",
+            Finish::Retry { .. } => "retry",
+            Finish::Dead { .. } => "dead",
+            Finish::Release => "released",
+        },
+    );
+    match finish {
+        Finish::Delivered => {
+            let now_ms = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+            let latency = (now_ms as i64 - c.event.ingested_at_ms).max(0) as f64 / 1000.0;
+            metrics
+                .delivery_latency
+                .get_or_create(&SinkLabel {
+                    sink: label.to_string(),
+                })
+                .observe(latency);
+            tracing::debug!(event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts, "delivered")
+        }
+        Finish::Retry { delay, reason } => tracing::info!(
+            event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
+            retry_in = ?delay, "delivery failed, will retry: {reason}"
+        ),
+        Finish::Dead {
+            reason,
+            blocks_stream,
+        } => tracing::warn!(
+            event_id = %ev.id, stream = %ev.stream, sink, attempt = c.attempts,
+            blocks_stream,
+            "delivery dead-lettered: {reason}"
+        ),
+        Finish::Release => tracing::debug!(
+            event_id = %ev.id, stream = %ev.stream, sink, "not tried: an earlier event of its stream failed"
+        ),
+    }
+}
+
+/// Delays between the attempts of a batch's finish that failed (a
+/// database restart closes every connection; the pool reconnects on the
+/// next use). The leases are still ours, and every attempt is fenced on
+/// them, so a retried finish changes nothing a worker that took over did;
+/// without it the outcomes of the batch wait for lease expiry
+/// (`delivery.lease`) and are delivered again.
+const FINISH_RETRY_DELAYS: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_millis(500),
+    Duration::from_millis(1000),
+];
+
+/// [`Store::finish_many`], tried again after [`FINISH_RETRY_DELAYS`] when
+/// it fails; each attempt bounded by `db_timeout`.
+async fn finish_with_retries(
+    store: &dyn Store,
+    items: &[(i64, &str, &Finish)],
+    db_timeout: Duration,
+) -> Result<Vec<bool>, String> {
+    let mut delays = FINISH_RETRY_DELAYS.iter();
+    loop {
+        let error = match tokio::time::timeout(db_timeout, store.finish_many(items)).await {
+            Ok(Ok(kept)) => return Ok(kept),
+            Ok(Err(e)) => format!("finish: {e}"),
+            Err(_) => format!("finish timed out after {db_timeout:?}"),
+        };
+        match delays.next() {
+            Some(delay) => {
+                tracing::info!("{error}; trying again in {delay:?}");
+                tokio::time::sleep(*delay).await;
+            }
+            None => return Err(error),
+        }
+    }
+}
+
+/// Split a claim into the batch to deliver — as many events as fit in
+/// `budget` bytes of data, taking every stream's head before any stream's
+/// second event, and never an event whose predecessor in its stream was
+/// left out; at least one — and the rest, to be released.
+fn fit_bytes(claimed: Vec<Claimed>, budget: u64) -> (Vec<Claimed>, Vec<Claimed>) {
+    let total: u64 = claimed
+        .iter()
+        .map(|c| c.event.event.data.len() as u64)
+        .sum();
+    if total <= budget || claimed.len() <= 1 {
+        return (claimed, Vec::new());
+    }
+    // Rank of each event within its stream (0 = head); `claimed` is in
+    // stream, then sequence order.
+    let mut rank = vec![0usize; claimed.len()];
+    for i in 1..claimed.len() {
+        if claimed[i].event.event.stream == claimed[i - 1].event.event.stream {
+            rank[i] = rank[i - 1] + 1;
+        }
+    }
+    let mut order: Vec<usize> = (0..claimed.len()).collect();
+    order.sort_by_key(|&i| (rank[i], i));
+    let mut keep = vec![false; claimed.len()];
+    let mut stopped = std::collections::HashSet::new();
+    let mut used = 0u64;
+    let mut kept = 0usize;
+    for i in order {
+        let stream = claimed[i].event.event.stream.as_str();
+        if stopped.contains(stream) {
+            continue;
+        }
+        let size = claimed[i].event.event.data.len() as u64;
+        if kept > 0 && used + size > budget {
+            stopped.insert(stream);
+            continue;
+        }
+        used += size;
+        kept += 1;
+        keep[i] = true;
+    }
+    let (mut batch, mut rest) = (Vec::new(), Vec::new());
+    for (c, k) in claimed.into_iter().zip(keep) {
+        if k {
+            batch.push(c);
+        } else {
+            rest.push(c);
+        }
+    }
+    (batch, rest)
+}
+
+/// Give back the leases of claimed deliveries not handed to the plugin,
+/// without charging an attempt.
+/// Give `claimed` back untried; counted under sink `label`.
+async fn release(shared: &Shared, label: &str, claimed: &[Claimed]) -> Result<(), String> {
+    let db_timeout = shared.config.db_timeout;
+    let items: Vec<(i64, &str, &Finish)> = claimed
+        .iter()
+        .map(|c| (c.delivery_id, c.lease_token.as_str(), &Finish::Release))
+        .collect();
+    tokio::time::timeout(db_timeout, shared.store.finish_many(&items))
+        .await
+        .map_err(|_| format!("release timed out after {db_timeout:?}"))?
+        .map_err(|e| format!("release: {e}"))?;
+    for _ in claimed {
+        shared.metrics.delivery(label, "released");
+    }
+    Ok(())
+}
+
+fn log_failure(sink: &str, failure: &SinkFailure, events: usize) {
+    match failure {
+        SinkFailure::Trap { kind, detail } => {
+            tracing::warn!(
+                sink,
+                events,
+                "plugin trap ({kind}); batch will be retried: {detail}"
+            )
+        }
+        SinkFailure::Init(reason) => tracing::warn!(sink, events, "plugin init refused: {reason}"),
+    }
+}
+
+fn rfc3339_ms(ms: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// The WIT view of a claimed delivery.
+fn to_wit_event(c: &Claimed) -> Event {
+    let ev = &c.event.event;
+    let ingested_at = rfc3339_ms(c.event.ingested_at_ms);
+    Event {
+        id: ev.id.clone(),
+        source: ev.source.clone(),
+        type_: ev.ty.clone(),
+        subject: ev.subject.clone(),
+        stream: ev.stream.clone(),
+        sequence: c.event.sequence,
+        time: ev.time.clone().unwrap_or_else(|| ingested_at.clone()),
+        // JSON-format events without `datacontenttype` carry JSON
+        // (CloudEvents JSON format §3.1); say so to the sink.
+        datacontenttype: ev.datacontenttype.clone().or_else(|| {
+            (ev.data_format == crate::event::DataFormat::Json)
+                .then(|| "application/json".to_string())
+        }),
+        dataschema: ev.dataschema.clone(),
+        data: ev.data.clone(),
+        extensions: ev
+            .extensions
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        attempt: c.attempts,
+        ingested_at,
+    }
+}
