@@ -303,23 +303,22 @@ both_stores!(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn routes_pick_sinks_and_an_unmatched_event_is_stored_without_deliveries() {
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
-    let d = TestDaemon::start_with(plugins.path(), |c| {
-        c.routes = Some(vec![Route {
-            types: vec!["com.github.*".into()],
-            streams: vec!["*".into()],
-            sinks: vec!["webhook".into()],
-        }]);
-    })
-    .await;
+    // The receiver lives to the end of the test, as the sink's target.
+    let Harness {
+        daemon: d,
+        hooks: _hooks,
+        ..
+    } = Harness::new()
+        .webhook("webhook", "")
+        .config(|c| {
+            c.routes = Some(vec![Route {
+                types: vec!["com.github.*".into()],
+                streams: vec!["*".into()],
+                sinks: vec!["webhook".into()],
+            }]);
+        })
+        .start()
+        .await;
     let ce = "application/cloudevents+json";
     d.post(
         ce,

@@ -182,11 +182,14 @@ async fn a_replaced_plugin_takes_over_under_load_losing_and_duplicating_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
     init_logs();
-    let receiver = Receiver::start().await;
-    let secret = new_secret();
-    let plugins = PluginsDir::new();
-    plugins.add_webhook("hook", &receiver.url(), &[receiver.origin()], &secret, "");
-    let d = TestDaemon::start(plugins.path()).await;
+    let Harness {
+        daemon: d,
+        plugins,
+        mut hooks,
+    } = Harness::new().webhook("hook", "").start().await;
+    let Hook {
+        receiver, secret, ..
+    } = hooks.remove(0);
     post_events(&d, "before", 5, 1, 5).await;
     assert!(eventually(RELOAD, || receiver.count() == 5).await);
 
@@ -275,19 +278,23 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_removed_plugin_parks_its_deliveries_until_it_returns() {
     init_logs();
-    let receiver = Receiver::start().await;
-    let secret = new_secret();
-    let plugins = PluginsDir::new();
-    plugins.add_webhook("hook", &receiver.url(), &[receiver.origin()], &secret, "");
-    let d = TestDaemon::start_with(plugins.path(), |c| {
-        // Routes name the sink, so events keep routing to it while removed.
-        c.routes = Some(vec![outboxd::config::Route {
-            types: vec!["*".into()],
-            streams: vec!["*".into()],
-            sinks: vec!["hook".into()],
-        }]);
-    })
-    .await;
+    let Harness {
+        daemon: d,
+        plugins,
+        mut hooks,
+    } = Harness::new()
+        .webhook("hook", "")
+        .config(|c| {
+            // Routes name the sink, so events keep routing to it while removed.
+            c.routes = Some(vec![outboxd::config::Route {
+                types: vec!["*".into()],
+                streams: vec!["*".into()],
+                sinks: vec!["hook".into()],
+            }]);
+        })
+        .start()
+        .await;
+    let Hook { receiver, .. } = hooks.remove(0);
 
     let manifest = std::fs::read(plugins.path().join("hook.toml")).unwrap();
     std::fs::remove_file(plugins.path().join("hook.toml")).unwrap();

@@ -27,7 +27,12 @@ pub enum ConfigError {
     Invalid(String),
     /// A value is well-formed but not allowed.
     #[error("configuration key `{key}`: {problem}")]
-    Value { key: String, problem: String },
+    Value {
+        /// The key, as written in the file (`delivery.lease`).
+        key: String,
+        /// What is wrong with its value.
+        problem: String,
+    },
 }
 
 /// The effective configuration of `outboxd run`.

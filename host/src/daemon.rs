@@ -27,17 +27,24 @@ use crate::store::{self, Store, StoreError};
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
+    /// The store could not be opened or migrated.
     Store(#[from] StoreError),
     #[error("{0}")]
+    /// A route names a sink no plugin provides.
     Routes(#[from] crate::ingest::routes::UnknownSink),
     #[error("cannot listen on {addr}: {source}")]
+    /// The HTTP listener could not bind.
     Listen {
+        /// The address asked for.
         addr: SocketAddr,
+        /// Why it could not.
         source: std::io::Error,
     },
     #[error("WebAssembly runtime: {0}")]
+    /// The WebAssembly engine could not start.
     Runtime(String),
     #[error("{0}")]
+    /// A setting the loaded plugins cannot work with (what to change).
     Config(String),
 }
 
@@ -70,7 +77,7 @@ impl Daemon {
     /// Start everything; returns once the listener is bound.
     pub async fn start(config: Config, migrations: Migrations) -> Result<Daemon, StartError> {
         let url = config.effective_database_url();
-        let store = open_store(&url, migrations).await?;
+        let store = open_store(&url, config.delivery.db_timeout, migrations).await?;
         let runtime = Runtime::new()
             .map_err(|e| StartError::Runtime(format!("{e:#}")))?
             .with_cache(config.data_dir.join("cache"));
@@ -237,11 +244,16 @@ pub fn admit_lease(plugin: &Plugin, lease: std::time::Duration) -> Result<(), St
     Ok(())
 }
 
-/// Open the store at `url` and bring its schema up to date as
+/// Open the store at `url` (PostgreSQL statements limited to
+/// `statement_timeout`) and bring its schema up to date as
 /// `migrations` allows. Errors: the database cannot be opened, or
 /// migrations are pending and may not be applied (named).
-async fn open_store(url: &str, migrations: Migrations) -> Result<Arc<dyn Store>, StartError> {
-    let store = store::open(url).await?;
+async fn open_store(
+    url: &str,
+    statement_timeout: std::time::Duration,
+    migrations: Migrations,
+) -> Result<Arc<dyn Store>, StartError> {
+    let store = store::open_with(url, statement_timeout).await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
         if migrations == Migrations::Apply || store.is_uninitialised().await? {

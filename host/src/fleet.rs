@@ -38,8 +38,11 @@ pub const BEAT_EVERY: Duration = Duration::from_secs(2);
 /// One sink as the fleet sees it.
 #[derive(Debug, Clone, Serialize)]
 pub struct FleetSink {
+    /// The sink's name.
     pub name: String,
+    /// In the store's registry.
     pub registered: bool,
+    /// Retired: no longer routed to.
     pub retired: bool,
     /// This replica has it loaded.
     pub served_here: bool,
@@ -57,6 +60,7 @@ pub struct FleetSink {
 pub struct FleetStatus {
     /// This replica's id.
     pub replica: String,
+    /// Every sink known to the fleet, by name.
     pub sinks: Vec<FleetSink>,
     /// The last read failed with this.
     #[serde(skip_serializing_if = "Option::is_none")]

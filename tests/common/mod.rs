@@ -5,6 +5,9 @@
 #![allow(dead_code)]
 
 pub mod couchdb;
+pub mod harness;
+#[allow(unused_imports)] // used by the tests built on the harness
+pub use harness::{Harness, Hook};
 pub mod private_pg;
 #[allow(unused_imports)] // used by the tests that stop their server
 pub use private_pg::PrivatePostgres;

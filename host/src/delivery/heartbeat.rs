@@ -22,9 +22,13 @@ pub const FAILING_AFTER: u32 = 3;
 /// One loop's beat.
 #[derive(Debug, Clone, Copy)]
 pub struct Beat {
+    /// When the loop was registered.
     pub started: Instant,
+    /// When it last finished a turn.
     pub last_turn: Option<Instant>,
+    /// When a turn last succeeded.
     pub last_success: Option<Instant>,
+    /// Turns failed in a row.
     pub consecutive_failures: u32,
     /// A turn longer than this (since the last beat) means the loop is stuck.
     pub stale_after: Duration,
@@ -59,7 +63,9 @@ pub struct Heartbeats {
 /// A sink whose batches deliver nothing: since when, and the last reason.
 #[derive(Debug, Clone)]
 pub struct Failing {
+    /// Since when.
     pub since: Instant,
+    /// Why.
     pub reason: String,
 }
 

@@ -50,12 +50,16 @@ pub fn minimum_lease(deadline: Duration) -> Duration {
 /// What every sink loop shares.
 #[derive(Clone)]
 pub struct Shared {
+    /// The durable store.
     pub store: Arc<dyn Store>,
+    /// The `[delivery]` settings.
     pub config: DeliveryConfig,
     /// Woken on ingest, per delivery key (and by LISTEN/NOTIFY from other
     /// processes).
     pub wake: Arc<crate::wakeups::Wakeups>,
+    /// Each loop's liveness, for `/health` and `/ready`.
     pub heartbeats: Arc<Heartbeats>,
+    /// The Prometheus registry.
     pub metrics: Arc<Metrics>,
     /// Which sinks are quarantined (shown by `/ready` and the admin API).
     pub quarantines: Arc<Quarantines>,

@@ -31,10 +31,15 @@ use crate::store::{Purged, PutMode, Store, StoreError};
 /// What the actions work on.
 #[derive(Clone)]
 pub struct Context {
+    /// The durable store.
     pub store: Arc<dyn Store>,
+    /// The destinations as loaded.
     pub live: Arc<Live>,
+    /// The loaded plugins (config is checked against them).
     pub plugins: Arc<Registry>,
+    /// The routing table.
     pub routes: Arc<Router>,
+    /// Wake-ups of the delivery loops.
     pub wake: Arc<crate::wakeups::Wakeups>,
 }
 
@@ -43,7 +48,12 @@ pub struct Context {
 pub enum ActionError {
     /// Bad input (HTTP 400), naming the field.
     #[error("{field}: {message}")]
-    Invalid { field: String, message: String },
+    Invalid {
+        /// The field, as in the request (`config.url`).
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// `POST` of a name that exists (HTTP 409).
     #[error("destination {0:?} already exists (PUT replaces it)")]
     Exists(String),
@@ -84,6 +94,7 @@ pub struct Spec {
     /// The plugin (manifest `name`) that serves it.
     pub sink: String,
     #[serde(default)]
+    /// Configuration merged over the manifest's `[config]`.
     pub config: BTreeMap<String, String>,
     /// The signing secret, given to the plugin as config `secret`. Omitted
     /// on create: a Standard Webhooks `whsec_…` secret is generated and
@@ -92,12 +103,16 @@ pub struct Spec {
     #[serde(default)]
     pub secret: Option<String>,
     #[serde(default)]
+    /// Which events it takes.
     pub filter: Filter,
     #[serde(default)]
+    /// A retry policy within the manifest's bounds.
     pub retry: Option<RetryOverride>,
     #[serde(default)]
+    /// Deliveries per second at most (a token bucket).
     pub rate_per_second: Option<u32>,
     #[serde(default)]
+    /// Events in flight at most (the claim's size).
     pub max_in_flight: Option<u32>,
     /// `active` or `paused`. Omitted: `active` for a new destination, the
     /// stored state (paused or disabled, with its reason) otherwise.
@@ -116,10 +131,12 @@ pub struct Spec {
 /// The answer of a create or put.
 #[derive(Debug, Serialize)]
 pub struct Written {
+    /// True when it did not exist before.
     pub created: bool,
     /// False when a `PUT` found the same destination stored (nothing
     /// written).
     pub changed: bool,
+    /// The destination as the API shows it (no secret).
     pub destination: Value,
     /// The secret, in the answer that generated it only.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -27,11 +27,14 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// What a destination's loop last saw. Times are Unix ms.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
+    /// When it was last tried, Unix ms.
     pub last_attempt_at_ms: Option<i64>,
     /// `delivered` (at least one event of the last batch delivered) or
     /// `failed`.
     pub last_status: Option<String>,
+    /// Why its last attempt failed.
     pub last_error: Option<String>,
+    /// When it last delivered, Unix ms.
     pub last_success_at_ms: Option<i64>,
     /// Since when every attempt failed; `None` after a success.
     pub failing_since_ms: Option<i64>,

@@ -122,7 +122,9 @@ impl Live {
 /// What [`serve_sink`] needs.
 #[derive(Clone)]
 pub struct ServeContext {
+    /// What every delivery loop shares.
     pub shared: Shared,
+    /// The destinations as loaded.
     pub live: Arc<Live>,
     /// `destinations.disable-after`.
     pub disable_after: Duration,
@@ -130,6 +132,7 @@ pub struct ServeContext {
     pub idle_poll: Duration,
     /// Where the loops' handles go (awaited at shutdown).
     pub spawned: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Turns true on shutdown.
     pub shutdown: watch::Receiver<bool>,
 }
 

@@ -187,8 +187,10 @@ pub struct Destination {
     #[serde(default)]
     pub config: BTreeMap<String, String>,
     #[serde(default)]
+    /// Which events it takes (types, streams, `where`).
     pub filter: Filter,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A retry policy within the manifest's bounds.
     pub retry: Option<RetryOverride>,
     /// Events per second handed to the plugin, at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -197,6 +199,7 @@ pub struct Destination {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
     #[serde(default)]
+    /// Active, paused by an operator, or disabled after failing.
     pub state: State,
     /// Why it is paused or disabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,6 +213,7 @@ pub struct Destination {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Until when (Unix ms) the previous secret still signs too.
     pub previous_until_ms: Option<i64>,
     /// Unix ms.
     #[serde(default)]

@@ -51,6 +51,7 @@ pub struct Platform {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Request {
+    /// The platforms and their subscriptions.
     pub platforms: Vec<Platform>,
     /// The sink serving the destinations. Default `webhook`.
     #[serde(default = "default_sink")]
@@ -74,9 +75,13 @@ fn default_sink() -> String {
 /// What a sync did, by destination name.
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
+    /// Destinations created.
     pub created: Vec<String>,
+    /// Destinations updated.
     pub updated: Vec<String>,
+    /// Destinations already as the file says.
     pub unchanged: Vec<String>,
+    /// Destinations paused (vanished from the file; deliveries kept).
     pub paused: Vec<String>,
 }
 

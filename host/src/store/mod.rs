@@ -34,6 +34,7 @@ use crate::event::NewEvent;
 /// An event with its routing decision, ready to be stored.
 #[derive(Debug, Clone)]
 pub struct IngestItem {
+    /// The event, checked.
     pub event: NewEvent,
     /// Sinks that get a delivery (may be empty: stored, not delivered).
     pub sinks: Vec<String>,
@@ -42,8 +43,11 @@ pub struct IngestItem {
 /// The answer for one ingested event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Ingested {
+    /// The event's id.
     pub id: String,
+    /// Its stream.
     pub stream: String,
+    /// Its position in the stream.
     pub sequence: u64,
     /// True when an event with this id and the same content was already
     /// stored; `sequence` is then the original one and nothing was queued.
@@ -63,17 +67,25 @@ pub enum IngestError {
     /// Same id, different content (HTTP 409).
     #[error("event [{index}] id {id:?} was already stored with different {}", attributes.join(", "))]
     Conflict {
+        /// Position of the event in its request, from 0.
         index: usize,
+        /// The event's id.
         id: String,
+        /// The attributes that differ from the stored event.
         attributes: Vec<String>,
     },
     /// A producer-supplied sequence not above the stream's last one (HTTP 409).
     #[error("event [{index}] id {id:?}: sequence {given} does not advance stream {stream:?} (last sequence {last})")]
     SequenceNotIncreasing {
+        /// Position of the event in its request, from 0.
         index: usize,
+        /// The event's id.
         id: String,
+        /// Its stream.
         stream: String,
+        /// The sequence the producer gave.
         given: u64,
+        /// The stream's last sequence.
         last: u64,
     },
     /// The database failed (HTTP 503).
@@ -85,18 +97,23 @@ pub enum IngestError {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database: {0}")]
+    /// The database refused or failed a call.
     Database(#[from] sqlx::Error),
     #[error("database migration: {0}")]
+    /// A migration failed.
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database has pending migrations: {0}; run `outboxd migrate` or start with --migrate")]
+    /// Migrations not yet applied, named.
     PendingMigrations(String),
     #[error("stored row is corrupt: {0}")]
+    /// A stored value cannot be read back (names the column).
     Corrupt(String),
 }
 
 /// An event as stored.
 #[derive(Debug, Clone)]
 pub struct StoredEvent {
+    /// The event as ingested.
     pub event: NewEvent,
     /// Position in its stream (assigned or producer-supplied).
     pub sequence: u64,
@@ -107,18 +124,24 @@ pub struct StoredEvent {
 /// One delivery as reported by the read API.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeliveryInfo {
+    /// The delivery key: a sink, or one destination of it.
     pub sink: String,
+    /// Its state.
     pub status: DeliveryStatus,
+    /// Attempts counted so far (at claim).
     pub attempts: u32,
+    /// Why the last attempt failed, while it is not delivered.
     pub last_error: Option<String>,
     /// Unix milliseconds; `None` once delivered or dead.
     pub next_attempt_at_ms: Option<i64>,
+    /// When it was delivered or dead-lettered, Unix milliseconds.
     pub finished_at_ms: Option<i64>,
 }
 
 /// A delivery handed to a worker by [`Store::claim`].
 #[derive(Debug, Clone)]
 pub struct Claimed {
+    /// The delivery's row id.
     pub delivery_id: i64,
     /// Fencing token: every later change must present it.
     pub lease_token: String,
@@ -128,12 +151,14 @@ pub struct Claimed {
     pub first_attempt_at_ms: i64,
     /// Database time of this claim, Unix milliseconds.
     pub claimed_at_ms: i64,
+    /// The event to deliver.
     pub event: StoredEvent,
 }
 
 /// Live and dead deliveries of one sink, counted up to a cap.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SinkQueue {
+    /// The delivery key.
     pub sink: String,
     /// Waiting for a first attempt.
     pub pending: u64,
@@ -143,6 +168,7 @@ pub struct SinkQueue {
     pub leased: u64,
     /// Leased, but the lease ran out unfinished (a worker died).
     pub expired_leases: u64,
+    /// Dead-lettered.
     pub dead: u64,
     /// How long the oldest due head of a stream has been due, ms.
     pub oldest_due_age_ms: Option<i64>,
@@ -151,6 +177,7 @@ pub struct SinkQueue {
 /// Queue figures over every sink.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct QueueStats {
+    /// Per delivery key, by name.
     pub sinks: Vec<SinkQueue>,
     /// True when the count stopped at the cap: figures are lower bounds.
     pub capped: bool,
@@ -161,8 +188,11 @@ pub struct QueueStats {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadFilter {
+    /// This delivery key only.
     pub sink: Option<String>,
+    /// This stream only.
     pub stream: Option<String>,
+    /// This event only.
     pub event_id: Option<String>,
     /// Died at or after, Unix ms.
     pub since_ms: Option<i64>,
@@ -173,12 +203,19 @@ pub struct DeadFilter {
 /// One dead letter.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
+    /// The event's id.
     pub event_id: String,
+    /// The delivery key.
     pub sink: String,
+    /// The event's stream.
     pub stream: String,
+    /// Its position in the stream.
     pub sequence: u64,
+    /// Attempts made.
     pub attempts: u32,
+    /// Why it was dead-lettered.
     pub reason: Option<String>,
+    /// When, Unix milliseconds.
     pub died_at_ms: Option<i64>,
 }
 
@@ -203,8 +240,11 @@ pub const STATS_COUNT_CAP: u64 = 100_000;
 /// record of it as JSON text, which the store keeps whole and never reads.
 #[derive(Debug, Clone)]
 pub struct DestinationRow {
+    /// Its name: the delivery key its deliveries are stored under.
     pub name: String,
+    /// The sink (plugin) it is a target of.
     pub sink: String,
+    /// The host's record of it, JSON text.
     pub record: String,
     /// 1 when created, one more on every write.
     pub revision: i64,
@@ -229,12 +269,14 @@ pub enum PutMode {
 pub struct Purged {
     /// Deliveries not yet delivered (pending, retrying or leased).
     pub pending: u64,
+    /// Dead letters.
     pub dead: u64,
 }
 
 /// A sink's identity as a replica loaded it (see `crate::fleet`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SinkIdentity {
+    /// The sink's name.
     pub name: String,
     /// Manifest `version`.
     pub version: String,
@@ -245,9 +287,11 @@ pub struct SinkIdentity {
 /// A sink in the fleet's registry.
 #[derive(Debug, Clone, Serialize)]
 pub struct RegisteredSink {
+    /// The sink's name.
     pub name: String,
     /// The identity it was first registered with.
     pub version: String,
+    /// Hex SHA-256 of its manifest and component bytes.
     pub component_sha: String,
     /// Unix ms, database clock.
     pub registered_at_ms: i64,
@@ -258,9 +302,13 @@ pub struct RegisteredSink {
 /// One replica's last report of a sink it serves.
 #[derive(Debug, Clone, Serialize)]
 pub struct SinkReplica {
+    /// The replica's id (hostname-pid-random).
     pub replica: String,
+    /// A sink it serves.
     pub sink: String,
+    /// The manifest version it runs.
     pub version: String,
+    /// Hex SHA-256 of its manifest and component bytes.
     pub component_sha: String,
     /// Time since that report, ms (database clock).
     pub age_ms: i64,
@@ -275,11 +323,21 @@ pub enum Finish {
     /// The sink acknowledged it.
     Delivered,
     /// Try again after `delay` (from the database's now).
-    Retry { delay: Duration, reason: String },
+    Retry {
+        /// How long from the database's now.
+        delay: Duration,
+        /// Why the attempt failed (kept as `last_error`).
+        reason: String,
+    },
     /// Dead-letter it with `reason`. With `blocks_stream`, its stream stays
     /// blocked for this sink behind it until it is replayed or purged (its
     /// head is kept, due never); otherwise the stream moves on.
-    Dead { reason: String, blocks_stream: bool },
+    Dead {
+        /// Why (kept as `last_error`).
+        reason: String,
+        /// Whether its stream waits behind it (`on-dead = "block"`).
+        blocks_stream: bool,
+    },
     /// Give the lease back without charging the attempt: the delivery was
     /// not tried (an earlier event of its stream failed in the same batch).
     /// It becomes due again at once and waits for its predecessor.
@@ -552,8 +610,19 @@ pub trait Store: Send + Sync + 'static {
 ///
 /// Errors: an unsupported scheme, or the database cannot be opened.
 pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    open_with(url, crate::limits::STATEMENT_TIMEOUT).await
+}
+
+/// [`open`], with PostgreSQL statements limited to `statement_timeout`
+/// (the daemon passes `delivery.db-timeout`).
+pub async fn open_with(
+    url: &str,
+    statement_timeout: Duration,
+) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(std::sync::Arc::new(postgres::PgStore::open(url).await?));
+        return Ok(std::sync::Arc::new(
+            postgres::PgStore::open(url, statement_timeout).await?,
+        ));
     }
     if let Some(path) = sqlite_path(url) {
         return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path).await?));
@@ -630,32 +699,4 @@ where
         sequence: sequence as u64,
         ingested_at_ms: row.try_get("ingested_at_ms")?,
     })
-}
-
-/// The events of a backfill page (rows of `seq_id` and the event columns)
-/// whose routes include `key`, and the page's last `seq_id` (the next
-/// cursor).
-pub(crate) fn backfill_rows<'r, R>(
-    rows: &'r [R],
-    key: &str,
-    route: &RouteFn<'_>,
-) -> Result<(Vec<StoredEvent>, Option<i64>), StoreError>
-where
-    R: sqlx::Row,
-    for<'a> &'a str: sqlx::ColumnIndex<R>,
-    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let mut routed = Vec::new();
-    let mut last = None;
-    for row in rows {
-        last = Some(row.try_get("seq_id")?);
-        let stored = event_from_row(row)?;
-        if route(&stored.event).iter().any(|s| s == key) {
-            routed.push(stored);
-        }
-    }
-    Ok((routed, last))
 }

@@ -63,12 +63,17 @@ impl PartialEq<&str> for DeliveryStatus {
 /// the run-out lease apart, as the queue figures count it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowState {
+    /// Waiting for its first attempt.
     Pending,
+    /// Waiting to be tried again.
     Retrying,
+    /// Under a live lease.
     Leased,
     /// Leased, but the lease ran out unfinished (a worker died).
     Expired,
+    /// Acknowledged.
     Delivered,
+    /// Dead-lettered.
     Dead,
 }
 
@@ -167,8 +172,11 @@ pub struct IngestInputs {
 /// A new event to insert: item `index` of the request, at `sequence`.
 #[derive(Debug, Clone)]
 pub struct NewRow {
+    /// Which item of the request it is.
     pub index: usize,
+    /// Its position in its stream.
     pub sequence: u64,
+    /// Hex SHA-256 of its canonical content (duplicates compare it).
     pub content_hash: String,
     /// False when the router creates its deliveries later.
     pub routed: bool,
@@ -335,10 +343,15 @@ pub const AFTER_RECHECK_MS: i64 = 1_000;
 
 /// A delivery row as a claim's update returned it.
 pub struct LeasedRow {
+    /// The delivery's row id.
     pub delivery_id: i64,
+    /// Its event's id.
     pub event_id: String,
+    /// Attempts including this one.
     pub attempts: u32,
+    /// When its first attempt was claimed, Unix ms (database clock).
     pub first_attempt_at_ms: i64,
+    /// Database time of this claim, Unix ms.
     pub claimed_at_ms: i64,
 }
 
@@ -382,11 +395,13 @@ pub type Fenced<'a> = (i64, &'a str);
 /// apply them (see [`FinishPlan::new`]).
 #[derive(Debug, Default)]
 pub struct FinishPlan<'a> {
+    /// Acknowledged.
     pub delivered: Vec<Fenced<'a>>,
     /// With the delay in ms and the reason.
     pub retry: Vec<(Fenced<'a>, i64, &'a str)>,
     /// With the reason and whether it blocks its stream.
     pub dead: Vec<(Fenced<'a>, &'a str, bool)>,
+    /// Given back untried, the attempt not charged.
     pub release: Vec<Fenced<'a>>,
     /// Ids whose stream's head may move (delivered, dead): the streams a
     /// backend with stream locks locks first, in byte order.
@@ -467,6 +482,24 @@ pub struct HeadChanges {
 }
 
 impl HeadChanges {
+    /// File the kept dead letters of `plan`: a blocking one becomes its
+    /// stream's head, due never; any other moves its stream on.
+    pub fn add_dead(&mut self, kept: Vec<KeptRow>, plan: &FinishPlan<'_>) {
+        let blocking: HashSet<i64> = plan
+            .dead
+            .iter()
+            .filter(|(_, _, blocks)| *blocks)
+            .map(|((id, _), _, _)| *id)
+            .collect();
+        for row in kept {
+            if blocking.contains(&row.0) {
+                self.blocked.push(row);
+            } else {
+                self.moved.push(row);
+            }
+        }
+    }
+
     /// Per item of the batch, whether its lease was still held.
     pub fn kept(&self, items: &[(i64, &str, &Finish)]) -> Vec<bool> {
         let held: HashSet<i64> = self
@@ -477,6 +510,52 @@ impl HeadChanges {
             .map(|row| row.0)
             .collect();
         items.iter().map(|(id, _, _)| held.contains(id)).collect()
+    }
+}
+
+/// A backfill page as read (`seq_id` and the event, in `seq_id` order, at
+/// most `page` of them) and what to do with it: the events whose routes
+/// include `key` ([`RouteFn`](super::RouteFn)), and the page's figures
+/// once `created` deliveries were made — the next cursor is the last
+/// `seq_id` of a full page, none after a short one.
+pub struct BackfillRead {
+    /// The events of the page whose routes include the key.
+    pub routed: Vec<StoredEvent>,
+    /// Events looked at.
+    pub scanned: u64,
+    next_after: Option<i64>,
+}
+
+impl BackfillRead {
+    /// Sort a page read from the store.
+    pub fn new(
+        rows: Vec<(i64, StoredEvent)>,
+        page: u32,
+        key: &str,
+        route: &super::RouteFn<'_>,
+    ) -> BackfillRead {
+        let scanned = rows.len() as u64;
+        let full = rows.len() == page as usize;
+        let next_after = rows.last().map(|(seq, _)| *seq).filter(|_| full);
+        let routed = rows
+            .into_iter()
+            .map(|(_, event)| event)
+            .filter(|stored| route(&stored.event).iter().any(|s| s == key))
+            .collect();
+        BackfillRead {
+            routed,
+            scanned,
+            next_after,
+        }
+    }
+
+    /// The page's figures.
+    pub fn done(&self, created: u64) -> super::BackfillPage {
+        super::BackfillPage {
+            scanned: self.scanned,
+            created,
+            next_after: self.next_after,
+        }
     }
 }
 

@@ -21,7 +21,7 @@
 //! Must never: compute a time from the process clock, or hold a
 //! transaction open across a plugin call.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,11 +38,10 @@ use super::{
     RouteFn, Store, StoreError, StoredEvent,
 };
 use crate::event::NewEvent;
+use crate::limits;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
-/// Server-side limit on any one statement.
-pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Channel of the wake-up notifications sent on ingest.
 pub const WAKE_CHANNEL: &str = "outboxd_wake";
 /// Attempts of an ingest transaction that lost a race (unique violation,
@@ -87,17 +86,19 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    /// Connect (pool of up to 16 connections).
-    pub async fn open(url: &str) -> Result<PgStore, StoreError> {
+    /// Connect: a pool of [`limits::PG_POOL_SIZE`] connections, each
+    /// carrying `statement_timeout` (`delivery.db-timeout` for the daemon)
+    /// so no statement outlives the call that waits for it.
+    pub async fn open(url: &str, statement_timeout: Duration) -> Result<PgStore, StoreError> {
         let options = PgConnectOptions::from_str(url)?
             .options([(
                 "statement_timeout",
-                format!("{}", STATEMENT_TIMEOUT.as_millis()),
+                format!("{}", statement_timeout.as_millis()),
             )])
             .application_name("outboxd");
         let pool = PgPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(Duration::from_secs(10))
+            .max_connections(limits::PG_POOL_SIZE)
+            .acquire_timeout(limits::PG_ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await?;
         Ok(PgStore {
@@ -420,7 +421,7 @@ static DIALECT: Dialect = Dialect {
     ms_ago: "(now() - {}::bigint * interval '1 millisecond')",
     ms_ahead: "(now() + {}::bigint * interval '1 millisecond')",
     // A probe must answer fast even under a huge backlog.
-    probe_timeout: Some("SET LOCAL statement_timeout = 2000"),
+    probe_timeout: Some("SET LOCAL statement_timeout = {probe_ms}"),
     blocked_due: "'infinity'",
     for_update: " FOR UPDATE",
     lock_stream: Some("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE"),
@@ -509,44 +510,15 @@ impl Store for PgStore {
             Vec::new()
         };
         let order = plan::take_runs(&heads, followers, limit as usize);
-        let (ids, streams) = match after {
-            Some(after) => shared::apply_after(self, &mut tx, sink, after, &heads, &order).await?,
-            None => (
-                order.iter().map(|(_, id)| *id).collect(),
-                heads.iter().map(|(s, _)| s.clone()).collect::<Vec<_>>(),
-            ),
-        };
+        let (ids, streams) =
+            shared::apply_after(self, &mut tx, sink, after, &heads, &order).await?;
         if ids.is_empty() {
             tx.0.commit().await?;
             return Ok(Vec::new());
         }
         let token = new_lease_token();
-        let rows = sqlx::query(
-            "UPDATE outboxd.deliveries SET lease_token = $2, lease_expires_at = now() + $3 * interval '1 millisecond', \
-               attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, now()) \
-             WHERE id = ANY($1) AND status = 'pending' \
-             RETURNING id, event_id, attempts, \
-               (extract(epoch FROM first_attempt_at) * 1000)::bigint AS first_ms, \
-               (extract(epoch FROM now()) * 1000)::bigint AS now_ms",
-        )
-        .bind(&ids)
-        .bind(&token)
-        .bind(lease.as_millis() as i64)
-        .fetch_all(&mut *tx.0)
-        .await?;
-        sqlx::query(
-            "UPDATE outboxd.heads SET due_at = now() + $3 * interval '1 millisecond' \
-             WHERE sink = $1 AND stream = ANY($2)",
-        )
-        .bind(sink)
-        .bind(&streams)
-        .bind(lease.as_millis() as i64)
-        .execute(&mut *tx.0)
-        .await?;
-        let event_ids: Vec<String> = rows
-            .iter()
-            .map(|r| r.try_get("event_id"))
-            .collect::<Result<_, _>>()?;
+        let leased = take_leases(&mut tx.0, sink, &ids, &streams, &token, lease).await?;
+        let event_ids: Vec<String> = leased.iter().map(|row| row.event_id.clone()).collect();
         let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
         for row in sqlx::query(&format!(
             "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = ANY($1)"
@@ -559,18 +531,6 @@ impl Store for PgStore {
             events.insert(ev.event.id.clone(), ev);
         }
         tx.0.commit().await?;
-        let leased = rows
-            .iter()
-            .map(|row| {
-                Ok(plan::LeasedRow {
-                    delivery_id: row.try_get("id")?,
-                    event_id: row.try_get("event_id")?,
-                    attempts: row.try_get::<i32, _>("attempts")? as u32,
-                    first_attempt_at_ms: row.try_get("first_ms")?,
-                    claimed_at_ms: row.try_get("now_ms")?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
         plan::assemble_claims(leased, &events, &token)
     }
 
@@ -642,7 +602,7 @@ impl Store for PgStore {
     fn forward_wakeups(&self, wake: Arc<crate::wakeups::Wakeups>, mut stop: watch::Receiver<bool>) {
         let url = self.url.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = limits::LISTEN_RETRY_FIRST;
             loop {
                 if *stop.borrow() {
                     return;
@@ -654,7 +614,7 @@ impl Store for PgStore {
                 };
                 match listener.await {
                     Ok(mut listener) => {
-                        backoff = Duration::from_millis(100);
+                        backoff = limits::LISTEN_RETRY_FIRST;
                         // Anything ingested while we were not listening.
                         wake.everyone();
                         loop {
@@ -677,7 +637,7 @@ impl Store for PgStore {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = stop.changed() => return,
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff = (backoff * 2).min(limits::LISTEN_RETRY_MAX);
             }
         });
     }
@@ -700,21 +660,66 @@ impl Store for PgStore {
         .bind(page as i64)
         .fetch_all(&mut *tx.0)
         .await?;
-        let (routed, last) = super::backfill_rows(&rows, sink, route)?;
-        let created = shared::add_backfill(self, &mut tx, sink, &routed).await?;
+        let rows = rows
+            .iter()
+            .map(|row| Ok((row.try_get("seq_id")?, super::event_from_row(row)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let read = plan::BackfillRead::new(rows, page, sink, route);
+        let created = shared::add_backfill(self, &mut tx, sink, &read.routed).await?;
         tx.0.commit().await?;
-        Ok(BackfillPage {
-            scanned: rows.len() as u64,
-            created,
-            // A short page is the last one.
-            next_after: last.filter(|_| rows.len() == page as usize),
-        })
+        Ok(read.done(created))
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
         MIGRATOR.run(&self.pool).await?;
         Ok(())
     }
+}
+
+/// Lease `ids` with `token` for `lease` from the database's now (counting
+/// the attempt) and move the heads of `streams` to the lease's end.
+async fn take_leases(
+    conn: &mut sqlx::PgConnection,
+    sink: &str,
+    ids: &[i64],
+    streams: &[String],
+    token: &str,
+    lease: Duration,
+) -> Result<Vec<plan::LeasedRow>, StoreError> {
+    let rows = sqlx::query(
+        "UPDATE outboxd.deliveries SET lease_token = $2, lease_expires_at = now() + $3 * interval '1 millisecond', \
+           attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, now()) \
+         WHERE id = ANY($1) AND status = 'pending' \
+         RETURNING id, event_id, attempts, \
+           (extract(epoch FROM first_attempt_at) * 1000)::bigint AS first_ms, \
+           (extract(epoch FROM now()) * 1000)::bigint AS now_ms",
+    )
+    .bind(ids)
+    .bind(token)
+    .bind(lease.as_millis() as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE outboxd.heads SET due_at = now() + $3 * interval '1 millisecond' \
+         WHERE sink = $1 AND stream = ANY($2)",
+    )
+    .bind(sink)
+    .bind(streams)
+    .bind(lease.as_millis() as i64)
+    .execute(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(plan::LeasedRow {
+                delivery_id: row.try_get("id")?,
+                event_id: row.try_get("event_id")?,
+                attempts: row.try_get::<i32, _>("attempts")? as u32,
+                first_attempt_at_ms: row.try_get("first_ms")?,
+                claimed_at_ms: row.try_get("now_ms")?,
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()
+        .map_err(StoreError::from)
 }
 
 /// Fenced finishes of a batch inside `tx` (see [`Store::finish_many`]),
@@ -746,33 +751,21 @@ async fn finish_batch(
         .await?;
     }
     let mut heads = HeadChanges::default();
-    let delivered = fenced(&plan.delivered);
-    heads.moved.extend(
-        fenced_update(
-            tx,
-            "status = 'delivered', finished_at = now(), last_error = NULL",
-            "",
-            delivered,
-            None,
-        )
-        .await?,
-    );
-    let (ids, delays_reasons): (Vec<_>, Vec<_>) = plan
+    let set = "status = 'delivered', finished_at = now(), last_error = NULL";
+    let kept = fenced_update(tx, set, "", fenced(&plan.delivered), None).await?;
+    heads.moved.extend(kept);
+    let (ids, extra): (Vec<_>, Vec<_>) = plan
         .retry
         .iter()
         .map(|(f, delay, reason)| (*f, (*delay, reason.to_string())))
         .unzip();
-    let (delays, reasons): (Vec<i64>, Vec<String>) = delays_reasons.into_iter().unzip();
-    heads.waiting.extend(
-        fenced_update(
-            tx,
-            "next_attempt_at = now() + f.delay * interval '1 millisecond', last_error = f.reason",
-            ", $3::bigint[], $4::text[]) AS f(id, token, delay, reason",
-            fenced(&ids),
-            Some((Extra::Ints(delays), reasons)),
-        )
-        .await?,
-    );
+    let (delays, reasons): (Vec<i64>, Vec<String>) = extra.into_iter().unzip();
+    let set = "next_attempt_at = now() + f.delay * interval '1 millisecond', last_error = f.reason";
+    let columns = ", $3::bigint[], $4::text[]) AS f(id, token, delay, reason";
+    let extra = Some((Extra::Ints(delays), reasons));
+    heads
+        .waiting
+        .extend(fenced_update(tx, set, columns, fenced(&ids), extra).await?);
     let behind = shared::behind_earlier(store, tx, &plan.blocking).await?;
     plan.settle(items, &behind);
     let (dead, reasons): (Vec<_>, Vec<String>) = plan
@@ -780,38 +773,15 @@ async fn finish_batch(
         .iter()
         .map(|(f, reason, _)| (*f, reason.to_string()))
         .unzip();
-    let blocking: HashSet<i64> = plan
-        .dead
-        .iter()
-        .filter(|(_, _, blocks)| *blocks)
-        .map(|((id, _), _, _)| *id)
-        .collect();
-    for row in fenced_update(
-        tx,
-        "status = 'dead', finished_at = now(), last_error = f.reason",
-        ", $3::text[]) AS f(id, token, reason",
-        fenced(&dead),
-        Some((Extra::None, reasons)),
-    )
-    .await?
-    {
-        if blocking.contains(&row.0) {
-            heads.blocked.push(row);
-        } else {
-            heads.moved.push(row);
-        }
-    }
-    heads.waiting.extend(
-        fenced_update(
-            tx,
-            "attempts = d.attempts - 1, \
-             first_attempt_at = CASE WHEN d.attempts <= 1 THEN NULL ELSE d.first_attempt_at END",
-            "",
-            fenced(&plan.release),
-            None,
-        )
-        .await?,
-    );
+    let set = "status = 'dead', finished_at = now(), last_error = f.reason";
+    let columns = ", $3::text[]) AS f(id, token, reason";
+    let extra = Some((Extra::None, reasons));
+    let kept = fenced_update(tx, set, columns, fenced(&dead), extra).await?;
+    heads.add_dead(kept, &plan);
+    let set = "attempts = d.attempts - 1, \
+               first_attempt_at = CASE WHEN d.attempts <= 1 THEN NULL ELSE d.first_attempt_at END";
+    let kept = fenced_update(tx, set, "", fenced(&plan.release), None).await?;
+    heads.waiting.extend(kept);
     apply_heads(tx, &heads).await?;
     Ok(heads.kept(items))
 }

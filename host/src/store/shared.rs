@@ -123,7 +123,10 @@ pub async fn queue_stats(sql: &dyn Sql, cap: u64) -> Result<QueueStats, StoreErr
         d.time_as_ms("MIN(due_at)")
     );
     let mut stmts = Vec::new();
-    stmts.extend(d.probe_timeout.map(|t| Stmt::new(t.to_string(), &[])));
+    stmts.extend(d.probe_timeout.map(|t| {
+        let ms = crate::limits::PROBE_TIMEOUT.as_millis().to_string();
+        Stmt::new(t.replace("{probe_ms}", &ms), &[])
+    }));
     stmts.push(stmt(sql, &counts, &[Col::Text, Col::Text, Col::Int]).arg(cap as i64));
     stmts.push(stmt(sql, &ages, &[Col::Text, Col::Int]));
     let mut out = sql.read_all(stmts).await?;
@@ -725,6 +728,9 @@ pub async fn held_by_after(
     after: &str,
     ids: &[i64],
 ) -> Result<HashSet<i64>, StoreError> {
+    if ids.is_empty() {
+        return Ok(HashSet::new());
+    }
     let mut q = Builder::new(
         "SELECT d.id FROM {s}deliveries d JOIN {s}deliveries t ON t.event_id = d.event_id AND t.sink = ",
     );
@@ -764,20 +770,23 @@ pub async fn behind_earlier(
     Ok(rows.iter().map(|r| r[0].int()).collect())
 }
 
-/// For a chained sink (`after`), cut the claim `order` (see
-/// [`plan::take_runs`]) at each stream's first delivery whose event
-/// `after` has not delivered, and hold back the heads so cut for
-/// [`plan::AFTER_RECHECK_MS`]. Returns the ids to lease and the streams
-/// whose head is leased.
+/// The ids to lease of the claim `order` (see [`plan::take_runs`]) and the
+/// streams whose head is leased. For a chained sink (`after`), the order is
+/// cut at each stream's first delivery whose event `after` has not
+/// delivered, and the heads so cut are held back for
+/// [`plan::AFTER_RECHECK_MS`].
 pub async fn apply_after(
     sql: &dyn Sql,
     tx: &mut (dyn SqlTx + '_),
     key: &str,
-    after: &str,
+    after: Option<&str>,
     heads: &[(String, i64)],
     order: &[(String, i64)],
 ) -> Result<(Vec<i64>, Vec<String>), StoreError> {
     let ids: Vec<i64> = order.iter().map(|(_, id)| *id).collect();
+    let Some(after) = after else {
+        return Ok((ids, heads.iter().map(|(s, _)| s.clone()).collect()));
+    };
     let blocked = held_by_after(sql, tx, after, &ids).await?;
     if blocked.is_empty() {
         return Ok((ids, heads.iter().map(|(s, _)| s.clone()).collect()));

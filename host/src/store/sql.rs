@@ -42,8 +42,9 @@ pub struct Dialect {
     /// The database time `{}` milliseconds ahead, as a delivery-table time.
     pub ms_ahead: &'static str,
     /// A statement that bounds the statements after it in a read
-    /// transaction to a probe's budget (PostgreSQL `SET LOCAL
-    /// statement_timeout`); `None` where statements cannot hang.
+    /// transaction to a probe's budget, [`crate::limits::PROBE_TIMEOUT`]
+    /// in ms as `{probe_ms}` (PostgreSQL `SET LOCAL statement_timeout`);
+    /// `None` where statements cannot hang.
     pub probe_timeout: Option<&'static str>,
     /// The `due_at` of a head blocked by a dead letter: never.
     pub blocked_due: &'static str,
@@ -107,9 +108,13 @@ impl Dialect {
 /// A value bound to a placeholder.
 #[derive(Debug, Clone)]
 pub enum Arg {
+    /// Text.
     Text(String),
+    /// Text or NULL.
     OptText(Option<String>),
+    /// A 64-bit integer.
     Int(i64),
+    /// A boolean.
     Bool(bool),
 }
 
@@ -151,18 +156,26 @@ impl From<Option<i64>> for Arg {
 /// must be `bigint` (PostgreSQL) or INTEGER (SQLite): cast in the SQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Col {
+    /// Text, never NULL.
     Text,
+    /// Text or NULL.
     OptText,
+    /// A 64-bit integer, never NULL.
     Int,
+    /// A 64-bit integer or NULL.
     OptInt,
+    /// A boolean.
     Bool,
 }
 
 /// A decoded column value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Val {
+    /// Text (`None`: NULL).
     Text(Option<String>),
+    /// An integer (`None`: NULL).
     Int(Option<i64>),
+    /// A boolean.
     Bool(bool),
 }
 
@@ -198,8 +211,11 @@ impl Val {
 /// placeholders in order, and the columns it returns (empty for none).
 #[derive(Debug, Clone)]
 pub struct Stmt {
+    /// The SQL, in the dialect already.
     pub sql: String,
+    /// The placeholders' values, in order.
     pub args: Vec<Arg>,
+    /// The columns it returns, in order.
     pub cols: &'static [Col],
 }
 

@@ -20,6 +20,8 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction}
 
 use super::plan::{self, FinishPlan, HeadChanges, IngestInputs, IngestPlan, KeptRow};
 use super::sql::{self as shared_sql, Dialect, Rows, Sql, SqlTx, Stmt};
+use crate::limits;
+
 use super::{
     new_lease_token, shared, BackfillPage, Claimed, Finish, IngestError, IngestItem, Ingested,
     RouteFn, Store, StoreError, StoredEvent,
@@ -58,14 +60,14 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(limits::SQLITE_BUSY_TIMEOUT);
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
+            .acquire_timeout(limits::SQLITE_WRITER_WAIT)
             .connect_with(options.clone())
             .await?;
         let reader = SqlitePoolOptions::new()
-            .max_connections(4)
+            .max_connections(limits::SQLITE_READERS)
             .connect_with(options)
             .await?;
         Ok(SqliteStore { writer, reader })
@@ -310,7 +312,6 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut tx = SqliteTx(self.writer.begin().await?);
         let now = now_ms(&mut tx.0).await?;
-        let lease_until = now + lease.as_millis() as i64;
         // Due heads, by due time: waiting and expired-lease work in one order,
         // so neither starves the other.
         let heads: Vec<(String, i64)> = sqlx::query_as(
@@ -325,83 +326,24 @@ impl Store for SqliteStore {
             tx.0.commit().await?;
             return Ok(Vec::new());
         }
-        // The rows behind each head we hold (nobody else's to claim), with
-        // whether each may be taken now: due and not leased.
         let room = (limit as usize).saturating_sub(heads.len());
-        let mut followers = Vec::new();
-        for (stream, head) in heads.iter().filter(|_| room > 0) {
-            let rows: Vec<(i64, bool)> = sqlx::query_as(
-                "SELECT id, (next_attempt_at <= ?1 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
-                 FROM deliveries WHERE sink = ?2 AND stream = ?3 AND status = 'pending' \
-                   AND sequence > (SELECT sequence FROM deliveries WHERE id = ?4) \
-                 ORDER BY sequence LIMIT ?5",
-            )
-            .bind(now)
-            .bind(sink)
-            .bind(stream)
-            .bind(head)
-            .bind(room as i64)
-            .fetch_all(&mut *tx.0)
-            .await?;
-            followers.extend(rows.into_iter().map(|(id, ok)| (id, stream.clone(), ok)));
-        }
+        let followers = followers(&mut tx.0, sink, &heads, room, now).await?;
         let order = plan::take_runs(&heads, followers, limit as usize);
-        let (ids, streams) = match after {
-            Some(after) => shared::apply_after(self, &mut tx, sink, after, &heads, &order).await?,
-            None => (
-                order.iter().map(|(_, id)| *id).collect(),
-                heads.iter().map(|(s, _)| s.clone()).collect(),
-            ),
-        };
+        let (ids, streams) =
+            shared::apply_after(self, &mut tx, sink, after, &heads, &order).await?;
         if ids.is_empty() {
             tx.0.commit().await?;
             return Ok(Vec::new());
         }
         let token = new_lease_token();
-        let mut update = QueryBuilder::<Sqlite>::new("UPDATE deliveries SET lease_token = ");
-        update
-            .push_bind(&token)
-            .push(", lease_expires_at = ")
-            .push_bind(lease_until)
-            .push(", attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, ")
-            .push_bind(now)
-            .push(") WHERE status = 'pending' AND id");
-        push_in(&mut update, ids.iter().copied());
-        update.push(" RETURNING id, event_id, attempts, first_attempt_at");
-        let rows = update.build().fetch_all(&mut *tx.0).await?;
-
-        let mut leased = QueryBuilder::<Sqlite>::new("UPDATE heads SET due_at = ");
-        leased
-            .push_bind(lease_until)
-            .push(" WHERE sink = ")
-            .push_bind(sink)
-            .push(" AND stream");
-        push_in(&mut leased, streams);
-        leased.build().execute(&mut *tx.0).await?;
-
-        let event_ids = rows
-            .iter()
-            .map(|row| row.try_get::<String, _>("event_id"))
-            .collect::<Result<Vec<_>, _>>()?;
+        let leased = take_leases(&mut tx.0, sink, &ids, &streams, &token, now, lease).await?;
+        let event_ids = leased.iter().map(|row| row.event_id.clone());
         let events = stored_events(&mut tx.0, event_ids, false)
             .await?
             .into_iter()
             .map(|(id, (_, event))| (id, event))
             .collect();
         tx.0.commit().await?;
-
-        let leased = rows
-            .iter()
-            .map(|row| {
-                Ok(plan::LeasedRow {
-                    delivery_id: row.try_get("id")?,
-                    event_id: row.try_get("event_id")?,
-                    attempts: row.try_get::<i64, _>("attempts")? as u32,
-                    first_attempt_at_ms: row.try_get("first_attempt_at")?,
-                    claimed_at_ms: now,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
         plan::assemble_claims(leased, &events, &token)
     }
 
@@ -425,15 +367,12 @@ impl Store for SqliteStore {
         }
         let behind = shared::behind_earlier(self, &mut tx, &plan.blocking).await?;
         plan.settle(items, &behind);
-        for ((id, token), reason, blocks) in &plan.dead {
+        let mut dead = Vec::new();
+        for ((id, token), reason, _) in &plan.dead {
             let set = format!("status = 'dead', finished_at = {now}, last_error = ?");
-            let kept = fenced(&mut tx.0, &set, Some(reason), *id, token).await?;
-            if *blocks {
-                heads.blocked.extend(kept);
-            } else {
-                heads.moved.extend(kept);
-            }
+            dead.extend(fenced(&mut tx.0, &set, Some(reason), *id, token).await?);
         }
+        heads.add_dead(dead, &plan);
         for (id, token) in &plan.release {
             let set = "attempts = attempts - 1, \
                        first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END";
@@ -488,21 +427,96 @@ impl Store for SqliteStore {
         .bind(page as i64)
         .fetch_all(&mut *tx.0)
         .await?;
-        let (routed, last) = super::backfill_rows(&rows, sink, route)?;
-        let created = shared::add_backfill(self, &mut tx, sink, &routed).await?;
+        let rows = rows
+            .iter()
+            .map(|row| Ok((row.try_get("seq_id")?, super::event_from_row(row)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let read = plan::BackfillRead::new(rows, page, sink, route);
+        let created = shared::add_backfill(self, &mut tx, sink, &read.routed).await?;
         tx.0.commit().await?;
-        Ok(BackfillPage {
-            scanned: rows.len() as u64,
-            created,
-            // A short page is the last one.
-            next_after: last.filter(|_| rows.len() == page as usize),
-        })
+        Ok(read.done(created))
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
         MIGRATOR.run(&self.writer).await?;
         Ok(())
     }
+}
+
+/// The live deliveries behind each claimed head (at most `room` per
+/// head, in sequence order) — nobody else's to claim while we hold the
+/// head — with whether each may be taken at `now`: due and not leased.
+async fn followers(
+    conn: &mut SqliteConnection,
+    sink: &str,
+    heads: &[(String, i64)],
+    room: usize,
+    now: i64,
+) -> Result<Vec<(i64, String, bool)>, StoreError> {
+    let mut followers = Vec::new();
+    for (stream, head) in heads.iter().filter(|_| room > 0) {
+        let rows: Vec<(i64, bool)> = sqlx::query_as(
+            "SELECT id, (next_attempt_at <= ?1 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
+             FROM deliveries WHERE sink = ?2 AND stream = ?3 AND status = 'pending' \
+               AND sequence > (SELECT sequence FROM deliveries WHERE id = ?4) \
+             ORDER BY sequence LIMIT ?5",
+        )
+        .bind(now)
+        .bind(sink)
+        .bind(stream)
+        .bind(head)
+        .bind(room as i64)
+        .fetch_all(&mut *conn)
+        .await?;
+        followers.extend(rows.into_iter().map(|(id, ok)| (id, stream.clone(), ok)));
+    }
+    Ok(followers)
+}
+
+/// Lease `ids` with `token` until `now + lease` (counting the attempt) and
+/// move the heads of `streams` to the lease's end.
+async fn take_leases(
+    conn: &mut SqliteConnection,
+    sink: &str,
+    ids: &[i64],
+    streams: &[String],
+    token: &str,
+    now: i64,
+    lease: Duration,
+) -> Result<Vec<plan::LeasedRow>, StoreError> {
+    let lease_until = now + lease.as_millis() as i64;
+    let mut update = QueryBuilder::<Sqlite>::new("UPDATE deliveries SET lease_token = ");
+    update
+        .push_bind(token)
+        .push(", lease_expires_at = ")
+        .push_bind(lease_until)
+        .push(", attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, ")
+        .push_bind(now)
+        .push(") WHERE status = 'pending' AND id");
+    push_in(&mut update, ids.iter().copied());
+    update.push(" RETURNING id, event_id, attempts, first_attempt_at");
+    let rows = update.build().fetch_all(&mut *conn).await?;
+
+    let mut heads = QueryBuilder::<Sqlite>::new("UPDATE heads SET due_at = ");
+    heads
+        .push_bind(lease_until)
+        .push(" WHERE sink = ")
+        .push_bind(sink)
+        .push(" AND stream");
+    push_in(&mut heads, streams.iter().cloned());
+    heads.build().execute(&mut *conn).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(plan::LeasedRow {
+                delivery_id: row.try_get("id")?,
+                event_id: row.try_get("event_id")?,
+                attempts: row.try_get::<i64, _>("attempts")? as u32,
+                first_attempt_at_ms: row.try_get("first_attempt_at")?,
+                claimed_at_ms: now,
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()
+        .map_err(StoreError::from)
 }
 
 /// One fenced change of delivery `id` (`set`, with `reason` bound to its
