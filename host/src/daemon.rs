@@ -87,6 +87,7 @@ impl Daemon {
         let metrics = Metrics::new();
         let plugins = plugin::load_dir(&runtime, &config.plugins_dir);
         for name in plugins.loaded.keys() {
+            metrics.sink_started(name);
             metrics
                 .plugin_loads
                 .get_or_create(&PluginLabel {
