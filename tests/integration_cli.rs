@@ -1,14 +1,33 @@
 //! The `outboxd` command line as a user types it: global options before or
-//! after the subcommand, and admin commands that never create state.
+//! after the subcommand, admin commands that never create state, and the
+//! same answers as the HTTP admin API on the same data.
 
+mod common;
+
+use std::path::Path;
 use std::process::Output;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
 
 fn outboxd(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+    outboxd_in(Path::new("."), args)
+}
+
+/// `outboxd ARGS` run in the folder `cwd`, with no `OUTBOXD_*` variable
+/// of the caller's.
+fn outboxd_in(cwd: &Path, args: &[&str]) -> Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OUTBOXD_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .current_dir(cwd)
         .args(args)
-        .env_remove("OUTBOXD_CONFIG")
-        .env_remove("OUTBOXD_DATA_DIR")
-        .env_remove("OUTBOXD_DATABASE_URL")
+        .env("RUST_LOG", "error")
         .output()
         .expect("run outboxd")
 }
@@ -72,4 +91,207 @@ fn an_admin_command_where_no_database_exists_creates_nothing() {
             data.display()
         );
     }
+}
+
+#[test]
+fn a_read_only_command_in_a_fresh_folder_names_the_missing_database() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [vec!["events", "show", "some-id"], vec!["dead", "list"]] {
+        let out = outboxd_in(dir.path(), &args);
+        let all = text(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(
+            all.contains("no database at data/outboxd.db"),
+            "`outboxd {}`: {all}",
+            args.join(" ")
+        );
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "`outboxd {}` created {:?}",
+            args.join(" "),
+            std::fs::read_dir(dir.path()).unwrap().collect::<Vec<_>>()
+        );
+    }
+}
+
+/// A daemon with one webhook sink whose receiver refuses (400), so every
+/// event becomes a dead letter; `ids` posted (on stream `orders`) and dead.
+async fn daemon_with_dead_letters(ids: &[&str]) -> (TestDaemon, Receiver, PluginsDir) {
+    let receiver = Receiver::start().await;
+    for _ in ids {
+        receiver.script(400, &[], "not today");
+    }
+    let plugins = PluginsDir::new();
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "",
+    );
+    let d = TestDaemon::start(plugins.path()).await;
+    for id in ids {
+        d.post_event(&event(id, "orders", "t", json!({"id": id})))
+            .await;
+    }
+    for id in ids {
+        d.wait_delivery(id, Duration::from_secs(20), |x| x["status"] == "dead")
+            .await;
+    }
+    (d, receiver, plugins)
+}
+
+/// `outboxd ARGS --data-dir DATA --listen ADDR` against `d`, off the
+/// async runtime.
+async fn cli(d: &TestDaemon, args: &[&str]) -> Output {
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    args.extend([
+        "--data-dir".to_string(),
+        d.data.path().display().to_string(),
+        "--listen".to_string(),
+        d.base.trim_start_matches("http://").to_string(),
+    ]);
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        outboxd(&args)
+    })
+    .await
+    .unwrap()
+}
+
+/// The CLI's stdout, which must have succeeded.
+fn stdout_of(out: &Output) -> String {
+    assert!(out.status.success(), "{}", text(out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_and_the_admin_api_answer_alike() {
+    let (d, _receiver, _plugins) = daemon_with_dead_letters(&["e1", "e2", "e3"]).await;
+
+    // events show: the same JSON.
+    let (status, http_event) = d.get("/v1/admin/events/e2").await;
+    assert_eq!(status, 200, "{http_event}");
+    let cli_event: Value =
+        serde_json::from_str(&stdout_of(&cli(&d, &["events", "show", "e2"]).await)).unwrap();
+    assert_eq!(cli_event, http_event);
+
+    // dead list: the same dead letters, in the same order, by the same
+    // limit rule.
+    for (query, flags) in [("", vec![]), ("?limit=2", vec!["--limit", "2"])] {
+        let (status, http_dead) = d.get(&format!("/v1/admin/dead{query}")).await;
+        assert_eq!(status, 200, "{http_dead}");
+        let expected: Vec<String> = http_dead["dead"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| {
+                format!(
+                    "{}\t{}\t{}#{}\tattempts={}\t{}",
+                    x["event_id"].as_str().unwrap(),
+                    x["sink"].as_str().unwrap(),
+                    x["stream"].as_str().unwrap(),
+                    x["sequence"],
+                    x["attempts"],
+                    x["reason"].as_str().unwrap_or_default()
+                )
+            })
+            .collect();
+        let mut args = vec!["dead", "list"];
+        args.extend(flags);
+        let listed = stdout_of(&cli(&d, &args).await);
+        let listed: Vec<&str> = listed.lines().collect();
+        assert_eq!(listed, expected, "`outboxd {}`", args.join(" "));
+    }
+    let (status, refused) = d.get("/v1/admin/dead?limit=10001").await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["field"], "limit", "{refused}");
+    let out = cli(&d, &["dead", "list", "--limit", "10001"]).await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("limit: must be 1 to 10000"),
+        "{}",
+        text(&out)
+    );
+
+    // sinks list: one line per sink the API lists, with its state.
+    let check_sinks = |http: &Value, cli: &str| {
+        let expected: Vec<String> = http["sinks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}\t{}\t{}\t{}",
+                    s["sink"].as_str().unwrap(),
+                    if s["paused"] == true {
+                        "paused"
+                    } else {
+                        "active"
+                    },
+                    s["state"].as_str().unwrap(),
+                    s["version"].as_str().unwrap_or("-")
+                )
+            })
+            .collect();
+        assert!(!expected.is_empty(), "{http}");
+        assert_eq!(cli.lines().collect::<Vec<_>>(), expected);
+    };
+    let (_, http_sinks) = d.get("/v1/admin/sinks").await;
+    check_sinks(&http_sinks, &stdout_of(&cli(&d, &["sinks", "list"]).await));
+    // A pause by the CLI is what the API then shows, and the CLI too.
+    stdout_of(&cli(&d, &["sinks", "pause", "webhook"]).await);
+    let (_, http_sinks) = d.get("/v1/admin/sinks").await;
+    assert_eq!(http_sinks["sinks"][0]["paused"], true, "{http_sinks}");
+    check_sinks(&http_sinks, &stdout_of(&cli(&d, &["sinks", "list"]).await));
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_user_lists_replays_and_is_told_what_was_wrong() {
+    let (d, receiver, _plugins) = daemon_with_dead_letters(&["n1"]).await;
+    // A mistyped time names the flag and the form expected.
+    let out = cli(&d, &["dead", "list", "--since", "yesterday"]).await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("--since: expected an RFC 3339 time"),
+        "{}",
+        text(&out)
+    );
+    // A sink that does not exist is named, with the ones that do.
+    let out = cli(&d, &["sinks", "pause", "webhok"]).await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("no sink named \"webhok\" (known: webhook)"),
+        "{}",
+        text(&out)
+    );
+    // Nothing matching is said so, not left blank.
+    let out = cli(&d, &["dead", "list", "--sink", "other"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("no dead letters match"),
+        "{}",
+        text(&out)
+    );
+    // Replay: the receiver accepts now, and the event is delivered.
+    receiver.clear_script();
+    let replayed = stdout_of(&cli(&d, &["dead", "replay", "--event", "n1"]).await);
+    assert_eq!(replayed.trim(), "replayed 1");
+    d.wait_delivery("n1", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
+    let shown: Value =
+        serde_json::from_str(&stdout_of(&cli(&d, &["events", "show", "n1"]).await)).unwrap();
+    assert_eq!(shown["deliveries"][0]["status"], "delivered", "{shown}");
+    assert_eq!(shown["stream"], "orders", "{shown}");
+    // Backfill goes through the daemon, which has the routes: the event
+    // has its delivery already, so nothing new.
+    let backfilled = stdout_of(&cli(&d, &["backfill", "--sink", "webhook"]).await);
+    assert_eq!(
+        backfilled.trim(),
+        "webhook: scanned 1 events, created 0 deliveries"
+    );
+    d.stop().await;
 }

@@ -32,6 +32,44 @@ async fn scrape(d: &TestDaemon) -> prometheus_parse::Scrape {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fresh_daemon_shows_every_known_series_at_zero_on_its_first_scrape() {
+    let plugins = PluginsDir::new();
+    plugins.add_webhook(
+        "webhook",
+        "http://127.0.0.1:9/hook",
+        &["http://127.0.0.1:9".to_string()],
+        &new_secret(),
+        "",
+    );
+    let d = TestDaemon::start(plugins.path()).await;
+    // The very first scrape, before any delivery loop has had a turn.
+    let first = scrape(&d).await;
+    for outcome in outboxd::metrics::INGEST_OUTCOMES {
+        assert_eq!(
+            sample(
+                &first,
+                "outboxd_events_ingested_total",
+                &[("outcome", outcome)]
+            ),
+            Some(0.0),
+            "events_ingested_total{{outcome={outcome:?}}}"
+        );
+    }
+    for outcome in outboxd::metrics::DELIVERY_OUTCOMES {
+        assert_eq!(
+            sample(
+                &first,
+                "outboxd_deliveries_total",
+                &[("sink", "webhook"), ("outcome", outcome)]
+            ),
+            Some(0.0),
+            "deliveries_total{{sink=\"webhook\", outcome={outcome:?}}}"
+        );
+    }
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_parse_and_move_as_events_flow() {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();

@@ -8,17 +8,14 @@
 //! Must never: write destinations to the database itself (the checks live
 //! in the daemon), or hide an error the daemon gave.
 
+use clap::{Args, Subcommand};
+use http::Method;
+use outboxd::config::Config;
+use outboxd::limits::ADMIN_WRITE_TIMEOUT;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
-
-use clap::Subcommand;
-use outboxd::config::Config;
-use serde_json::{json, Value};
-
-/// A create that backfills may take longer than a plain admin call.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Subcommand)]
 pub enum DestinationsCommand {
@@ -28,41 +25,7 @@ pub enum DestinationsCommand {
     Show { name: String },
     /// Create a destination (refused when the name exists). Prints its
     /// secret once when one is generated.
-    Create {
-        name: String,
-        /// The sink (plugin manifest `name`) that serves it.
-        #[arg(long)]
-        sink: String,
-        /// Configuration for the plugin, `KEY=VALUE` (repeatable), merged
-        /// over the manifest's `[config]` (`--config` is the daemon's
-        /// configuration file, as for every command).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        settings: Vec<String>,
-        /// Event types it takes (glob, repeatable). Default: all.
-        #[arg(long = "type", value_name = "GLOB")]
-        types: Vec<String>,
-        /// Streams it takes (glob, repeatable). Default: all.
-        #[arg(long = "stream", value_name = "GLOB")]
-        streams: Vec<String>,
-        /// Attribute condition, `NAME == GLOB` or `NAME != GLOB` (repeatable).
-        #[arg(long = "where", value_name = "CONDITION")]
-        conditions: Vec<String>,
-        /// Signing secret; default: a generated `whsec_…`; `""`: none.
-        #[arg(long)]
-        secret: Option<String>,
-        /// Events per second, at most.
-        #[arg(long)]
-        rate: Option<u32>,
-        /// Events in flight at once, at most.
-        #[arg(long)]
-        max_in_flight: Option<u32>,
-        /// Also queue the matching events stored since this time (RFC 3339).
-        #[arg(long)]
-        backfill_since: Option<String>,
-        /// Create it paused.
-        #[arg(long)]
-        paused: bool,
-    },
+    Create(CreateArgs),
     /// Create or replace a destination from a JSON spec file (the body of
     /// `PUT /v1/admin/destinations/{name}`); the same spec again changes
     /// nothing, so a job can sync destinations from a source of truth.
@@ -105,50 +68,78 @@ pub enum DestinationsCommand {
     },
 }
 
+/// `destinations create`.
+#[derive(Args)]
+pub struct CreateArgs {
+    name: String,
+    /// The sink (plugin manifest `name`) that serves it.
+    #[arg(long)]
+    sink: String,
+    /// Configuration for the plugin, `KEY=VALUE` (repeatable), merged
+    /// over the manifest's `[config]` (`--config` is the daemon's
+    /// configuration file, as for every command).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    settings: Vec<String>,
+    /// Event types it takes (glob, repeatable). Default: all.
+    #[arg(long = "type", value_name = "GLOB")]
+    types: Vec<String>,
+    /// Streams it takes (glob, repeatable). Default: all.
+    #[arg(long = "stream", value_name = "GLOB")]
+    streams: Vec<String>,
+    /// Attribute condition, `NAME == GLOB` or `NAME != GLOB` (repeatable).
+    #[arg(long = "where", value_name = "CONDITION")]
+    conditions: Vec<String>,
+    /// Signing secret; default: a generated `whsec_…`; `""`: none.
+    #[arg(long)]
+    secret: Option<String>,
+    /// Events per second, at most.
+    #[arg(long)]
+    rate: Option<u32>,
+    /// Events in flight at once, at most.
+    #[arg(long)]
+    max_in_flight: Option<u32>,
+    /// Also queue the matching events stored since this time (RFC 3339).
+    #[arg(long)]
+    backfill_since: Option<String>,
+    /// Create it paused.
+    #[arg(long)]
+    paused: bool,
+}
+
 /// Run `command` against the daemon the configuration points at.
 pub async fn run(config: &Config, command: DestinationsCommand) -> anyhow::Result<ExitCode> {
-    use http::Method;
+    let (method, path, body) = request(command)?;
+    let (status, answer) = outboxd::ops::daemon_client::call(
+        config.listen,
+        config.admin.token.as_deref(),
+        method,
+        &path,
+        body,
+        Some(ADMIN_WRITE_TIMEOUT),
+    )
+    .await?;
+    if (200..300).contains(&status) {
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "outboxd: {} (HTTP {status})",
+            answer["error"]
+                .as_str()
+                .unwrap_or("the daemon refused the request")
+        );
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// The admin API request `command` makes: method, path and JSON body.
+fn request(command: DestinationsCommand) -> anyhow::Result<(Method, String, Option<Value>)> {
     let base = "/v1/admin/destinations";
-    let (method, path, body) = match command {
+    Ok(match command {
         DestinationsCommand::List => (Method::GET, base.to_string(), None),
         DestinationsCommand::Show { name } => (Method::GET, format!("{base}/{name}"), None),
-        DestinationsCommand::Create {
-            name,
-            sink,
-            settings,
-            types,
-            streams,
-            conditions,
-            secret,
-            rate,
-            max_in_flight,
-            backfill_since,
-            paused,
-        } => {
-            let config: BTreeMap<String, String> = settings
-                .iter()
-                .map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .ok_or_else(|| anyhow::anyhow!("--set {kv:?}: expected KEY=VALUE"))
-                })
-                .collect::<Result<_, _>>()?;
-            let mut body = json!({
-                "name": name, "sink": sink, "config": config,
-                "filter": { "types": types, "streams": streams, "where": conditions },
-            });
-            for (key, value) in [
-                ("secret", secret.map(Value::from)),
-                ("rate_per_second", rate.map(Value::from)),
-                ("max_in_flight", max_in_flight.map(Value::from)),
-                ("backfill_since", backfill_since.map(Value::from)),
-                ("state", paused.then(|| Value::from("paused"))),
-            ] {
-                if let Some(value) = value {
-                    body[key] = value;
-                }
-            }
-            (Method::POST, base.to_string(), Some(body))
+        DestinationsCommand::Create(args) => {
+            (Method::POST, base.to_string(), Some(create_body(args)?))
         }
         DestinationsCommand::Update { name, file } => {
             let text = std::fs::read_to_string(&file)
@@ -196,26 +187,34 @@ pub async fn run(config: &Config, command: DestinationsCommand) -> anyhow::Resul
                 Some(body),
             )
         }
-    };
-    let (status, answer) = outboxd::ops::daemon_client::call(
-        config.listen,
-        config.admin.token.as_deref(),
-        method,
-        &path,
-        body,
-        Some(WRITE_TIMEOUT),
-    )
-    .await?;
-    if (200..300).contains(&status) {
-        println!("{}", serde_json::to_string_pretty(&answer)?);
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!(
-            "outboxd: {} (HTTP {status})",
-            answer["error"]
-                .as_str()
-                .unwrap_or("the daemon refused the request")
-        );
-        Ok(ExitCode::from(1))
+    })
+}
+
+/// The body of `POST /v1/admin/destinations` for `destinations create`.
+fn create_body(args: CreateArgs) -> anyhow::Result<Value> {
+    let config: BTreeMap<String, String> = args
+        .settings
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow::anyhow!("--set {kv:?}: expected KEY=VALUE"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut body = json!({
+        "name": args.name, "sink": args.sink, "config": config,
+        "filter": { "types": args.types, "streams": args.streams, "where": args.conditions },
+    });
+    for (key, value) in [
+        ("secret", args.secret.map(Value::from)),
+        ("rate_per_second", args.rate.map(Value::from)),
+        ("max_in_flight", args.max_in_flight.map(Value::from)),
+        ("backfill_since", args.backfill_since.map(Value::from)),
+        ("state", args.paused.then(|| Value::from("paused"))),
+    ] {
+        if let Some(value) = value {
+            body[key] = value;
+        }
     }
+    Ok(body)
 }

@@ -276,6 +276,8 @@ fn load_plugins(
 ) -> Result<plugin::Plugins, StartError> {
     let plugins = plugin::load_dir(runtime, &config.plugins_dir);
     for name in plugins.loaded.keys() {
+        // Every series of the sink present from the first scrape, at 0.
+        metrics.sink_started(name);
         metrics
             .plugin_loads
             .get_or_create(&PluginLabel {

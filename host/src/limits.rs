@@ -19,11 +19,6 @@ use std::time::Duration;
 /// default, so no statement outlives the call that waits for it.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The budget of each query of a readiness probe or an admin view of the
-/// queues (`/ready`, `GET /v1/admin/sinks`): a huge backlog must make a
-/// probe answer late with figures marked capped, never hang it.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Longest wait for a free PostgreSQL connection (pool of
 /// [`PG_POOL_SIZE`]) before a call fails as a database error.
 pub const PG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -59,5 +54,32 @@ pub const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);
 
 // ---- operations (admin, CLI, readiness, metrics) ----------------------
 
-/// Kept so the `Duration` import is used while sections are empty.
-const _DURATION: Duration = Duration::ZERO;
+/// Longest `/health`, `/ready` and `/metrics` wait for one database call
+/// (or a broker probe). Kept under the 5 s probe timeout Kubernetes and
+/// most load balancers use by default, so a slow database makes a probe
+/// answer "not ready" rather than time out. The store bounds each query
+/// of its queue figures by it too (PostgreSQL `SET LOCAL
+/// statement_timeout`), so a huge backlog makes them late, never hung.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest the CLI waits for the running daemon on a read or a plain
+/// change (`sinks list`, `sources list`, a destination pause): an answer
+/// served from memory on loopback takes milliseconds; more means no daemon
+/// is there to ask.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Longest the CLI waits for the daemon on an action that may scan the
+/// event table (`backfill`, a destination create with `--backfill-since`):
+/// a backfill pages through every past event (500 a page), far longer than
+/// a read; two minutes still ends a CLI that waits on a stalled daemon.
+pub const ADMIN_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Dead letters `GET /v1/admin/dead` and `outboxd dead list` show when no
+/// `limit` is given: a screenful to read, newest first.
+pub const DEAD_LIST_DEFAULT: u32 = 100;
+
+/// Most dead letters one admin request lists, replays or purges (and the
+/// default of replay and purge): bounds the rows one statement touches so
+/// a large dead-letter table is worked through in steps, not one long
+/// transaction. A larger `limit` is refused, naming the cap.
+pub const DEAD_PAGE_MAX: u32 = 10_000;

@@ -24,7 +24,8 @@ use prometheus_client::registry::Registry;
 pub const INGEST_OUTCOMES: [&str; 4] = ["stored", "duplicate", "conflict", "rejected"];
 
 /// Every `outcome` label of `outboxd_deliveries_total`, created at 0 for
-/// each sink when its delivery loop starts ([`Metrics::sink_started`]).
+/// each sink loaded at start, and for a sink loaded later when its
+/// delivery loop starts ([`Metrics::sink_started`]).
 pub const DELIVERY_OUTCOMES: [&str; 5] = ["delivered", "retry", "dead", "lease_lost", "released"];
 
 /// `outcome` of an ingested event: `stored`, `duplicate`, `conflict`,
@@ -128,10 +129,25 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with every family registered.
+    /// A fresh registry with every family registered, and the series of
+    /// the label values known in advance created at 0.
     pub fn new() -> Arc<Metrics> {
+        let m = Metrics::unregistered();
         let mut registry = Registry::with_prefix("outboxd");
-        let m = Metrics {
+        m.register_delivery(&mut registry);
+        m.register_plugins(&mut registry);
+        m.register_sources(&mut registry);
+        for outcome in INGEST_OUTCOMES {
+            drop(m.events_ingested.get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            }));
+        }
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// Every family empty, none registered yet.
+    fn unregistered() -> Metrics {
+        Metrics {
             events_ingested: Family::default(),
             deliveries: Family::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -157,119 +173,125 @@ impl Metrics {
             source_messages: Family::default(),
             source_unacked: Family::default(),
             registry: Registry::default(),
-        };
+        }
+    }
+
+    /// Ingest, delivery, queue, lease, worker and fleet families.
+    fn register_delivery(&self, registry: &mut Registry) {
         registry.register(
             "events_ingested",
             "Events received by ingest, by outcome",
-            m.events_ingested.clone(),
+            self.events_ingested.clone(),
         );
         registry.register(
             "deliveries",
             "Delivery attempts finished, by sink and outcome",
-            m.deliveries.clone(),
+            self.deliveries.clone(),
         );
         registry.register(
             "delivery_latency_seconds",
             "Time from ingest commit to delivered, by sink",
-            m.delivery_latency.clone(),
+            self.delivery_latency.clone(),
         );
         registry.register(
             "attempt_duration_seconds",
             "Duration of one plugin batch call, by sink",
-            m.attempt_duration.clone(),
+            self.attempt_duration.clone(),
         );
         registry.register(
             "queue_depth",
             "Live deliveries by sink and status (counted up to a cap at scrape)",
-            m.queue_depth.clone(),
+            self.queue_depth.clone(),
         );
         registry.register(
             "oldest_due_age_seconds",
             "Age of the oldest due head of a stream, by sink",
-            m.oldest_due_age.clone(),
+            self.oldest_due_age.clone(),
         );
         registry.register(
             "leases_active",
             "Deliveries under a live lease",
-            m.leases_active.clone(),
+            self.leases_active.clone(),
         );
         registry.register(
             "leases_expired",
             "Deliveries whose lease expired unfinished",
-            m.leases_expired.clone(),
+            self.leases_expired.clone(),
         );
         registry.register(
             "worker_heartbeat_age_seconds",
             "Time since the delivery loop of a sink last finished a turn",
-            m.heartbeat_age.clone(),
+            self.heartbeat_age.clone(),
         );
         registry.register(
             "worker_consecutive_failures",
             "Delivery turns in a row that failed, by sink",
-            m.consecutive_failures.clone(),
-        );
-        registry.register(
-            "plugin_traps",
-            "Plugin traps, by plugin and kind",
-            m.plugin_traps.clone(),
-        );
-        registry.register(
-            "plugin_quarantines",
-            "Times a plugin was quarantined after consecutive traps",
-            m.plugin_quarantines.clone(),
-        );
-        registry.register("plugin_loads", "Plugins loaded", m.plugin_loads.clone());
-        registry.register(
-            "plugin_load_failures",
-            "Plugins refused at load or reload",
-            m.plugin_load_failures.clone(),
-        );
-        registry.register(
-            "source_entries",
-            "Outbox entries a source found, by source and outcome",
-            m.source_entries.clone(),
-        );
-        registry.register(
-            "source_checkpoint_lag_seconds",
-            "Time since a source's change feed was last caught up with its database",
-            m.source_checkpoint_lag.clone(),
-        );
-        registry.register(
-            "source_oldest_pending_age_seconds",
-            "Age of the oldest entry still pending in a source's database, as of its last scan",
-            m.source_oldest_pending_age.clone(),
-        );
-        registry.register(
-            "source_cycle_duration_seconds",
-            "Duration of one relay cycle (claim, ingest, finish), by source",
-            m.source_cycle_duration.clone(),
-        );
-        registry.register(
-            "source_ready",
-            "1 when a source is ready (no error on its last run, every check ok and fresh)",
-            m.source_ready.clone(),
-        );
-        registry.register(
-            "source_messages",
-            "Messages taken by a source, by source and outcome (consumed, stored, duplicate, dead_lettered)",
-            m.source_messages.clone(),
-        );
-        registry.register(
-            "source_unacked",
-            "Messages a source holds and has not yet acknowledged, by source",
-            m.source_unacked.clone(),
+            self.consecutive_failures.clone(),
         );
         registry.register(
             "sink_serving_replicas",
             "Replicas serving a registered sink (0: its deliveries wait for one), by sink",
-            m.sink_serving_replicas.clone(),
+            self.sink_serving_replicas.clone(),
         );
-        for outcome in INGEST_OUTCOMES {
-            drop(m.events_ingested.get_or_create(&OutcomeLabel {
-                outcome: outcome.to_string(),
-            }));
-        }
-        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// Plugin load, trap and quarantine families.
+    fn register_plugins(&self, registry: &mut Registry) {
+        registry.register(
+            "plugin_traps",
+            "Plugin traps, by plugin and kind",
+            self.plugin_traps.clone(),
+        );
+        registry.register(
+            "plugin_quarantines",
+            "Times a plugin was quarantined after consecutive traps",
+            self.plugin_quarantines.clone(),
+        );
+        registry.register("plugin_loads", "Plugins loaded", self.plugin_loads.clone());
+        registry.register(
+            "plugin_load_failures",
+            "Plugins refused at load or reload",
+            self.plugin_load_failures.clone(),
+        );
+    }
+
+    /// Source (outbox relay and consumer) families.
+    fn register_sources(&self, registry: &mut Registry) {
+        registry.register(
+            "source_entries",
+            "Outbox entries a source found, by source and outcome",
+            self.source_entries.clone(),
+        );
+        registry.register(
+            "source_checkpoint_lag_seconds",
+            "Time since a source's change feed was last caught up with its database",
+            self.source_checkpoint_lag.clone(),
+        );
+        registry.register(
+            "source_oldest_pending_age_seconds",
+            "Age of the oldest entry still pending in a source's database, as of its last scan",
+            self.source_oldest_pending_age.clone(),
+        );
+        registry.register(
+            "source_cycle_duration_seconds",
+            "Duration of one relay cycle (claim, ingest, finish), by source",
+            self.source_cycle_duration.clone(),
+        );
+        registry.register(
+            "source_ready",
+            "1 when a source is ready (no error on its last run, every check ok and fresh)",
+            self.source_ready.clone(),
+        );
+        registry.register(
+            "source_messages",
+            "Messages taken by a source, by source and outcome (consumed, stored, duplicate, dead_lettered)",
+            self.source_messages.clone(),
+        );
+        registry.register(
+            "source_unacked",
+            "Messages a source holds and has not yet acknowledged, by source",
+            self.source_unacked.clone(),
+        );
     }
 
     /// The registry in the Prometheus text format.

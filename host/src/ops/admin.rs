@@ -2,9 +2,12 @@
 //!
 //! Owns: the bearer-token check (`Authorization: Bearer <admin.token>`;
 //! 401 without it or with a wrong one, compared in constant time), and the
-//! HTTP shape of each admin action. The same actions are in the CLI.
+//! HTTP shape of each admin action: request parsing, status codes, answer
+//! bodies, and waking this daemon's delivery loops after a change. The
+//! actions themselves are [`super::actions`], which the CLI calls too.
 //!
-//! Must never: act without the token when one is configured.
+//! Must never: act without the token when one is configured, or decide
+//! anything an action decides (the CLI would then answer differently).
 
 use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
@@ -15,12 +18,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::actions::{self, AdminError, DeadSelection};
 use super::OpsState;
-use crate::plugin::registry::{SinkState, REMOVED_REASON};
 use crate::store::DeadFilter;
-
-/// Most dead letters one request lists, replays or purges.
-pub const MAX_PAGE: u32 = 10_000;
 
 /// The admin routes, behind the token check.
 pub fn router(state: OpsState) -> Router {
@@ -72,56 +72,53 @@ async fn require_token(State(state): State<OpsState>, request: Request, next: Ne
     next.run(request).await
 }
 
-fn store_error(e: impl std::fmt::Display) -> Response {
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({ "error": format!("store: {e}") })),
-    )
-        .into_response()
+/// `e` as the admin API answers it (see [`super::refusal`]).
+fn refused(e: AdminError) -> Response {
+    let field = match &e {
+        AdminError::Invalid { field, .. } => Some(field.as_str()),
+        _ => None,
+    };
+    super::refusal(e.status(), &e.to_string(), field)
 }
 
+/// `GET /v1/admin/events/{id}`: [`actions::EventView`].
 async fn show_event(State(state): State<OpsState>, Path(id): Path<String>) -> Response {
-    match state.store.event(&id).await {
-        Ok(Some((stored, deliveries))) => Json(json!({
-            "id": stored.event.id,
-            "type": stored.event.ty,
-            "source": stored.event.source,
-            "stream": stored.event.stream,
-            "sequence": stored.sequence,
-            "ingested_at_ms": stored.ingested_at_ms,
-            "deliveries": deliveries,
-        }))
-        .into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": format!("no event with id {id:?}") })),
-        )
-            .into_response(),
-        Err(e) => store_error(e),
+    match actions::show_event(&*state.store, &id).await {
+        Ok(view) => Json(view).into_response(),
+        Err(e) => refused(e),
     }
 }
 
-/// Query of `GET /v1/admin/dead`.
+/// Query of `GET /v1/admin/dead`: the fields of the replay and purge body
+/// (a [`DeadFilter`] and `limit`), spelled out because a query string
+/// cannot carry a flattened struct's numbers.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ListQuery {
     sink: Option<String>,
     stream: Option<String>,
+    event_id: Option<String>,
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
     limit: Option<u32>,
 }
 
+/// `GET /v1/admin/dead`: `{"dead": [DeadLetter…]}`, newest first;
+/// `limit` as [`actions::DeadSelection`] rules.
 async fn list_dead(State(state): State<OpsState>, Query(q): Query<ListQuery>) -> Response {
-    let filter = DeadFilter {
-        sink: q.sink,
-        stream: q.stream,
-        ..Default::default()
+    let sel = DeadSelection {
+        filter: DeadFilter {
+            sink: q.sink,
+            stream: q.stream,
+            event_id: q.event_id,
+            since_ms: q.since_ms,
+            until_ms: q.until_ms,
+        },
+        limit: q.limit,
     };
-    match state
-        .store
-        .list_dead(&filter, q.limit.unwrap_or(100).min(MAX_PAGE))
-        .await
-    {
+    match actions::list_dead(&*state.store, &sel).await {
         Ok(dead) => Json(json!({ "dead": dead })).into_response(),
-        Err(e) => store_error(e),
+        Err(e) => refused(e),
     }
 }
 
@@ -134,129 +131,83 @@ struct Selection {
     limit: Option<u32>,
 }
 
+impl From<Selection> for DeadSelection {
+    fn from(s: Selection) -> DeadSelection {
+        DeadSelection {
+            filter: s.filter,
+            limit: s.limit,
+        }
+    }
+}
+
+/// `POST /v1/admin/dead/replay`: `{"replayed": n}`.
 async fn replay_dead(State(state): State<OpsState>, body: Option<Json<Selection>>) -> Response {
-    let sel = body.map(|b| b.0).unwrap_or_default();
-    match state
-        .store
-        .replay_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE))
-        .await
-    {
+    let sel = body.map(|b| b.0).unwrap_or_default().into();
+    match actions::replay_dead(&*state.store, &sel).await {
         Ok(n) => {
             state.wake.everyone();
             Json(json!({ "replayed": n })).into_response()
         }
-        Err(e) => store_error(e),
+        Err(e) => refused(e),
     }
 }
 
+/// `POST /v1/admin/dead/purge`: `{"purged": n}`.
 async fn purge_dead(State(state): State<OpsState>, body: Option<Json<Selection>>) -> Response {
-    let sel = body.map(|b| b.0).unwrap_or_default();
-    match state
-        .store
-        .purge_dead(&sel.filter, sel.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE))
-        .await
-    {
+    let sel = body.map(|b| b.0).unwrap_or_default().into();
+    match actions::purge_dead(&*state.store, &sel).await {
         Ok(n) => {
             // A purged dead letter may unblock its stream (`on-dead = block`).
             state.wake.everyone();
             Json(json!({ "purged": n })).into_response()
         }
-        Err(e) => store_error(e),
+        Err(e) => refused(e),
     }
 }
 
+/// `GET /v1/admin/sinks`: `{"sinks": [SinkView…], "replica"}`.
 async fn list_sinks(State(state): State<OpsState>) -> Response {
-    let paused = match state.store.paused_sinks().await {
-        Ok(p) => p,
-        Err(e) => return store_error(e),
-    };
-    // `state`: "loaded" (with its version), "quarantined" (loaded, but not
-    // claiming until `quarantine.until_ms` after failing batch after
-    // batch; `quarantine.reason` says how), "removed" (its manifest is
-    // gone; deliveries parked with reason "sink removed" until it returns)
-    // or "refused" (a manifest names it but it never loaded).
-    let states = state.plugins.states();
-    let quarantined = state.quarantines.current();
-    let fleet = state.fleet.status();
-    let mut names = state.plugins.known();
-    names.extend(fleet.sinks.iter().map(|s| s.name.clone()));
-    names.sort();
-    names.dedup();
-    let sinks: Vec<_> = names
-        .iter()
-        .map(|s| {
-            let f = fleet.sinks.iter().find(|f| &f.name == s);
-            let quarantine = quarantined.get(s);
-            let (loaded, st, version, parked) = match states.get(s) {
-                Some(SinkState::Loaded { version }) if quarantine.is_some() => {
-                    (true, "quarantined", Some(version.clone()), None)
-                }
-                Some(SinkState::Loaded { version }) => {
-                    (true, "loaded", Some(version.clone()), None)
-                }
-                Some(SinkState::Removed) => (false, "removed", None, Some(REMOVED_REASON)),
-                None if state.plugins.known().contains(s) => (false, "refused", None, None),
-                // Registered by another replica; not loaded here.
-                None => (false, "elsewhere", None, None),
-            };
-            json!({
-                "sink": s,
-                "loaded": loaded,
-                "state": st,
-                "version": version,
-                "paused": paused.contains(s),
-                "parked": parked,
-                "quarantine": quarantine,
-                "registered": f.is_some_and(|f| f.registered),
-                "retired": f.is_some_and(|f| f.retired),
-                "unserved": f.is_some_and(|f| f.unserved),
-                "replicas": f.map(|f| f.replicas.clone()).unwrap_or_default(),
-                "version_skew": f.is_some_and(|f| f.versions.len() > 1),
-            })
-        })
-        .collect();
-    Json(json!({ "sinks": sinks, "replica": fleet.replica })).into_response()
+    match actions::list_sinks(
+        &*state.store,
+        &state.plugins,
+        &state.quarantines,
+        &state.fleet,
+    )
+    .await
+    {
+        Ok((sinks, replica)) => Json(json!({ "sinks": sinks, "replica": replica })).into_response(),
+        Err(e) => refused(e),
+    }
 }
 
 /// `POST /v1/admin/sinks/{sink}/retire`: no replica routes new events to
 /// it from now on; its deliveries already queued stay and are delivered
 /// by any replica that still has its plugin loaded (or wait).
 async fn retire(State(state): State<OpsState>, Path(sink): Path<String>) -> Response {
-    match state.store.retire_sink(&sink).await {
-        Ok(true) => {
+    match actions::retire(&*state.store, &sink).await {
+        Ok(()) => {
             let _ = state.fleet.cycle().await;
             Json(json!({ "sink": sink, "retired": true })).into_response()
         }
-        Ok(false) => (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": format!("no registered sink {sink:?} that is not retired already") })),
-        )
-            .into_response(),
-        Err(e) => store_error(e),
+        Err(e) => refused(e),
     }
 }
 
 async fn set_paused(state: OpsState, sink: String, paused: bool) -> Response {
-    if !state.plugins.known().contains(&sink) {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": format!("no sink named {sink:?}") })),
-        )
-            .into_response();
-    }
-    match state.store.set_paused(&sink, paused).await {
+    match actions::set_paused(&*state.store, &state.plugins.known(), &sink, paused).await {
         Ok(()) => Json(json!({ "sink": sink, "paused": paused })).into_response(),
-        Err(e) => store_error(e),
+        Err(e) => refused(e),
     }
 }
 
+/// `POST /v1/admin/sinks/{sink}/pause`.
 async fn pause(State(state): State<OpsState>, Path(sink): Path<String>) -> Response {
     set_paused(state, sink, true).await
 }
 
+/// `POST /v1/admin/sinks/{sink}/resume`.
 async fn resume(State(state): State<OpsState>, Path(sink): Path<String>) -> Response {
-    let r = set_paused(state.clone(), sink, false).await;
-    r
+    set_paused(state, sink, false).await
 }
 
 /// Body of `POST /v1/admin/backfill`.
@@ -269,22 +220,22 @@ struct BackfillRequest {
     since_ms: i64,
 }
 
+/// `POST /v1/admin/backfill`: [`actions::Backfilled`].
 async fn backfill(State(state): State<OpsState>, Json(req): Json<BackfillRequest>) -> Response {
-    if !state.plugins.known().contains(&req.sink) {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": format!("no sink named {:?}", req.sink) })),
-        )
-            .into_response();
-    }
-    match crate::ingest::routes::backfill(&*state.store, &state.routes, &req.sink, req.since_ms)
-        .await
+    let known = state.plugins.known();
+    match actions::backfill(
+        &*state.store,
+        &state.routes,
+        &known,
+        &req.sink,
+        req.since_ms,
+    )
+    .await
     {
-        Ok((scanned, created)) => {
+        Ok(done) => {
             state.wake.everyone();
-            Json(json!({ "sink": req.sink, "scanned": scanned, "created": created }))
-                .into_response()
+            Json(done).into_response()
         }
-        Err(e) => store_error(e),
+        Err(e) => refused(e),
     }
 }

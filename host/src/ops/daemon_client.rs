@@ -1,7 +1,8 @@
 //! What the CLI asks a running daemon: state that lives only in the
-//! daemon's process, not in the database (which sinks are quarantined, the
-//! status of the configured sources), and the actions that need the
-//! daemon's loaded plugins to check their input (destinations, [`call`]).
+//! daemon's process, not in the database (which sinks are loaded, removed
+//! or quarantined, the status of the configured sources), and the actions
+//! that need the daemon's loaded plugins or routes (destinations,
+//! backfill: [`call`]).
 //!
 //! Owns: one request to the daemon at the configured `listen`
 //! address (loopback when it listens on every address), with the admin
@@ -11,14 +12,12 @@
 //! make a read-only CLI command fail because no daemon answers (the caller
 //! says so and goes on).
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
 
-/// Longest the CLI waits for the daemon.
-pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
+pub use crate::limits::CLIENT_TIMEOUT;
 
 /// Why the daemon's state could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -39,26 +38,22 @@ pub enum DaemonClientError {
     },
 }
 
-/// The quarantine of every quarantined sink, by sink name, as the daemon
-/// listening on `listen` reports it (`/v1/admin/sinks`, field
-/// `quarantine`).
-pub async fn quarantines(
+/// Every sink as the daemon listening on `listen` reports it
+/// (`/v1/admin/sinks`, field `sinks`: one
+/// [`crate::ops::actions::SinkView`] each, as JSON).
+pub async fn sinks(
     listen: SocketAddr,
     token: Option<&str>,
-) -> Result<BTreeMap<String, serde_json::Value>, DaemonClientError> {
+) -> Result<Vec<serde_json::Value>, DaemonClientError> {
     let (addr, body) = get(listen, SINKS_PATH, token).await?;
-    let sinks = body["sinks"]
-        .as_array()
-        .ok_or_else(|| DaemonClientError::Body {
+    match body["sinks"].as_array() {
+        Some(sinks) => Ok(sinks.clone()),
+        None => Err(DaemonClientError::Body {
             addr,
             path: SINKS_PATH,
             reason: "no `sinks` array".into(),
-        })?;
-    Ok(sinks
-        .iter()
-        .filter(|s| !s["quarantine"].is_null())
-        .filter_map(|s| Some((s["sink"].as_str()?.to_string(), s["quarantine"].clone())))
-        .collect())
+        }),
+    }
 }
 
 /// Every configured source with its status, as the daemon listening on

@@ -39,13 +39,13 @@ pub fn routes() -> Router<OpsState> {
         .route("/v1/admin/destinations/{name}/rotate-secret", post(rotate))
 }
 
+/// `e` as the admin API answers it (see [`super::refusal`]).
 fn refused(e: ActionError) -> Response {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
-    let mut body = json!({ "error": e.to_string() });
-    if let ActionError::Invalid { field, .. } = &e {
-        body["field"] = field.clone().into();
-    }
-    (status, Json(body)).into_response()
+    let field = match &e {
+        ActionError::Invalid { field, .. } => Some(field.as_str()),
+        _ => None,
+    };
+    super::refusal(e.status(), &e.to_string(), field)
 }
 
 fn bad_body(field: String, message: String) -> Response {

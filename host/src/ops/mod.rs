@@ -10,13 +10,13 @@
 //! and every store call has a short timeout, so a huge backlog cannot make
 //! a probe time out.
 
+pub mod actions;
 pub mod admin;
 pub mod daemon_client;
 pub mod destinations;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -30,8 +30,7 @@ use crate::metrics::{Metrics, SinkLabel, SinkStatusLabel};
 use crate::plugin::registry::SinkState;
 use crate::store::{QueueStats, Store};
 
-/// Longest a probe waits for the database.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+pub use crate::limits::PROBE_TIMEOUT;
 /// Most rows counted for queue figures ([`crate::store::STATS_COUNT_CAP`]).
 pub const COUNT_CAP: u64 = crate::store::STATS_COUNT_CAP;
 
@@ -71,6 +70,18 @@ impl OpsState {
             wake: self.wake.clone(),
         }
     }
+}
+
+/// An admin action's refusal as the admin API answers it: `status` and
+/// `{"error": message}`, with `"field"` naming the bad input when there is
+/// one.
+pub(crate) fn refusal(status: u16, message: &str, field: Option<&str>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut body = json!({ "error": message });
+    if let Some(field) = field {
+        body["field"] = field.into();
+    }
+    (status, Json(body)).into_response()
 }
 
 /// The ops routes.
@@ -115,15 +126,16 @@ async fn queue(store: &dyn Store) -> Result<QueueStats, String> {
     }
 }
 
-async fn ready(State(state): State<OpsState>) -> Response {
-    let database = match tokio::time::timeout(PROBE_TIMEOUT, state.store.ping()).await {
+/// `store.ping()` and `store.pending_migrations()`, each bounded by
+/// [`PROBE_TIMEOUT`]: the `database` and `migrations` checks.
+async fn database_checks(store: &dyn Store) -> (Result<(), String>, Result<(), String>) {
+    let database = match tokio::time::timeout(PROBE_TIMEOUT, store.ping()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
     };
     let migrations = match &database {
-        Ok(()) => match tokio::time::timeout(PROBE_TIMEOUT, state.store.pending_migrations()).await
-        {
+        Ok(()) => match tokio::time::timeout(PROBE_TIMEOUT, store.pending_migrations()).await {
             Ok(Ok(p)) if p.is_empty() => Ok(()),
             Ok(Ok(p)) => Err(format!("pending: {}", p.join(", "))),
             Ok(Err(e)) => Err(e.to_string()),
@@ -131,11 +143,16 @@ async fn ready(State(state): State<OpsState>) -> Response {
         },
         Err(_) => Err("database unavailable".to_string()),
     };
-    let beats = state.heartbeats.snapshot();
-    let failing = state.heartbeats.failing();
+    (database, migrations)
+}
+
+/// The `workers` check: ok when every delivery loop is fresh and
+/// succeeding; each loop's figures by sink.
+fn workers_check(heartbeats: &Heartbeats) -> serde_json::Value {
+    let failing = heartbeats.failing();
     let mut workers = BTreeMap::new();
     let mut workers_ok = true;
-    for (sink, beat) in &beats {
+    for (sink, beat) in &heartbeats.snapshot() {
         let ok = beat.fresh() && beat.succeeding();
         workers_ok &= ok;
         workers.insert(
@@ -153,8 +170,15 @@ async fn ready(State(state): State<OpsState>) -> Response {
             }),
         );
     }
+    json!({ "ok": workers_ok, "sinks": workers })
+}
+
+/// The `plugins` check: ok when none was refused. Quarantines are shown,
+/// not failed on: a quarantine ends by itself, ingest (what readiness
+/// gates) is unaffected, and failing every replica's /ready for one sink's
+/// plugin would stop ingest for every sink (README, Operations).
+fn plugins_check(state: &OpsState) -> serde_json::Value {
     let refused = state.plugins.failures();
-    let plugins_ok = refused.is_empty();
     let removed: Vec<String> = state
         .plugins
         .states()
@@ -162,31 +186,68 @@ async fn ready(State(state): State<OpsState>) -> Response {
         .filter(|(_, s)| *s == SinkState::Removed)
         .map(|(n, _)| n)
         .collect();
-    let brokers = state.amqp.probe(PROBE_TIMEOUT).await;
-    let brokers_ok = brokers.iter().all(|b| b.connected);
+    json!({
+        "ok": refused.is_empty(),
+        "loaded": state.plugins.loaded(),
+        "removed": removed,
+        "refused": refused,
+        "quarantined": state.quarantines.current(),
+    })
+}
+
+/// The `amqp` check: ok when every broker a plugin publishes to is
+/// connected.
+async fn amqp_check(amqp: &crate::plugin::amqp::AmqpPool) -> serde_json::Value {
+    let brokers = amqp.probe(PROBE_TIMEOUT).await;
+    let ok = brokers.iter().all(|b| b.connected);
     let brokers: Vec<_> = brokers
         .iter()
         .map(
             |b| json!({ "broker": b.broker, "connected": b.connected, "last_error": b.last_error }),
         )
         .collect();
+    json!({ "ok": ok, "brokers": brokers })
+}
+
+/// The `fleet` figures. Shown, not failed on: a sink no replica serves is
+/// a fleet problem (deploy its plugin somewhere), and failing every
+/// replica's /ready would stop ingest for every other sink.
+fn fleet_figures(fleet: &crate::fleet::Fleet) -> serde_json::Value {
+    let fleet = fleet.status();
+    let names = |pick: fn(&crate::fleet::FleetSink) -> bool| -> Vec<String> {
+        fleet
+            .sinks
+            .iter()
+            .filter(|s| pick(s))
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    json!({
+        "replica": fleet.replica,
+        "unserved": names(|s| s.unserved),
+        "version_skew": names(|s| s.versions.len() > 1),
+        "error": fleet.error,
+    })
+}
+
+/// `/ready`: 200 when every check is ok, 503 otherwise; the body names
+/// each check and the queue figures.
+async fn ready(State(state): State<OpsState>) -> Response {
+    let (database, migrations) = database_checks(&*state.store).await;
+    let workers = workers_check(&state.heartbeats);
+    let plugins = plugins_check(&state);
+    let amqp = amqp_check(&state.amqp).await;
     let queue = if database.is_ok() {
         queue(&*state.store).await
     } else {
         Err("database unavailable".into())
     };
-    // Shown, not failed on: a quarantine ends by itself, ingest (what
-    // readiness gates) is unaffected, and failing every replica's /ready
-    // for one sink's plugin would stop ingest for every sink (README,
-    // Operations).
-    let quarantined = state.quarantines.current();
     let (sources_ok, sources) = state.sources.snapshot();
-    let fleet = state.fleet.status();
     let ok = database.is_ok()
         && migrations.is_ok()
-        && workers_ok
-        && plugins_ok
-        && brokers_ok
+        && workers["ok"] == true
+        && plugins["ok"] == true
+        && amqp["ok"] == true
         && sources_ok;
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!({ "ok": true }),
@@ -197,25 +258,11 @@ async fn ready(State(state): State<OpsState>) -> Response {
         "checks": {
             "database": show(&database),
             "migrations": show(&migrations),
-            "workers": { "ok": workers_ok, "sinks": workers },
-            "plugins": {
-                "ok": plugins_ok,
-                "loaded": state.plugins.loaded(),
-                "removed": removed,
-                "refused": refused,
-                "quarantined": quarantined,
-            },
-            "amqp": { "ok": brokers_ok, "brokers": brokers },
+            "workers": workers,
+            "plugins": plugins,
+            "amqp": amqp,
             "sources": { "ok": sources_ok, "sources": sources },
-            // Shown, not failed on: a sink no replica serves is a fleet
-            // problem (deploy its plugin somewhere), and failing every
-            // replica's /ready would stop ingest for every other sink.
-            "fleet": {
-                "replica": fleet.replica,
-                "unserved": fleet.sinks.iter().filter(|s| s.unserved).map(|s| s.name.clone()).collect::<Vec<_>>(),
-                "version_skew": fleet.sinks.iter().filter(|s| s.versions.len() > 1).map(|s| s.name.clone()).collect::<Vec<_>>(),
-                "error": fleet.error,
-            },
+            "fleet": fleet_figures(&state.fleet),
         },
         "queue": match queue {
             Ok(q) => json!(q),
