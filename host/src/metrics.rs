@@ -32,12 +32,14 @@ pub const DELIVERY_OUTCOMES: [&str; 5] = ["delivered", "retry", "dead", "lease_l
 /// `rejected` (bad input).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
+    /// `stored` or `duplicate`.
     pub outcome: String,
 }
 
 /// Per sink.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SinkLabel {
+    /// The sink (plugin) name; never a destination's.
     pub sink: String,
 }
 
@@ -45,33 +47,41 @@ pub struct SinkLabel {
 /// `released`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SinkOutcomeLabel {
+    /// The sink (plugin) name.
     pub sink: String,
+    /// `delivered`, `retry`, `dead`, `released` or `lease_lost`.
     pub outcome: String,
 }
 
 /// Per sink and delivery status (`pending`, `retrying`, `leased`, `dead`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SinkStatusLabel {
+    /// The sink (plugin) name.
     pub sink: String,
+    /// The state counted (see `store::plan::RowState`).
     pub status: String,
 }
 
 /// Per plugin and trap kind.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrapLabel {
+    /// The plugin's name.
     pub plugin: String,
+    /// The kind of trap, as the plugin host names it.
     pub kind: String,
 }
 
 /// Per plugin.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginLabel {
+    /// The plugin's name.
     pub plugin: String,
 }
 
 /// Per configured source (`[sources.NAME]`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
+    /// The `[sources.NAME]` name.
     pub source: String,
 }
 
@@ -86,7 +96,9 @@ pub struct SourceLabel {
 /// `dead_lettered`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceOutcomeLabel {
+    /// The `[sources.NAME]` name.
     pub source: String,
+    /// What became of the entry.
     pub outcome: String,
 }
 
@@ -98,24 +110,43 @@ fn latency_histogram() -> Histogram {
 /// Every metric of the daemon.
 pub struct Metrics {
     registry: Registry,
+    /// `outboxd_events_ingested_total{outcome}`.
     pub events_ingested: Family<OutcomeLabel, Counter>,
+    /// `outboxd_deliveries_total{sink, outcome}`.
     pub deliveries: Family<SinkOutcomeLabel, Counter>,
+    /// `outboxd_delivery_latency_seconds{sink}`: ingest commit to acknowledged.
     pub delivery_latency: Family<SinkLabel, Histogram, fn() -> Histogram>,
+    /// `outboxd_attempt_duration_seconds{sink}`: one plugin call.
     pub attempt_duration: Family<SinkLabel, Histogram, fn() -> Histogram>,
+    /// `outboxd_queue_depth{sink, status}`, counted at scrape up to a cap.
     pub queue_depth: Family<SinkStatusLabel, Gauge>,
+    /// `outboxd_oldest_due_age_seconds{sink}`.
     pub oldest_due_age: Family<SinkLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `outboxd_leases_active`.
     pub leases_active: Gauge,
+    /// `outboxd_leases_expired`: leased, but run out unfinished.
     pub leases_expired: Gauge,
+    /// `outboxd_worker_heartbeat_age_seconds{sink}`.
     pub heartbeat_age: Family<SinkLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `outboxd_worker_consecutive_failures{sink}`.
     pub consecutive_failures: Family<SinkLabel, Gauge>,
+    /// `outboxd_plugin_traps_total{plugin, kind}`.
     pub plugin_traps: Family<TrapLabel, Counter>,
+    /// `outboxd_plugin_quarantines_total{plugin}`.
     pub plugin_quarantines: Family<PluginLabel, Counter>,
+    /// `outboxd_plugin_loads_total{plugin}`.
     pub plugin_loads: Family<PluginLabel, Counter>,
+    /// `outboxd_plugin_load_failures_total{plugin}`.
     pub plugin_load_failures: Family<PluginLabel, Counter>,
+    /// `outboxd_source_entries_total{source, outcome}`.
     pub source_entries: Family<SourceOutcomeLabel, Counter>,
+    /// `outboxd_source_checkpoint_lag_seconds{source}`.
     pub source_checkpoint_lag: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `outboxd_source_oldest_pending_age_seconds{source}`.
     pub source_oldest_pending_age: Family<SourceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `outboxd_source_cycle_duration_seconds{source}`.
     pub source_cycle_duration: Family<SourceLabel, Histogram, fn() -> Histogram>,
+    /// `outboxd_source_ready{source}`: 1 when the source is following.
     pub source_ready: Family<SourceLabel, Gauge>,
     /// `outboxd_source_messages_total{source, outcome}`.
     pub source_messages: Family<SourceOutcomeLabel, Counter>,

@@ -26,7 +26,12 @@ use crate::store::{DeadFilter, DeadLetter, DeliveryInfo, SinkReplica, Store, Sto
 pub enum AdminError {
     /// Bad input (HTTP 400), naming the field or flag.
     #[error("{field}: {message}")]
-    Invalid { field: String, message: String },
+    Invalid {
+        /// The field or flag, as the user wrote it.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// What the action names does not exist (HTTP 404); the message says
     /// what was looked for.
     #[error("{0}")]
@@ -65,10 +70,14 @@ pub fn parse_time(field: &str, text: &str) -> Result<i64, AdminError> {
 /// not shown, only its size (`GET /v1/events/{id}` gives the event whole).
 #[derive(Debug, Clone, Serialize)]
 pub struct EventView {
+    /// The event's id.
     pub id: String,
+    /// CloudEvents `source`.
     pub source: String,
     #[serde(rename = "type")]
+    /// CloudEvents `type`.
     pub ty: String,
+    /// CloudEvents `subject`.
     pub subject: Option<String>,
     /// The ordering stream (CloudEvents `partitionkey`).
     pub stream: String,
@@ -76,11 +85,13 @@ pub struct EventView {
     pub sequence: u64,
     /// The producer's `time`, as given.
     pub time: Option<String>,
+    /// CloudEvents `datacontenttype`.
     pub datacontenttype: Option<String>,
     /// Commit time of the ingest, Unix ms.
     pub ingested_at_ms: i64,
     /// Size of `data`, bytes.
     pub data_bytes: usize,
+    /// Its deliveries, by delivery key.
     pub deliveries: Vec<DeliveryInfo>,
 }
 
@@ -210,6 +221,7 @@ pub async fn retire(store: &dyn Store, sink: &str) -> Result<(), AdminError> {
 /// What a backfill did.
 #[derive(Debug, Clone, Serialize)]
 pub struct Backfilled {
+    /// The sink backfilled.
     pub sink: String,
     /// Events looked at.
     pub scanned: u64,
@@ -247,6 +259,7 @@ pub async fn backfill(
 /// prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SinkView {
+    /// The sink's name.
     pub sink: String,
     /// A version of it is loaded here.
     pub loaded: bool,
@@ -257,14 +270,21 @@ pub struct SinkView {
     /// `refused` (a manifest names it but it never loaded); `elsewhere`
     /// (registered by another replica, not loaded here).
     pub state: &'static str,
+    /// The manifest version loaded here.
     pub version: Option<String>,
+    /// Paused by an operator.
     pub paused: bool,
+    /// Why its deliveries wait, when they do.
     pub parked: Option<&'static str>,
+    /// Its quarantine, while quarantined.
     pub quarantine: Option<crate::delivery::quarantine::QuarantineState>,
+    /// In the store's sink registry.
     pub registered: bool,
+    /// Retired: no longer routed to.
     pub retired: bool,
     /// Registered, not retired, and no replica serves it.
     pub unserved: bool,
+    /// The replicas that reported serving it.
     pub replicas: Vec<SinkReplica>,
     /// Replicas run different components of it.
     pub version_skew: bool,

@@ -22,18 +22,32 @@ pub use crate::limits::CLIENT_TIMEOUT;
 /// Why the daemon's state could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonClientError {
+    /// No daemon answered.
     #[error("no daemon answered at {addr}: {reason}")]
-    Unreachable { addr: SocketAddr, reason: String },
+    Unreachable {
+        /// Where it was asked.
+        addr: SocketAddr,
+        /// Why it did not answer.
+        reason: String,
+    },
+    /// The daemon refused.
     #[error("the daemon at {addr} answered {status} to GET {path} (is admin.token the daemon's?)")]
     Status {
+        /// Where it was asked.
         addr: SocketAddr,
+        /// The path asked for.
         path: &'static str,
+        /// The HTTP status it answered.
         status: u16,
     },
+    /// The daemon's answer was not the JSON expected.
     #[error("the daemon at {addr} answered GET {path} with unreadable JSON: {reason}")]
     Body {
+        /// Where it was asked.
         addr: SocketAddr,
+        /// The path asked for.
         path: &'static str,
+        /// Why the JSON could not be read.
         reason: String,
     },
 }

@@ -37,13 +37,17 @@ pub const COUNT_CAP: u64 = crate::store::STATS_COUNT_CAP;
 /// What the endpoints look at.
 #[derive(Clone)]
 pub struct OpsState {
+    /// The durable store.
     pub store: Arc<dyn Store>,
     /// The sinks: loaded, removed (parked), refused.
     pub plugins: Arc<crate::plugin::registry::Registry>,
+    /// Each delivery loop's liveness.
     pub heartbeats: Arc<Heartbeats>,
+    /// The Prometheus registry.
     pub metrics: Arc<Metrics>,
     /// Sinks quarantined after failing batch after batch.
     pub quarantines: Arc<crate::delivery::Quarantines>,
+    /// The bearer token the admin API requires, when set.
     pub admin_token: Option<String>,
     /// The AMQP brokers plugins publish to (readiness shows an outage).
     pub amqp: crate::plugin::amqp::AmqpPool,
