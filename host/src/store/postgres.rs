@@ -253,27 +253,6 @@ async fn insert_deliveries(
     Ok(())
 }
 
-/// Lock the rows of `streams` in byte order (`COLLATE "C"`): the one order
-/// every transaction that moves heads or adds deliveries takes them in
-/// (ingest, finish, routing, replay, purge, backfill), so two never wait on
-/// each other in opposite orders, and a head is never moved from a stale
-/// read while another transaction changes its stream.
-async fn lock_streams(
-    tx: &mut Transaction<'_, Postgres>,
-    streams: &[String],
-) -> Result<(), sqlx::Error> {
-    if streams.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "SELECT 1 FROM outboxd.streams WHERE stream = ANY($1) ORDER BY stream COLLATE \"C\" FOR UPDATE",
-    )
-    .bind(streams)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 impl PgStore {
     /// What an ingest request finds stored, read under the locks of its
     /// streams' rows (taken here, in byte order, creating missing rows).
@@ -555,26 +534,26 @@ impl Store for PgStore {
     }
 
     async fn route_pending(&self, route: &RouteFn<'_>, limit: u32) -> Result<usize, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = PgTx(self.pool.begin().await?);
         let rows = sqlx::query(&format!(
             "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE NOT routed ORDER BY seq_id LIMIT $1 \
              FOR UPDATE SKIP LOCKED"
         ))
         .bind(limit as i64)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *tx.0)
         .await?;
         let events = rows
             .iter()
             .map(super::event_from_row)
             .collect::<Result<Vec<_>, _>>()?;
         let streams: BTreeSet<String> = events.iter().map(|e| e.event.stream.clone()).collect();
-        lock_streams(&mut tx, &streams.into_iter().collect::<Vec<_>>()).await?;
+        shared::lock_streams(self, &mut tx, &streams).await?;
         let mut queued = false;
         for stored in &events {
             let sinks = route(&stored.event);
             let n = sinks.len();
             insert_deliveries(
-                &mut tx,
+                &mut tx.0,
                 &vec![stored.event.id.clone(); n],
                 &sinks,
                 &vec![stored.event.stream.clone(); n],
@@ -585,17 +564,17 @@ impl Store for PgStore {
             sqlx::query("UPDATE outboxd.events SET routed = true, content_hash = $2 WHERE id = $1")
                 .bind(&stored.event.id)
                 .bind(stored.event.content_hash())
-                .execute(&mut *tx)
+                .execute(&mut *tx.0)
                 .await?;
         }
         if queued {
             sqlx::query("SELECT pg_notify($1, 'routed')")
                 .bind(WAKE_CHANNEL)
-                .execute(&mut *tx)
+                .execute(&mut *tx.0)
                 .await
                 .ok();
         }
-        tx.commit().await?;
+        tx.0.commit().await?;
         Ok(rows.len())
     }
 

@@ -211,8 +211,13 @@ fn dead_ids(sql: &dyn Sql, q: &mut Builder, filter: &DeadFilter, limit: u32) {
     q.push(&format!(" LIMIT {p}{}", sql.dialect().for_update));
 }
 
-/// Lock the rows of `streams` in byte order, where the dialect locks.
-async fn lock_streams(
+/// Lock the rows of `streams` in byte order (`BTreeSet` order is byte
+/// order, PostgreSQL's `COLLATE "C"`), where the dialect locks: the one
+/// order every transaction that moves heads or adds deliveries takes them
+/// in (ingest, finish, routing, replay, purge, backfill), so two never
+/// wait on each other in opposite orders, and a head is never moved from a
+/// stale read while another transaction changes its stream.
+pub async fn lock_streams(
     sql: &dyn Sql,
     tx: &mut (dyn SqlTx + '_),
     streams: &BTreeSet<String>,
