@@ -272,13 +272,7 @@ async fn five_thousand_messages_over_a_hundred_streams_are_stored_once_and_deliv
     let names = Names::new("bulk");
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let d = start_daemon(&db, &plugins, names.source("stream = \"$.order\"")).await;
     wait_source_ready(&d, Duration::from_secs(20)).await;
 
@@ -390,13 +384,7 @@ async fn poison_messages_are_dead_lettered_with_their_reasons_while_the_rest_flo
     let names = Names::new("poison");
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let d = start_daemon(&db, &plugins, names.source("stream = \"$.order\"")).await;
     wait_source_ready(&d, Duration::from_secs(20)).await;
     let (conn, ch) = broker().await;
@@ -726,13 +714,7 @@ async fn ready_shows_a_source_that_cannot_reach_its_broker_and_the_rest_serves()
     init_logs();
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     // Port 1: nothing listens.
     let source: SourceConfig = toml::from_str(
         "kind = \"amqp\"\nurl = \"amqp://guest:hunter2@127.0.0.1:1/%2f\"\nqueue = \"q\"\n",

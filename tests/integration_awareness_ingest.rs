@@ -48,13 +48,7 @@ impl Setup {
 
     async fn start_on(database_url: &str, receiver: &Receiver, name: &str) -> Setup {
         let plugins = PluginsDir::new();
-        plugins.add_webhook(
-            "webhook",
-            &receiver.url(),
-            &[receiver.origin()],
-            &new_secret(),
-            "",
-        );
+        plugins.add_webhook_to("webhook", receiver);
         let data = tempfile::tempdir().unwrap();
         let config = ChildConfig {
             listen: free_loopback_addr(),

@@ -117,19 +117,10 @@ fn a_read_only_command_in_a_fresh_folder_names_the_missing_database() {
 /// A daemon with one webhook sink whose receiver refuses (400), so every
 /// event becomes a dead letter; `ids` posted (on stream `orders`) and dead.
 async fn daemon_with_dead_letters(ids: &[&str]) -> (TestDaemon, Receiver, PluginsDir) {
-    let receiver = Receiver::start().await;
+    let (d, receiver, plugins) = Harness::new().webhook("webhook", "").start().await.single();
     for _ in ids {
         receiver.script(400, &[], "not today");
     }
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
     for id in ids {
         d.post_event(&event(id, "orders", "t", json!({"id": id})))
             .await;

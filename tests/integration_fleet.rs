@@ -70,13 +70,7 @@ async fn replicas_with_different_plugins_route_every_event_to_every_registered_s
         &new_secret(),
         "",
     );
-    pb.add_webhook(
-        "mirror",
-        &mirror.url(),
-        &[mirror.origin()],
-        &new_secret(),
-        "",
-    );
+    pb.add_webhook_to("mirror", &mirror);
     let db = TestDb::new(Backend::Postgres).await;
     let a = replica(&pa, &db).await;
     let b = replica(&pb, &db).await;
@@ -112,7 +106,7 @@ async fn replicas_with_different_plugins_route_every_event_to_every_registered_s
 
     // A sink added to one replica while both run: the other's next ingest
     // routes to it.
-    pa.add_webhook("third", &third.url(), &[third.origin()], &new_secret(), "");
+    pa.add_webhook_to("third", &third);
     wait_sink_state(&b, "third", "registered", |s| s["registered"] == true).await;
     b.post_event(&event("b4", "s", "t", json!({}))).await;
     assert!(
@@ -122,7 +116,7 @@ async fn replicas_with_different_plugins_route_every_event_to_every_registered_s
     );
 
     // Version skew: B loads `hooks` too, from another manifest.
-    pb.add_webhook("hooks", &hooks.url(), &[hooks.origin()], &new_secret(), "");
+    pb.add_webhook_to("hooks", &hooks);
     let s = wait_sink_state(&a, "hooks", "skewed", |s| s["version_skew"] == true).await;
     assert_eq!(s["replicas"].as_array().unwrap().len(), 2, "{s}");
     std::fs::remove_file(pb.path().join("hooks.toml")).unwrap();

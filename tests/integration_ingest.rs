@@ -252,13 +252,7 @@ async fn cloudevents_attribute_rules_are_kept(backend: Backend) {
 async fn events_are_delivered_and_readable(backend: Backend) {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let (db, d) = daemon(backend, plugins.path()).await;
     let batch: Vec<_> = (0..9)
         .map(|i| {
@@ -303,12 +297,8 @@ both_stores!(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn routes_pick_sinks_and_an_unmatched_event_is_stored_without_deliveries() {
-    // The receiver lives to the end of the test, as the sink's target.
-    let Harness {
-        daemon: d,
-        hooks: _hooks,
-        ..
-    } = Harness::new()
+    // The receiver and the plugins folder live to the end of the test.
+    let (d, _receiver, _plugins) = Harness::new()
         .webhook("webhook", "")
         .config(|c| {
             c.routes = Some(vec![Route {
@@ -318,7 +308,8 @@ async fn routes_pick_sinks_and_an_unmatched_event_is_stored_without_deliveries()
             }]);
         })
         .start()
-        .await;
+        .await
+        .single();
     let ce = "application/cloudevents+json";
     d.post(
         ce,
@@ -402,14 +393,8 @@ async fn a_chained_sink_takes_an_event_only_after_its_predecessor_delivered_it(b
     first.script(503, &[], "busy");
     first.script(503, &[], "busy");
     let plugins = PluginsDir::new();
-    plugins.add_webhook("first", &first.url(), &[first.origin()], &new_secret(), "");
-    plugins.add_webhook(
-        "second",
-        &second.url(),
-        &[second.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("first", &first);
+    plugins.add_webhook_to("second", &second);
     let manifest = plugins.path().join("second.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(&manifest, format!("after = \"first\"\n{text}")).unwrap();

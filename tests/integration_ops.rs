@@ -71,16 +71,7 @@ async fn a_fresh_daemon_shows_every_known_series_at_zero_on_its_first_scrape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_parse_and_move_as_events_flow() {
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = Harness::new().webhook("webhook", "").start().await.single();
     let before = scrape(&d).await;
     assert_eq!(
         sample(
@@ -203,16 +194,7 @@ async fn metrics_parse_and_move_as_events_flow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_sink_delivers_nothing_until_resumed() {
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = Harness::new().webhook("webhook", "").start().await.single();
     let r = d
         .http
         .post(format!("{}/v1/admin/sinks/webhook/pause", d.base))
@@ -249,17 +231,8 @@ async fn a_paused_sink_delivers_nothing_until_resumed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replayed_dead_letter_is_delivered() {
-    let receiver = Receiver::start().await;
+    let (d, receiver, _plugins) = Harness::new().webhook("webhook", "").start().await.single();
     receiver.script(400, &[], "not today");
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
     d.post_event(&event("dl", "s", "t", json!({}))).await;
     d.wait_delivery("dl", Duration::from_secs(20), |x| x["status"] == "dead")
         .await;
@@ -302,13 +275,7 @@ async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_repla
     let receiver = Receiver::start().await;
     receiver.script(400, &[], "not today");
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let manifest = plugins.path().join("webhook.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(
@@ -417,13 +384,7 @@ async fn ready_is_503_while_every_claim_fails() {
     let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
     d.post_event(&event("r1", "s", "t", json!({}))).await;
     assert!(eventually(Duration::from_secs(10), || !receiver.seen().is_empty()).await);
@@ -480,7 +441,7 @@ async fn backfill_gives_a_new_sink_the_past_events_once() {
     let old = Receiver::start().await;
     let new = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook("a", &old.url(), &[old.origin()], &new_secret(), "");
+    plugins.add_webhook_to("a", &old);
     let url = db.url.clone();
     let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url.clone())).await;
     let batch: Vec<_> = (0..6)
@@ -570,13 +531,7 @@ async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_r
     let pg = PrivatePostgres::init();
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let url = pg.url();
     let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
     let post = |id: &'static str| {

@@ -182,14 +182,9 @@ async fn a_replaced_plugin_takes_over_under_load_losing_and_duplicating_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
     init_logs();
-    let Harness {
-        daemon: d,
-        plugins,
-        mut hooks,
-    } = Harness::new().webhook("hook", "").start().await;
-    let Hook {
-        receiver, secret, ..
-    } = hooks.remove(0);
+    let h = Harness::new().webhook("hook", "").start().await;
+    let secret = h.hook("hook").secret.clone();
+    let (d, receiver, plugins) = h.single();
     post_events(&d, "before", 5, 1, 5).await;
     assert!(eventually(RELOAD, || receiver.count() == 5).await);
 
@@ -278,11 +273,7 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_removed_plugin_parks_its_deliveries_until_it_returns() {
     init_logs();
-    let Harness {
-        daemon: d,
-        plugins,
-        mut hooks,
-    } = Harness::new()
+    let (d, receiver, plugins) = Harness::new()
         .webhook("hook", "")
         .config(|c| {
             // Routes name the sink, so events keep routing to it while removed.
@@ -293,8 +284,8 @@ async fn a_removed_plugin_parks_its_deliveries_until_it_returns() {
             }]);
         })
         .start()
-        .await;
-    let Hook { receiver, .. } = hooks.remove(0);
+        .await
+        .single();
 
     let manifest = std::fs::read(plugins.path().join("hook.toml")).unwrap();
     std::fs::remove_file(plugins.path().join("hook.toml")).unwrap();
@@ -364,13 +355,7 @@ async fn a_renamed_manifest_keeps_serving_and_its_broken_edit_is_refused() {
     init_logs();
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "hook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("hook", &receiver);
     let d = TestDaemon::start(plugins.path()).await;
 
     let (old, new) = (

@@ -36,6 +36,19 @@ impl Harness {
         }
     }
 
+    /// The daemon, the receiver of its one webhook sink, and the plugins
+    /// folder (keep it: dropping it deletes the folder, and the daemon then
+    /// sees its sink removed). Panics unless there is exactly one sink.
+    pub fn single(mut self) -> (TestDaemon, Receiver, PluginsDir) {
+        assert_eq!(
+            self.hooks.len(),
+            1,
+            "single() needs exactly one webhook sink"
+        );
+        let hook = self.hooks.remove(0);
+        (self.daemon, hook.receiver, self.plugins)
+    }
+
     /// The sink named `name`. Panics when there is none (a test error).
     pub fn hook(&self, name: &str) -> &Hook {
         self.hooks

@@ -363,6 +363,14 @@ impl PluginsDir {
         );
     }
 
+    /// A webhook sink `name` posting to `receiver` (and allowed to reach it
+    /// only), signing with a new secret, which it returns.
+    pub fn add_webhook_to(&self, name: &str, receiver: &Receiver) -> String {
+        let secret = new_secret();
+        self.add_webhook(name, &receiver.url(), &[receiver.origin()], &secret, "");
+        secret
+    }
+
     /// [`PluginsDir::add_webhook`] with the body of the manifest's
     /// `[limits]` table given (e.g. `deadline = "2s"\nmax-batch = 20\n`).
     /// `extra` is appended after the `[config]` keys.
