@@ -75,6 +75,9 @@ type SinkTasks = Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>;
 
 impl Daemon {
     /// Start everything; returns once the listener is bound.
+    // Longer than most functions here, on purpose: it is the start-up
+    // order this module owns, read top to bottom — each step is one call
+    // or the struct literal that call needs.
     pub async fn start(config: Config, migrations: Migrations) -> Result<Daemon, StartError> {
         let url = config.effective_database_url();
         let store = open_store(&url, config.delivery.db_timeout, migrations).await?;
@@ -143,21 +146,14 @@ impl Daemon {
             sources.clone(),
             shutdown_rx.clone(),
         ));
-        if let Some(sync) = &config.destinations.sync {
-            let ctx = crate::destinations::actions::Context {
-                store: store.clone(),
-                live: live.clone(),
-                plugins: registry.clone(),
-                routes: routes.clone(),
-                wake: wake.clone(),
-            };
-            tasks.push(crate::destinations::sync::run_every(
-                ctx,
-                sync.from.clone(),
-                sync.every,
-                shutdown_rx.clone(),
-            ));
-        }
+        let actions = crate::destinations::actions::Context {
+            store: store.clone(),
+            live: live.clone(),
+            plugins: registry.clone(),
+            routes: routes.clone(),
+            wake: wake.clone(),
+        };
+        tasks.extend(sync_destinations(&config, actions, &shutdown_rx));
         let ops = OpsState {
             store: store.clone(),
             plugins: registry.clone(),
@@ -363,6 +359,22 @@ fn registry(
         }),
         metrics.clone(),
     )
+}
+
+/// The `[destinations.sync]` task, when configured: the destinations kept
+/// as its file says, every `every`.
+fn sync_destinations(
+    config: &Config,
+    actions: crate::destinations::actions::Context,
+    shutdown: &watch::Receiver<bool>,
+) -> Option<JoinHandle<()>> {
+    let sync = config.destinations.sync.as_ref()?;
+    Some(crate::destinations::sync::run_every(
+        actions,
+        sync.from.clone(),
+        sync.every,
+        shutdown.clone(),
+    ))
 }
 
 /// The HTTP API: ingest and the read API, the awareness-compatible

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::actions::{self, ActionError, Context, Spec};
-use super::{now_ms, Filter, State};
+use super::{now_ms, Destination, Filter, State};
 
 /// The `managed_by` mark of destinations a sync created.
 pub const MANAGED_BY: &str = "sync";
@@ -88,66 +88,15 @@ pub struct Report {
 /// Make the destinations match `req`. Every platform is checked before
 /// anything is written (a bad entry refuses the whole sync, naming it).
 pub async fn sync(ctx: &Context, req: &Request) -> Result<Report, ActionError> {
-    let mut seen = std::collections::BTreeSet::new();
-    for (i, p) in req.platforms.iter().enumerate() {
-        if !seen.insert(p.name.as_str()) {
-            return Err(ActionError::Invalid {
-                field: format!("platforms[{i}].name"),
-                message: format!("{:?} is listed twice", p.name),
-            });
-        }
-        if p.url.is_empty() {
-            return Err(ActionError::Invalid {
-                field: format!("platforms[{i}].url"),
-                message: "is empty".into(),
-            });
-        }
-    }
+    check(req)?;
     let stored = actions::all(ctx).await?;
     let backfill = req.backfill.unwrap_or(DEFAULT_BACKFILL);
     let since = actions::rfc3339(now_ms() - backfill.as_millis() as i64);
     let mut report = Report::default();
     for (i, p) in req.platforms.iter().enumerate() {
         let name = format!("{}{}", req.prefix, p.name);
-        let mut config = req.config.clone();
-        config.insert("url".into(), p.url.clone());
-        let spec = Spec {
-            sink: req.sink.clone(),
-            config,
-            secret: Some(p.secret.clone().unwrap_or_default()),
-            filter: Filter {
-                conditions: vec![format!("requestingplatform != \"{}\"", p.name)],
-                ..Default::default()
-            },
-            state: None,
-            managed_by: Some(MANAGED_BY.into()),
-            ..Default::default()
-        };
         let existing = stored.iter().find(|d| d.name == name);
-        if let Some(d) = existing {
-            if d.managed_by.as_deref() != Some(MANAGED_BY) {
-                return Err(ActionError::Invalid {
-                    field: format!("platforms[{i}].name"),
-                    message: format!(
-                        "destination {name:?} exists and was not created by a sync; rename one of them"
-                    ),
-                });
-            }
-        }
-        let fresh = existing.is_none();
-        // Back in the list after a sync paused it: active again. Any other
-        // state (an operator's pause, a disable) is kept.
-        let returned = existing.is_some_and(|d| {
-            d.state == State::Paused
-                && d.state_reason
-                    .as_deref()
-                    .is_some_and(|r| r.starts_with(VANISHED))
-        });
-        let spec = Spec {
-            backfill_since: fresh.then(|| since.clone()),
-            state: returned.then_some(State::Active),
-            ..spec
-        };
+        let spec = platform_spec(req, i, p, &name, existing, &since)?;
         let written = actions::put(ctx, &name, spec).await.map_err(|e| match e {
             ActionError::Invalid { field, message } => ActionError::Invalid {
                 field: format!("platforms[{i}] ({name}): {field}"),
@@ -163,7 +112,92 @@ pub async fn sync(ctx: &Context, req: &Request) -> Result<Report, ActionError> {
             report.unchanged.push(name);
         }
     }
-    for d in &stored {
+    report.paused = pause_vanished(ctx, req, &stored).await?;
+    tracing::info!(
+        created = report.created.len(),
+        updated = report.updated.len(),
+        paused = report.paused.len(),
+        "destinations synced"
+    );
+    Ok(report)
+}
+
+/// Refuse a request naming a platform twice or one without a URL, naming
+/// the entry.
+fn check(req: &Request) -> Result<(), ActionError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, p) in req.platforms.iter().enumerate() {
+        if !seen.insert(p.name.as_str()) {
+            return Err(ActionError::Invalid {
+                field: format!("platforms[{i}].name"),
+                message: format!("{:?} is listed twice", p.name),
+            });
+        }
+        if p.url.is_empty() {
+            return Err(ActionError::Invalid {
+                field: format!("platforms[{i}].url"),
+                message: "is empty".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The destination platform `p` (entry `i`) should be, named `name`: the
+/// request's config with the platform's URL, its secret, and the no-echo
+/// filter (`requestingplatform != <platform>`). A new one is backfilled
+/// from `since`; one a sync paused because it vanished is active again;
+/// any other state (an operator's pause, a disable) is kept.
+///
+/// Errors: a destination of that name that no sync created.
+fn platform_spec(
+    req: &Request,
+    i: usize,
+    p: &Platform,
+    name: &str,
+    existing: Option<&Destination>,
+    since: &str,
+) -> Result<Spec, ActionError> {
+    if existing.is_some_and(|d| d.managed_by.as_deref() != Some(MANAGED_BY)) {
+        return Err(ActionError::Invalid {
+            field: format!("platforms[{i}].name"),
+            message: format!(
+                "destination {name:?} exists and was not created by a sync; rename one of them"
+            ),
+        });
+    }
+    let returned = existing.is_some_and(|d| {
+        d.state == State::Paused
+            && d.state_reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(VANISHED))
+    });
+    let mut config = req.config.clone();
+    config.insert("url".into(), p.url.clone());
+    Ok(Spec {
+        sink: req.sink.clone(),
+        config,
+        secret: Some(p.secret.clone().unwrap_or_default()),
+        filter: Filter {
+            conditions: vec![format!("requestingplatform != \"{}\"", p.name)],
+            ..Default::default()
+        },
+        backfill_since: existing.is_none().then(|| since.to_string()),
+        state: returned.then_some(State::Active),
+        managed_by: Some(MANAGED_BY.into()),
+        ..Default::default()
+    })
+}
+
+/// Pause the active destinations a sync created whose platform is no
+/// longer in `req` (their deliveries are kept); their names.
+async fn pause_vanished(
+    ctx: &Context,
+    req: &Request,
+    stored: &[Destination],
+) -> Result<Vec<String>, ActionError> {
+    let mut paused = Vec::new();
+    for d in stored {
         let listed = req
             .platforms
             .iter()
@@ -175,16 +209,10 @@ pub async fn sync(ctx: &Context, req: &Request) -> Result<Report, ActionError> {
                 &format!("{VANISHED}; its deliveries are kept"),
             )
             .await?;
-            report.paused.push(d.name.clone());
+            paused.push(d.name.clone());
         }
     }
-    tracing::info!(
-        created = report.created.len(),
-        updated = report.updated.len(),
-        paused = report.paused.len(),
-        "destinations synced"
-    );
-    Ok(report)
+    Ok(paused)
 }
 
 /// Sync from the file `from` every `every` until `shutdown` (the
