@@ -19,6 +19,7 @@ pub mod limits;
 pub mod metrics;
 pub mod ops;
 pub mod plugin;
+pub mod rfc3339;
 pub mod sources;
 pub mod store;
 pub mod wakeups;

@@ -108,7 +108,7 @@ impl TrapCounter {
             QuarantineState {
                 since_ms: unix_ms(now),
                 until_ms: unix_ms(now + pause),
-                until: rfc3339(now + pause),
+                until: crate::rfc3339::format_ms(unix_ms(now + pause)),
                 reason: reason.to_string(),
                 failed_batches: self.failed_in_a_row,
                 in_a_row: self.quarantines_in_a_row,
@@ -117,12 +117,6 @@ impl TrapCounter {
         self.failed_in_a_row = 0;
         Some(pause)
     }
-}
-
-fn rfc3339(t: SystemTime) -> String {
-    time::OffsetDateTime::from(t)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
 }
 
 fn unix_ms(t: SystemTime) -> i64 {

@@ -367,17 +367,10 @@ fn log_failure(sink: &str, failure: &SinkFailure, events: usize) {
     }
 }
 
-fn rfc3339_ms(ms: i64) -> String {
-    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
 /// The WIT view of a claimed delivery.
 fn to_wit_event(c: &Claimed) -> Event {
     let ev = &c.event.event;
-    let ingested_at = rfc3339_ms(c.event.ingested_at_ms);
+    let ingested_at = crate::rfc3339::format_ms(c.event.ingested_at_ms);
     Event {
         id: ev.id.clone(),
         source: ev.source.clone(),

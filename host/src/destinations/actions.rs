@@ -179,7 +179,7 @@ async fn write(
         )
     })?;
     let since_ms = match &spec.backfill_since {
-        Some(t) => Some(parse_time(t).map_err(|e| invalid("backfill_since", e))?),
+        Some(t) => Some(crate::rfc3339::parse_ms(t).map_err(|e| invalid("backfill_since", e))?),
         None => None,
     };
     let previous = stored.as_ref().map(|(d, _)| d);
@@ -516,7 +516,7 @@ pub async fn rotate(
     Ok(json!({
         "destination": d.redacted(),
         "secret": secret,
-        "previous_valid_until": d.previous_until_ms.map(rfc3339),
+        "previous_valid_until": d.previous_until_ms.map(crate::rfc3339::format_ms),
     }))
 }
 
@@ -602,24 +602,6 @@ pub async fn show(ctx: &Context, name: &str) -> Result<Value, ActionError> {
         .into_iter()
         .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
         .ok_or_else(|| ActionError::NotFound(name.to_string()))
-}
-
-/// Unix ms as RFC 3339 UTC with milliseconds.
-pub fn rfc3339(ms: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| ms.to_string())
-}
-
-/// RFC 3339 to Unix ms.
-pub fn parse_time(text: &str) -> Result<i64, String> {
-    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
-        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))
 }
 
 fn list_or_none(items: &[String]) -> String {

@@ -40,14 +40,17 @@ pub struct Health {
     pub failing_since_ms: Option<i64>,
 }
 
+/// Asks the live destinations to be read again (`live::Live::poke`).
+pub type Reread = Arc<dyn Fn() + Send + Sync>;
+
 /// Follows one destination's batches ([`TurnObserver`]).
 pub struct Tracker {
     name: String,
     store: Arc<dyn Store>,
     disable_after: Duration,
-    /// Told to read the destinations again after a disable, so the loop
+    /// Called after a disable, to read the destinations again so the loop
     /// holds at once rather than at the next refresh.
-    live: Arc<super::live::Live>,
+    reread: Reread,
     inner: Mutex<Inner>,
 }
 
@@ -66,13 +69,13 @@ impl Tracker {
         store: Arc<dyn Store>,
         health: Health,
         disable_after: Duration,
-        live: Arc<super::live::Live>,
+        reread: Reread,
     ) -> Arc<Tracker> {
         Arc::new(Tracker {
             name: name.to_string(),
             store,
             disable_after,
-            live,
+            reread,
             inner: Mutex::new(Inner {
                 health,
                 flushed: None,
@@ -96,11 +99,11 @@ impl Tracker {
     fn disable(&self, since_ms: i64) {
         let (store, name) = (self.store.clone(), self.name.clone());
         let after = self.disable_after;
-        let live = self.live.clone();
+        let reread = self.reread.clone();
         tokio::spawn(async move {
             match disable(&*store, &name, since_ms, after).await {
                 Ok(true) => {
-                    live.poke();
+                    reread();
                     tracing::error!(
                     destination = %name, failing_for = ?after,
                     "destination disabled: every attempt failed; its deliveries wait until it is resumed"
@@ -135,7 +138,7 @@ async fn disable(
     d.state_reason = Some(format!(
         "every attempt failed for {} (since {}); resume it when the target is fixed",
         humantime::format_duration(after),
-        crate::destinations::actions::rfc3339(since_ms),
+        crate::rfc3339::format_ms(since_ms),
     ));
     let record = serde_json::to_string(&d).unwrap_or_default();
     Ok(store

@@ -250,7 +250,10 @@ fn reconcile(
                             ctx.shared.store.clone(),
                             health.remove(&d.name).unwrap_or_default(),
                             ctx.disable_after,
-                            ctx.live.clone(),
+                            {
+                                let live = ctx.live.clone();
+                                Arc::new(move || live.poke())
+                            },
                         )
                     })
                     .clone();

@@ -91,7 +91,7 @@ pub async fn sync(ctx: &Context, req: &Request) -> Result<Report, ActionError> {
     check(req)?;
     let stored = actions::all(ctx).await?;
     let backfill = req.backfill.unwrap_or(DEFAULT_BACKFILL);
-    let since = actions::rfc3339(now_ms() - backfill.as_millis() as i64);
+    let since = crate::rfc3339::format_ms(now_ms() - backfill.as_millis() as i64);
     let mut report = Report::default();
     for (i, p) in req.platforms.iter().enumerate() {
         let name = format!("{}{}", req.prefix, p.name);

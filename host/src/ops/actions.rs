@@ -57,12 +57,10 @@ impl AdminError {
 /// Errors: [`AdminError::Invalid`] naming `field` (a flag such as
 /// `--since`, or a JSON field) and the text given.
 pub fn parse_time(field: &str, text: &str) -> Result<i64, AdminError> {
-    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map(|d| (d.unix_timestamp_nanos() / 1_000_000) as i64)
-        .map_err(|_| AdminError::Invalid {
-            field: field.to_string(),
-            message: format!("expected an RFC 3339 time (e.g. 2026-01-31T12:00:00Z), got {text:?}"),
-        })
+    crate::rfc3339::parse_ms(text).map_err(|message| AdminError::Invalid {
+        field: field.to_string(),
+        message,
+    })
 }
 
 /// An event and its deliveries, as `GET /v1/admin/events/{id}` answers and
