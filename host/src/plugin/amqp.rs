@@ -34,6 +34,7 @@ use super::bindings::outboxd::sink::amqp::Host;
 use super::bindings::{AmqpMessage, PublishError};
 use super::manifest::AmqpCapability;
 use super::runtime::HostState;
+use crate::limits::DEADLINE_MARGIN;
 
 /// Longest wait for a new connection: TCP, TLS and the AMQP handshake.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -46,9 +47,6 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Longest a `publish-batch` waits for its confirms when the caller has no
 /// batch deadline of its own.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
-/// Time kept back from the batch deadline when waiting for confirms, so the
-/// guest can still turn the answers into outcomes before it is interrupted.
-pub const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 /// Most messages in one `publish-batch` call; the rest are answered
 /// `invalid` unsent.
 pub const MAX_MESSAGES_PER_CALL: usize = 10_000;

@@ -29,18 +29,20 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::capture_connection;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
-/// Longest time to wait for a response's first byte, whatever the guest asks.
-pub const FIRST_BYTE_CEILING: Duration = Duration::from_secs(30);
-/// Longest a TCP connect may take (each resolved address).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::limits::HTTP_CONNECT_TIMEOUT;
+
+mod watch;
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+pub use watch::{Metered, Stall, Timeouts};
+
 /// Most request-body bytes drained from a guest whose request was refused
 /// (the guest's body write must finish before it can see the refusal).
 const DRAIN_LIMIT: usize = 8 << 20;
@@ -273,7 +275,7 @@ pub struct GuardedConnector {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower_service::Service<http::Uri> for GuardedConnector {
-    type Response = TokioIo<TcpStream>;
+    type Response = TokioIo<Metered>;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
@@ -303,10 +305,10 @@ impl tower_service::Service<http::Uri> for GuardedConnector {
                     refused.get_or_insert(reason);
                     continue;
                 }
-                match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+                match tokio::time::timeout(HTTP_CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
                     Ok(Ok(stream)) => {
                         let _ = stream.set_nodelay(true);
-                        return Ok(TokioIo::new(stream));
+                        return Ok(TokioIo::new(Metered::new(stream)));
                     }
                     Ok(Err(e)) => last_error = Some(e),
                     Err(_) => {
@@ -371,6 +373,11 @@ pub struct EgressHooks {
     /// Most bytes of one response body the guest may read (manifest
     /// `limits.max-response-bytes`).
     pub max_response_bytes: u64,
+    /// The ceilings of every request's timeouts (manifest
+    /// `limits.first-byte-timeout`, `limits.between-bytes-timeout`) and the
+    /// instant every response must be complete by (the batch deadline less
+    /// [`crate::limits::DEADLINE_MARGIN`]).
+    pub timeouts: Timeouts,
 }
 
 type SendResult = wasmtime_wasi_http::Result<(
@@ -389,6 +396,7 @@ impl WasiHttpHooks for EgressHooks {
         let policy = self.policy.clone();
         let client = self.client.clone();
         let max_body = self.max_response_bytes;
+        let ceilings = self.timeouts;
         let over_budget = self.requests_left == 0;
         self.requests_left = self.requests_left.saturating_sub(1);
         Box::new(async move {
@@ -414,12 +422,16 @@ impl WasiHttpHooks for EgressHooks {
                 .map_err(|_| HttpError::HttpRequestUriInvalid)?;
             request.headers_mut().insert(http::header::HOST, host);
             let uri = request.uri().clone();
-            let first_byte = options
-                .and_then(|o| o.first_byte_timeout)
-                .unwrap_or(FIRST_BYTE_CEILING)
-                .min(FIRST_BYTE_CEILING);
-            let response = match tokio::time::timeout(first_byte, client.request(request)).await {
-                Err(_) => return Err(HttpError::ConnectionReadTimeout),
+            let timeouts = request_timeouts(ceilings, options);
+            let captured = capture_connection(&mut request);
+            let started = Instant::now();
+            let response = match watch::head(client.request(request), &captured, started, &timeouts)
+                .await
+            {
+                Err(stall) => {
+                    tracing::warn!(plugin = %plugin, uri = %uri, "outbound request given up: {stall}");
+                    return Err(stall.code());
+                }
                 Ok(Err(e)) => {
                     if let Some(refused) = address_refused(&e) {
                         tracing::warn!(plugin = %plugin, uri = %uri, "outbound request refused: {refused}");
@@ -429,21 +441,45 @@ impl WasiHttpHooks for EgressHooks {
                 }
                 Ok(Ok(r)) => r,
             };
+            let head_bytes = watch::head_bytes(&captured, started);
             let response = response.map(|body| {
-                http_body_util::Limited::new(body.map_err(HttpError::from), max_body as usize)
-                    .map_err(move |e| match e.downcast::<HttpError>() {
-                        Ok(e) => *e,
-                        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                            HttpError::HttpResponseBodySize(Some(max_body))
-                        }
-                        Err(e) => HttpError::InternalError(Some(e.to_string())),
-                    })
-                    .boxed_unsync()
+                let body =
+                    http_body_util::Limited::new(body.map_err(HttpError::from), max_body as usize)
+                        .map_err(move |e| match e.downcast::<HttpError>() {
+                            Ok(e) => *e,
+                            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                                HttpError::HttpResponseBodySize(Some(max_body))
+                            }
+                            Err(e) => HttpError::InternalError(Some(e.to_string())),
+                        })
+                        .boxed_unsync();
+                watch::Watched::new(body, timeouts, started, head_bytes, plugin, uri).boxed_unsync()
             });
             let io: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
                 Box::new(async { Ok(()) });
             Ok((response, io))
         })
+    }
+}
+
+/// The timeouts of one request: what the guest asked for (`None` or zero:
+/// nothing asked) but never past the plugin's ceilings.
+fn request_timeouts(ceilings: Timeouts, options: Option<RequestOptions>) -> Timeouts {
+    let ask = |asked: Option<Duration>, ceiling: Duration| {
+        asked
+            .filter(|d| !d.is_zero())
+            .map_or(ceiling, |d| d.min(ceiling))
+    };
+    Timeouts {
+        first_byte: ask(
+            options.and_then(|o| o.first_byte_timeout),
+            ceilings.first_byte,
+        ),
+        between_bytes: ask(
+            options.and_then(|o| o.between_bytes_timeout),
+            ceilings.between_bytes,
+        ),
+        until: ceilings.until,
     }
 }
 
@@ -648,6 +684,11 @@ mod tests {
             policy,
             requests_left: 1000,
             max_response_bytes: 1 << 20,
+            timeouts: Timeouts {
+                first_byte: Duration::from_secs(30),
+                between_bytes: Duration::from_secs(10),
+                until: Instant::now() + Duration::from_secs(60),
+            },
         }
     }
 

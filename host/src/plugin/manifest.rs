@@ -92,6 +92,26 @@ pub struct Limits {
     /// Most bytes of one HTTP response body the plugin may read; past it
     /// the body read fails with `HTTP-response-body-size`. Default 1 MiB.
     pub max_response_bytes: u64,
+    /// Longest an HTTP request waits for the first byte of its response,
+    /// counted from when the plugin hands it to the host (connecting and
+    /// sending included). A plugin may ask for less through `wasi:http`'s
+    /// `request-options`, never more. Past it the request fails with
+    /// `HTTP-response-timeout`. Default 30 s
+    /// ([`crate::limits::FIRST_BYTE_TIMEOUT`]).
+    #[serde(with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    /// Longest silence between two bytes of a response once it has begun,
+    /// in its head or its body. A plugin may ask for less, never more. Past
+    /// it the request (or the body read) fails with
+    /// `connection-read-timeout`. Default 10 s
+    /// ([`crate::limits::BETWEEN_BYTES_TIMEOUT`]).
+    ///
+    /// Whatever the two timeouts, a response not complete shortly before
+    /// the batch deadline ([`crate::limits::DEADLINE_MARGIN`] before it)
+    /// fails with `HTTP-response-incomplete`, so a receiver that trickles
+    /// its answer costs its own stream a retry, not the whole batch.
+    #[serde(with = "humantime_serde")]
+    pub between_bytes_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -103,6 +123,8 @@ impl Default for Limits {
             max_batch_bytes: None,
             max_requests: 1000,
             max_response_bytes: 1 << 20,
+            first_byte_timeout: crate::limits::FIRST_BYTE_TIMEOUT,
+            between_bytes_timeout: crate::limits::BETWEEN_BYTES_TIMEOUT,
         }
     }
 }
@@ -111,6 +133,31 @@ impl Default for Limits {
 pub const DEFAULT_BATCH_BYTES_SHARE: u64 = 8;
 
 impl Limits {
+    /// Refuse values no batch could run with; the message names the key.
+    fn check(&self) -> Result<(), String> {
+        if self.memory_mib == 0 || self.memory_mib > 4096 {
+            return Err("limits.memory-mib: must be between 1 and 4096".into());
+        }
+        let positive = [
+            ("deadline", self.deadline),
+            ("first-byte-timeout", self.first_byte_timeout),
+            ("between-bytes-timeout", self.between_bytes_timeout),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, d)| d.is_zero()) {
+            return Err(format!("limits.{key}: must be greater than 0s"));
+        }
+        let at_least_one = [
+            ("max-batch", u64::from(self.max_batch)),
+            ("max-batch-bytes", self.max_batch_bytes.unwrap_or(1)),
+            ("max-requests", u64::from(self.max_requests)),
+            ("max-response-bytes", self.max_response_bytes),
+        ];
+        if let Some((key, _)) = at_least_one.iter().find(|(_, n)| *n == 0) {
+            return Err(format!("limits.{key}: must be at least 1"));
+        }
+        Ok(())
+    }
+
     /// The batch byte budget: `max-batch-bytes`, else 1/[`DEFAULT_BATCH_BYTES_SHARE`]
     /// of the memory cap.
     pub fn batch_bytes(&self) -> u64 {
@@ -275,28 +322,7 @@ impl Manifest {
             )));
         }
         check_wit(&m.wit).map_err(invalid)?;
-        if m.limits.memory_mib == 0 || m.limits.memory_mib > 4096 {
-            return Err(invalid(
-                "limits.memory-mib: must be between 1 and 4096".into(),
-            ));
-        }
-        if m.limits.deadline.is_zero() {
-            return Err(invalid("limits.deadline: must be greater than 0s".into()));
-        }
-        if m.limits.max_batch == 0 {
-            return Err(invalid("limits.max-batch: must be at least 1".into()));
-        }
-        if m.limits.max_batch_bytes == Some(0) {
-            return Err(invalid("limits.max-batch-bytes: must be at least 1".into()));
-        }
-        if m.limits.max_requests == 0 {
-            return Err(invalid("limits.max-requests: must be at least 1".into()));
-        }
-        if m.limits.max_response_bytes == 0 {
-            return Err(invalid(
-                "limits.max-response-bytes: must be at least 1".into(),
-            ));
-        }
+        m.limits.check().map_err(invalid)?;
         if m.retry.factor < 1.0 || !m.retry.factor.is_finite() {
             return Err(invalid("retry.factor: must be at least 1".into()));
         }

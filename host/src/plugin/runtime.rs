@@ -42,10 +42,11 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::amqp::{AmqpAccess, AmqpPool};
 use super::bindings::{self, Event, Level, Outcome, Sink, SinkPre};
 use super::cache::CompiledCache;
-use super::egress::{EgressHooks, EgressPolicy, HttpClient};
+use super::egress::{EgressHooks, EgressPolicy, HttpClient, Timeouts};
 use super::guest_text;
 use super::log_limit::LogLimit;
 use super::manifest::{Builtin, Manifest};
+use crate::limits::DEADLINE_MARGIN;
 
 /// How often the epoch ticks; the deadline is checked at this grain.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -499,6 +500,7 @@ impl Plugin {
             }
         };
         let deadline = self.manifest.limits.deadline;
+        let respond_by = Instant::now() + deadline - DEADLINE_MARGIN.min(deadline / 2);
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
         let state = HostState {
@@ -516,6 +518,11 @@ impl Plugin {
                 client: self.client.clone(),
                 requests_left: self.manifest.limits.max_requests,
                 max_response_bytes: self.manifest.limits.max_response_bytes,
+                timeouts: Timeouts {
+                    first_byte: self.manifest.limits.first_byte_timeout,
+                    between_bytes: self.manifest.limits.between_bytes_timeout,
+                    until: respond_by,
+                },
             },
             plugin: self.name.clone(),
             amqp: self.amqp.for_batch(Instant::now() + deadline),
