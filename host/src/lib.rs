@@ -4,8 +4,8 @@
 //! letters. Sinks are sandboxed WebAssembly components.
 //!
 //! Layering (data flows one way: producers → ingest → store ← delivery →
-//! plugin): the ground floor ([`config`], [`event`]) imports nothing of
-//! ours; [`store`] and [`plugin`] import only the ground floor; [`delivery`]
+//! plugin): the ground floor ([`config`], [`event`], [`limits`], [`redact`]) imports
+//! nothing of ours; [`store`] and [`plugin`] import only the ground floor; [`delivery`]
 //! and [`ingest`] sit above them; [`ops`] and [`daemon`] sit on top.
 
 pub mod config;
@@ -19,6 +19,7 @@ pub mod limits;
 pub mod metrics;
 pub mod ops;
 pub mod plugin;
+pub mod redact;
 pub mod sources;
 pub mod store;
 pub mod wakeups;

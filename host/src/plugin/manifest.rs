@@ -198,7 +198,7 @@ pub struct AmqpCapability {
 impl std::fmt::Debug for AmqpCapability {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpCapability")
-            .field("url", &super::amqp::redact_url(&self.url))
+            .field("url", &crate::redact::redact_url(&self.url))
             .field("exchanges", &self.exchanges)
             .finish()
     }
@@ -302,7 +302,7 @@ impl Manifest {
     fn parse_with(
         text: &str,
         file: &Path,
-        mut unresolved: Option<&mut Vec<Unresolved>>,
+        unresolved: Option<&mut Vec<Unresolved>>,
     ) -> Result<Manifest, ManifestError> {
         let invalid = |message: String| ManifestError::Invalid {
             file: file.to_path_buf(),
@@ -310,22 +310,52 @@ impl Manifest {
         };
         let mut m: Manifest =
             toml::from_str(text).map_err(|e| invalid(e.to_string().trim().to_string()))?;
-        if m.name.is_empty()
-            || !m
+        m.check_values().map_err(invalid)?;
+        m.resolve_references(unresolved).map_err(invalid)?;
+        if m.builtin.is_some() {
+            m.check_builtin().map_err(invalid)?;
+        } else {
+            let component = m
+                .component
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
+            let base = file.parent().unwrap_or(Path::new("."));
+            m.component = Some(base.join(component));
+        }
+        m.file = file.to_path_buf();
+        Ok(m)
+    }
+
+    /// Refuse a name, WIT version, limit or retry factor no sink could run
+    /// with; the message names the key.
+    fn check_values(&self) -> Result<(), String> {
+        let name_ok = !self.name.is_empty()
+            && self
                 .name
                 .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        {
-            return Err(invalid(format!(
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !name_ok {
+            return Err(format!(
                 "name {:?}: use lower-case letters, digits, '-' and '_'",
-                m.name
-            )));
+                self.name
+            ));
         }
-        check_wit(&m.wit).map_err(invalid)?;
-        m.limits.check().map_err(invalid)?;
-        if m.retry.factor < 1.0 || !m.retry.factor.is_finite() {
-            return Err(invalid("retry.factor: must be at least 1".into()));
+        check_wit(&self.wit)?;
+        self.limits.check()?;
+        if self.retry.factor < 1.0 || !self.retry.factor.is_finite() {
+            return Err("retry.factor: must be at least 1".into());
         }
+        Ok(())
+    }
+
+    /// Replace the `${VAR}` references of `config` and the capabilities.
+    /// With `unresolved`, an unset variable is listed there and replaced by
+    /// a placeholder (see [`Manifest::load_unresolved`]); without, it is an
+    /// error naming the key.
+    fn resolve_references(
+        &mut self,
+        mut unresolved: Option<&mut Vec<Unresolved>>,
+    ) -> Result<(), String> {
         let mut resolve = |key: String, value: &str, placeholder: &str| match (
             interpolate_checked(value),
             unresolved.as_deref_mut(),
@@ -335,19 +365,19 @@ impl Manifest {
                 list.push(Unresolved { key, var });
                 Ok(placeholder.to_string())
             }
-            (Err(e), _) => Err(invalid(format!("{key}: {e}"))),
+            (Err(e), _) => Err(format!("{key}: {e}")),
         };
-        for (key, value) in m.config.iter_mut() {
+        for (key, value) in self.config.iter_mut() {
             *value = resolve(format!("config.{key}"), value, "")?;
         }
-        for (i, pattern) in m.capabilities.http.iter_mut().enumerate() {
+        for (i, pattern) in self.capabilities.http.iter_mut().enumerate() {
             *pattern = resolve(
                 format!("capabilities.http[{i}]"),
                 pattern,
                 "https://unresolved.invalid",
             )?;
         }
-        if let Some(amqp) = &mut m.capabilities.amqp {
+        if let Some(amqp) = &mut self.capabilities.amqp {
             amqp.url = resolve(
                 "capabilities.amqp.url".into(),
                 &amqp.url,
@@ -361,32 +391,23 @@ impl Manifest {
                 )?;
             }
         }
-        if m.builtin.is_some() {
-            let has = |present: bool, key: &str| {
-                present.then(|| invalid(format!("{key}: a builtin sink has none")))
-            };
-            if let Some(e) = has(m.component.is_some(), "component")
-                .or_else(|| {
-                    has(
-                        !m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(),
-                        "capabilities",
-                    )
-                })
-                .or_else(|| has(!m.config.is_empty(), "config"))
-            {
-                return Err(e);
-            }
-            m.file = file.to_path_buf();
-            return Ok(m);
+        Ok(())
+    }
+
+    /// A [`Builtin`] sink has no component, capabilities or config.
+    fn check_builtin(&self) -> Result<(), String> {
+        let given = [
+            (self.component.is_some(), "component"),
+            (
+                !self.capabilities.http.is_empty() || self.capabilities.amqp.is_some(),
+                "capabilities",
+            ),
+            (!self.config.is_empty(), "config"),
+        ];
+        match given.iter().find(|(present, _)| *present) {
+            Some((_, key)) => Err(format!("{key}: a builtin sink has none")),
+            None => Ok(()),
         }
-        let component = m
-            .component
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
-        let base = file.parent().unwrap_or(Path::new("."));
-        m.component = Some(base.join(component));
-        m.file = file.to_path_buf();
-        Ok(m)
     }
 
     /// Path of the component file; `None` for a [`Builtin`] sink.
