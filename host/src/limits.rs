@@ -22,6 +22,25 @@ use std::time::Duration;
 /// interrupted; the webhook sink needs well under 10 ms for that.
 pub const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 
+/// Default of manifest `limits.deadline`: the wall-clock time of one batch
+/// (instantiate, `init`, `deliver`). Room for a slow receiver within one
+/// batch, while `delivery.lease`, which must be at least 2 × this + 5 s
+/// (docs/plugins.md), stays about a minute.
+pub const DEFAULT_BATCH_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Default of manifest `retry.base`: the delay after a first failure,
+/// long enough for a receiver's momentary hiccup to pass.
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(1);
+
+/// Default of manifest `retry.cap`: the longest delay between two
+/// attempts, so a receiver back from an outage is tried again within
+/// 10 minutes.
+pub const DEFAULT_RETRY_CAP: Duration = Duration::from_secs(600);
+
+/// Default of manifest `retry.window`: how long retries go on before a
+/// delivery is dead-lettered; a day covers an outage over a night.
+pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
 /// Default of manifest `limits.first-byte-timeout`: the longest a plugin's
 /// HTTP request waits for the first byte of its response. The value the
 /// host had as a fixed ceiling before it was configurable; a receiver that

@@ -118,7 +118,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             memory_mib: 64,
-            deadline: Duration::from_secs(30),
+            deadline: crate::limits::DEFAULT_BATCH_DEADLINE,
             max_batch: 100,
             max_batch_bytes: None,
             max_requests: 1000,
@@ -245,10 +245,10 @@ pub enum OnDead {
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            base: Duration::from_secs(1),
+            base: crate::limits::DEFAULT_RETRY_BASE,
             factor: 2.0,
-            cap: Duration::from_secs(600),
-            window: Duration::from_secs(24 * 3600),
+            cap: crate::limits::DEFAULT_RETRY_CAP,
+            window: crate::limits::DEFAULT_RETRY_WINDOW,
             on_dead: OnDead::MoveOn,
         }
     }

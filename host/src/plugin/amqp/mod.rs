@@ -1,4 +1,7 @@
-//! AMQP publishing for plugins: the host side of `outboxd:sink/amqp`.
+//! AMQP publishing for plugins: the host side of `outboxd:sink/amqp`, in
+//! three rooms: broker connections and their backoff ([`pool`]), a
+//! plugin's grant and the checks of each message ([`access`]), and sending
+//! with confirms ([`publish`]).
 //!
 //! Owns: one connection per broker URL ([`AmqpPool`], owned by the
 //! [`Runtime`](super::Runtime) and shared by every plugin that names the
