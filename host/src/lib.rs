@@ -4,9 +4,11 @@
 //! letters. Sinks are sandboxed WebAssembly components.
 //!
 //! Layering (data flows one way: producers → ingest → store ← delivery →
-//! plugin): the ground floor ([`config`], [`event`]) imports nothing of
-//! ours; [`store`] and [`plugin`] import only the ground floor; [`delivery`]
-//! and [`ingest`] sit above them; [`ops`] and [`daemon`] sit on top.
+//! plugin): the ground floor ([`event`], [`limits`], [`redact`],
+//! [`rfc3339`]) imports nothing of ours; [`store`] and [`plugin`] import
+//! only the ground floor; [`delivery`] and [`ingest`] sit above them;
+//! [`config`] gathers every room's settings; [`ops`] and [`daemon`] sit on
+//! top. docs/architecture.md draws it.
 
 pub mod config;
 pub mod daemon;
@@ -19,6 +21,7 @@ pub mod limits;
 pub mod metrics;
 pub mod ops;
 pub mod plugin;
+pub mod redact;
 pub mod rfc3339;
 pub mod sources;
 pub mod store;

@@ -50,6 +50,106 @@ pub const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);
 
 // ---- plugin host ------------------------------------------------------
 
+/// Time kept back from a batch's deadline when the host waits on a broker's
+/// confirms or on an HTTP response for the guest, so the guest still gets
+/// the answer (or the failure) and turns it into outcomes before it is
+/// interrupted; the webhook sink needs well under 10 ms for that.
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
+
+/// Default of manifest `limits.deadline`: the wall-clock time of one batch
+/// (instantiate, `init`, `deliver`). Room for a slow receiver within one
+/// batch, while `delivery.lease`, which must be at least 2 × this + 5 s
+/// (docs/plugins.md), stays about a minute.
+pub const DEFAULT_BATCH_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Default of manifest `retry.base`: the delay after a first failure,
+/// long enough for a receiver's momentary hiccup to pass.
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(1);
+
+/// Default of manifest `retry.cap`: the longest delay between two
+/// attempts, so a receiver back from an outage is tried again within
+/// 10 minutes.
+pub const DEFAULT_RETRY_CAP: Duration = Duration::from_secs(600);
+
+/// Default of manifest `retry.window`: how long retries go on before a
+/// delivery is dead-lettered; a day covers an outage over a night.
+pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// Default of manifest `limits.first-byte-timeout`: the longest a plugin's
+/// HTTP request waits for the first byte of its response. The value the
+/// host had as a fixed ceiling before it was configurable; a receiver that
+/// takes longer than this to begin answering is treated as down.
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Default of manifest `limits.between-bytes-timeout`: the longest silence
+/// between two bytes of a response once it has begun (head or body). A
+/// healthy receiver on a slow link still sends a TCP segment within a few
+/// round trips; 10 s of nothing is a stalled peer.
+pub const BETWEEN_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest a TCP connect of a plugin's HTTP request may take (each
+/// resolved address), whatever the guest asks: a SYN retransmitted three
+/// times (1 s, 2 s, 4 s under Linux's defaults) and answered.
+pub const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest a plugin's HTTP connection may sit idle in its client's pool
+/// before it is closed: long enough to carry a keep-alive connection from
+/// one batch to the next under a steady load (batches start every poll
+/// interval, 1 s at most by default), short enough not to hold sockets a
+/// receiver has long forgotten (most servers close idle ones at 60 s).
+pub const HTTP_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest the host reads the request body of a refused request, so the
+/// guest's body write completes and it sees the refusal on the response;
+/// a guest streaming a body slower than this sees a write error instead.
+pub const REFUSED_BODY_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest wait for a new broker connection: TCP, TLS and the AMQP
+/// handshake (a broker on the same network answers within milliseconds; a
+/// batch must not spend its deadline on one that does not).
+pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Wait before the second attempt to connect to a broker after a failure;
+/// it doubles with each further failure, up to
+/// [`AMQP_RECONNECT_BACKOFF_MAX`]. The first attempt after a lost
+/// connection is immediate.
+pub const AMQP_RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(200);
+
+/// Longest wait between two attempts to connect to a broker: a broker back
+/// from a restart is in use again within this.
+pub const AMQP_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// Longest a `publish-batch` waits for its confirms when the caller has no
+/// batch deadline of its own (the default batch deadline).
+pub const AMQP_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often the engine's epoch ticks; a guest's deadline is checked, and
+/// a spinning guest gives its thread back, at this grain (10 ms: well under
+/// any deadline, and the ticker costs nothing measurable).
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Quiet time after the last change in the plugins directory before a
+/// rescan: copying a component is many writes, and one rescan after the
+/// last is enough.
+pub const PLUGIN_RESCAN_DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// Shortest time between two summary lines of a plugin's dropped log lines.
+pub const LOG_SUMMARY_EVERY: Duration = Duration::from_secs(1);
+
+/// Most live host resources (HTTP requests, bodies, pollables, ...) per
+/// batch; the webhook sink at 32 requests in flight holds about 300.
+pub const MAX_RESOURCES: usize = 10_000;
+
+/// Most bytes one `wasi:random` call may ask for.
+pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
+
+/// Most table elements per table (guards host memory).
+pub const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+/// Most instances, memories and tables per store (a component
+/// instantiates a few core modules).
+pub const MAX_INSTANCES: usize = 100;
+
 // ---- ingest and sources -----------------------------------------------
 
 // ---- operations (admin, CLI, readiness, metrics) ----------------------

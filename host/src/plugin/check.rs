@@ -17,6 +17,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use super::manifest::Unresolved;
 use super::{compile_checked, Manifest, Plugin, Runtime, SinkFailure};
 
 /// Check `file` (with `manifest`, or the `.toml` beside it when present),
@@ -34,114 +35,32 @@ pub async fn run(
     manifest: Option<&Path>,
     admit: &dyn Fn(&Plugin) -> Result<(), String>,
 ) -> ExitCode {
-    let runtime = match Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            println!("refused: cannot start the WebAssembly runtime: {e:#}");
-            return ExitCode::FAILURE;
+    match check(file, manifest, admit).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(reason) => {
+            println!("verdict: refused\n  {}: {reason}", file.display());
+            ExitCode::FAILURE
         }
-    };
-    let refuse = |reason: String| {
-        println!("verdict: refused\n  {}: {reason}", file.display());
-        ExitCode::FAILURE
-    };
-    let bytes = match std::fs::read(file) {
-        Ok(b) => b,
-        Err(e) => return refuse(format!("cannot read: {e}")),
-    };
-    let component = match compile_checked(&runtime, &bytes) {
-        Ok(c) => c,
-        Err(reason) => return refuse(reason),
-    };
+    }
+}
+
+/// The checks of [`run`], in the daemon's order; `Err` is the reason for
+/// the refusal (printed after what was reported so far).
+async fn check(
+    file: &Path,
+    manifest: Option<&Path>,
+    admit: &dyn Fn(&Plugin) -> Result<(), String>,
+) -> Result<(), String> {
+    let runtime =
+        Runtime::new().map_err(|e| format!("cannot start the WebAssembly runtime: {e:#}"))?;
+    let bytes = std::fs::read(file).map_err(|e| format!("cannot read: {e}"))?;
+    let component = compile_checked(&runtime, &bytes)?;
     let ty = component.component_type();
-    println!("component: {} ({} bytes)", file.display(), bytes.len());
-    println!("imports:");
-    for (name, _) in ty.imports(runtime.engine()) {
-        match import_note(name) {
-            Some(note) => println!("  {name}  ({note})"),
-            None => println!("  {name}"),
-        }
-    }
-    println!("exports:");
-    for (name, _) in ty.exports(runtime.engine()) {
-        println!("  {name}");
-    }
-    let manifest_path = manifest
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| file.with_extension("toml"));
-    let mut unresolved = Vec::new();
-    let manifest = if manifest_path.exists() {
-        match Manifest::load_unresolved(&manifest_path) {
-            Ok((m, missing)) => {
-                unresolved = missing;
-                println!(
-                    "manifest: {} (sink {:?}, version {})",
-                    manifest_path.display(),
-                    m.name,
-                    m.version
-                );
-                m
-            }
-            Err(e) => return refuse(e.to_string()),
-        }
-    } else {
-        println!(
-            "manifest: none found at {}; checking with no capabilities granted",
-            manifest_path.display()
-        );
-        let name = file
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("plugin")
-            .to_ascii_lowercase();
-        let name: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .collect();
-        let text = format!("name = {name:?}\nversion = \"0\"\nwit = \"outboxd:sink@0.1.0\"\n");
-        match Manifest::parse(&text, file) {
-            Ok(m) => m,
-            Err(e) => return refuse(e.to_string()),
-        }
-    };
-    let plugin = match runtime.prepare(manifest, &component) {
-        Ok(p) => p,
-        Err(reason) => return refuse(reason),
-    };
-    if let Err(reason) = admit(&plugin) {
-        return refuse(reason);
-    }
-    let unset_config: Vec<&str> = unresolved
-        .iter()
-        .filter(|u| u.key.starts_with("config."))
-        .map(|u| u.key.as_str())
-        .collect();
-    // The daemon calls `init` at the start of every batch: an empty batch
-    // runs exactly that, in the same sandbox, and sends nothing.
-    match plugin.deliver(&[]).await {
-        Ok(_) => println!("init: ok (accepted the manifest's configuration)"),
-        Err(SinkFailure::Init(reason)) if !unset_config.is_empty() => println!(
-            "init: refused with {} left empty: {reason} (check again with the environment set)",
-            unset_config.join(", ")
-        ),
-        Err(SinkFailure::Init(reason)) => {
-            return refuse(format!(
-                "init refused the manifest's configuration: {reason} \
-                 (the daemon would fail every batch of this sink with it)"
-            ))
-        }
-        Err(trap) => {
-            return refuse(format!(
-                "init failed in the sandbox: {trap} (the daemon would fail every batch of this sink with it)"
-            ))
-        }
-    }
+    print_interface(file, bytes.len(), &ty, runtime.engine());
+    let (manifest, unresolved) = manifest_for(file, manifest)?;
+    let plugin = runtime.prepare(manifest, &component)?;
+    admit(&plugin)?;
+    check_init(&plugin, &unresolved).await?;
     println!("verdict: ok (matches world outboxd:sink/sink)");
     if ty
         .imports(runtime.engine())
@@ -158,7 +77,102 @@ pub async fn run(
             println!("  {} (for {})", u.var, u.key);
         }
     }
-    ExitCode::SUCCESS
+    Ok(())
+}
+
+/// Print the component's size, imports (with what limited ones give) and
+/// exports.
+fn print_interface(
+    file: &Path,
+    size: usize,
+    ty: &wasmtime::component::types::Component,
+    engine: &wasmtime::Engine,
+) {
+    println!("component: {} ({size} bytes)", file.display());
+    println!("imports:");
+    for (name, _) in ty.imports(engine) {
+        match import_note(name) {
+            Some(note) => println!("  {name}  ({note})"),
+            None => println!("  {name}"),
+        }
+    }
+    println!("exports:");
+    for (name, _) in ty.exports(engine) {
+        println!("  {name}");
+    }
+}
+
+/// The manifest to check with: `manifest`, else the `.toml` beside `file`,
+/// else one granting nothing, named after the file. With it, the `${VAR}`
+/// references this shell leaves unset.
+fn manifest_for(
+    file: &Path,
+    manifest: Option<&Path>,
+) -> Result<(Manifest, Vec<Unresolved>), String> {
+    let manifest_path = manifest
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| file.with_extension("toml"));
+    if manifest_path.exists() {
+        let (m, missing) = Manifest::load_unresolved(&manifest_path).map_err(|e| e.to_string())?;
+        println!(
+            "manifest: {} (sink {:?}, version {})",
+            manifest_path.display(),
+            m.name,
+            m.version
+        );
+        return Ok((m, missing));
+    }
+    println!(
+        "manifest: none found at {}; checking with no capabilities granted",
+        manifest_path.display()
+    );
+    let name: String = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("plugin")
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let text = format!("name = {name:?}\nversion = \"0\"\nwit = \"outboxd:sink@0.1.0\"\n");
+    let m = Manifest::parse(&text, file).map_err(|e| e.to_string())?;
+    Ok((m, Vec::new()))
+}
+
+/// Call `init` as the daemon does at the start of every batch: an empty
+/// batch runs exactly that, in the same sandbox, and sends nothing. A
+/// refusal while a `config` value is unset is only reported.
+async fn check_init(plugin: &Plugin, unresolved: &[Unresolved]) -> Result<(), String> {
+    let unset_config: Vec<&str> = unresolved
+        .iter()
+        .filter(|u| u.key.starts_with("config."))
+        .map(|u| u.key.as_str())
+        .collect();
+    match plugin.deliver(&[]).await {
+        Ok(_) => println!("init: ok (accepted the manifest's configuration)"),
+        Err(SinkFailure::Init(reason)) if !unset_config.is_empty() => println!(
+            "init: refused with {} left empty: {reason} (check again with the environment set)",
+            unset_config.join(", ")
+        ),
+        Err(SinkFailure::Init(reason)) => {
+            return Err(format!(
+                "init refused the manifest's configuration: {reason} \
+                 (the daemon would fail every batch of this sink with it)"
+            ))
+        }
+        Err(trap) => {
+            return Err(format!(
+                "init failed in the sandbox: {trap} (the daemon would fail every batch of this sink with it)"
+            ))
+        }
+    }
+    Ok(())
 }
 
 /// What an import gives a plugin, where that is less than its name says

@@ -13,7 +13,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
@@ -27,7 +27,28 @@ pub const BYTES_PER_SECOND: u32 = 64 << 10;
 /// Bytes one plugin may log at once after a quiet spell.
 pub const BYTES_BURST: u32 = 256 << 10;
 /// Least time between two summaries of dropped lines.
-pub const SUMMARY_EVERY: Duration = Duration::from_secs(1);
+pub use crate::limits::LOG_SUMMARY_EVERY as SUMMARY_EVERY;
+
+/// The tracing target of a plugin's log lines and of their drop
+/// summaries: `outboxd::plugin::runtime`, the name operators give
+/// `RUST_LOG` (docs/plugins.md) and `outboxd plugin run --log-level` sets.
+pub const PLUGIN_LOG_TARGET: &str = "outboxd::plugin::runtime";
+
+/// Write the summary of `plugin`'s dropped log lines, when one is due
+/// ([`LogLimit::summary_due`]).
+pub fn log_dropped(plugin: &str, limit: &LogLimit) {
+    if let Some(d) = limit.summary_due() {
+        tracing::warn!(
+            target: PLUGIN_LOG_TARGET,
+            plugin,
+            dropped_lines = d.lines,
+            dropped_bytes = d.bytes,
+            "plugin log over its rate ({LINES_PER_SECOND} lines/s, {BYTES_PER_SECOND} bytes/s): {} lines ({} bytes) dropped",
+            d.lines,
+            d.bytes
+        );
+    }
+}
 
 /// What was dropped since the last summary.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -92,17 +92,39 @@ pub struct Limits {
     /// Most bytes of one HTTP response body the plugin may read; past it
     /// the body read fails with `HTTP-response-body-size`. Default 1 MiB.
     pub max_response_bytes: u64,
+    /// Longest an HTTP request waits for the first byte of its response,
+    /// counted from when the plugin hands it to the host (connecting and
+    /// sending included). A plugin may ask for less through `wasi:http`'s
+    /// `request-options`, never more. Past it the request fails with
+    /// `HTTP-response-timeout`. Default 30 s
+    /// ([`crate::limits::FIRST_BYTE_TIMEOUT`]).
+    #[serde(with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    /// Longest silence between two bytes of a response once it has begun,
+    /// in its head or its body. A plugin may ask for less, never more. Past
+    /// it the request (or the body read) fails with
+    /// `connection-read-timeout`. Default 10 s
+    /// ([`crate::limits::BETWEEN_BYTES_TIMEOUT`]).
+    ///
+    /// Whatever the two timeouts, a response not complete shortly before
+    /// the batch deadline ([`crate::limits::DEADLINE_MARGIN`] before it)
+    /// fails with `HTTP-response-incomplete`, so a receiver that trickles
+    /// its answer costs its own stream a retry, not the whole batch.
+    #[serde(with = "humantime_serde")]
+    pub between_bytes_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             memory_mib: 64,
-            deadline: Duration::from_secs(30),
+            deadline: crate::limits::DEFAULT_BATCH_DEADLINE,
             max_batch: 100,
             max_batch_bytes: None,
             max_requests: 1000,
             max_response_bytes: 1 << 20,
+            first_byte_timeout: crate::limits::FIRST_BYTE_TIMEOUT,
+            between_bytes_timeout: crate::limits::BETWEEN_BYTES_TIMEOUT,
         }
     }
 }
@@ -111,6 +133,31 @@ impl Default for Limits {
 pub const DEFAULT_BATCH_BYTES_SHARE: u64 = 8;
 
 impl Limits {
+    /// Refuse values no batch could run with; the message names the key.
+    fn check(&self) -> Result<(), String> {
+        if self.memory_mib == 0 || self.memory_mib > 4096 {
+            return Err("limits.memory-mib: must be between 1 and 4096".into());
+        }
+        let positive = [
+            ("deadline", self.deadline),
+            ("first-byte-timeout", self.first_byte_timeout),
+            ("between-bytes-timeout", self.between_bytes_timeout),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, d)| d.is_zero()) {
+            return Err(format!("limits.{key}: must be greater than 0s"));
+        }
+        let at_least_one = [
+            ("max-batch", u64::from(self.max_batch)),
+            ("max-batch-bytes", self.max_batch_bytes.unwrap_or(1)),
+            ("max-requests", u64::from(self.max_requests)),
+            ("max-response-bytes", self.max_response_bytes),
+        ];
+        if let Some((key, _)) = at_least_one.iter().find(|(_, n)| *n == 0) {
+            return Err(format!("limits.{key}: must be at least 1"));
+        }
+        Ok(())
+    }
+
     /// The batch byte budget: `max-batch-bytes`, else 1/[`DEFAULT_BATCH_BYTES_SHARE`]
     /// of the memory cap.
     pub fn batch_bytes(&self) -> u64 {
@@ -151,7 +198,7 @@ pub struct AmqpCapability {
 impl std::fmt::Debug for AmqpCapability {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpCapability")
-            .field("url", &super::amqp::redact_url(&self.url))
+            .field("url", &crate::redact::redact_url(&self.url))
             .field("exchanges", &self.exchanges)
             .finish()
     }
@@ -198,10 +245,10 @@ pub enum OnDead {
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            base: Duration::from_secs(1),
+            base: crate::limits::DEFAULT_RETRY_BASE,
             factor: 2.0,
-            cap: Duration::from_secs(600),
-            window: Duration::from_secs(24 * 3600),
+            cap: crate::limits::DEFAULT_RETRY_CAP,
+            window: crate::limits::DEFAULT_RETRY_WINDOW,
             on_dead: OnDead::MoveOn,
         }
     }
@@ -255,7 +302,7 @@ impl Manifest {
     fn parse_with(
         text: &str,
         file: &Path,
-        mut unresolved: Option<&mut Vec<Unresolved>>,
+        unresolved: Option<&mut Vec<Unresolved>>,
     ) -> Result<Manifest, ManifestError> {
         let invalid = |message: String| ManifestError::Invalid {
             file: file.to_path_buf(),
@@ -263,43 +310,52 @@ impl Manifest {
         };
         let mut m: Manifest =
             toml::from_str(text).map_err(|e| invalid(e.to_string().trim().to_string()))?;
-        if m.name.is_empty()
-            || !m
+        m.check_values().map_err(invalid)?;
+        m.resolve_references(unresolved).map_err(invalid)?;
+        if m.builtin.is_some() {
+            m.check_builtin().map_err(invalid)?;
+        } else {
+            let component = m
+                .component
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
+            let base = file.parent().unwrap_or(Path::new("."));
+            m.component = Some(base.join(component));
+        }
+        m.file = file.to_path_buf();
+        Ok(m)
+    }
+
+    /// Refuse a name, WIT version, limit or retry factor no sink could run
+    /// with; the message names the key.
+    fn check_values(&self) -> Result<(), String> {
+        let name_ok = !self.name.is_empty()
+            && self
                 .name
                 .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        {
-            return Err(invalid(format!(
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !name_ok {
+            return Err(format!(
                 "name {:?}: use lower-case letters, digits, '-' and '_'",
-                m.name
-            )));
-        }
-        check_wit(&m.wit).map_err(invalid)?;
-        if m.limits.memory_mib == 0 || m.limits.memory_mib > 4096 {
-            return Err(invalid(
-                "limits.memory-mib: must be between 1 and 4096".into(),
+                self.name
             ));
         }
-        if m.limits.deadline.is_zero() {
-            return Err(invalid("limits.deadline: must be greater than 0s".into()));
+        check_wit(&self.wit)?;
+        self.limits.check()?;
+        if self.retry.factor < 1.0 || !self.retry.factor.is_finite() {
+            return Err("retry.factor: must be at least 1".into());
         }
-        if m.limits.max_batch == 0 {
-            return Err(invalid("limits.max-batch: must be at least 1".into()));
-        }
-        if m.limits.max_batch_bytes == Some(0) {
-            return Err(invalid("limits.max-batch-bytes: must be at least 1".into()));
-        }
-        if m.limits.max_requests == 0 {
-            return Err(invalid("limits.max-requests: must be at least 1".into()));
-        }
-        if m.limits.max_response_bytes == 0 {
-            return Err(invalid(
-                "limits.max-response-bytes: must be at least 1".into(),
-            ));
-        }
-        if m.retry.factor < 1.0 || !m.retry.factor.is_finite() {
-            return Err(invalid("retry.factor: must be at least 1".into()));
-        }
+        Ok(())
+    }
+
+    /// Replace the `${VAR}` references of `config` and the capabilities.
+    /// With `unresolved`, an unset variable is listed there and replaced by
+    /// a placeholder (see [`Manifest::load_unresolved`]); without, it is an
+    /// error naming the key.
+    fn resolve_references(
+        &mut self,
+        mut unresolved: Option<&mut Vec<Unresolved>>,
+    ) -> Result<(), String> {
         let mut resolve = |key: String, value: &str, placeholder: &str| match (
             interpolate_checked(value),
             unresolved.as_deref_mut(),
@@ -309,19 +365,19 @@ impl Manifest {
                 list.push(Unresolved { key, var });
                 Ok(placeholder.to_string())
             }
-            (Err(e), _) => Err(invalid(format!("{key}: {e}"))),
+            (Err(e), _) => Err(format!("{key}: {e}")),
         };
-        for (key, value) in m.config.iter_mut() {
+        for (key, value) in self.config.iter_mut() {
             *value = resolve(format!("config.{key}"), value, "")?;
         }
-        for (i, pattern) in m.capabilities.http.iter_mut().enumerate() {
+        for (i, pattern) in self.capabilities.http.iter_mut().enumerate() {
             *pattern = resolve(
                 format!("capabilities.http[{i}]"),
                 pattern,
                 "https://unresolved.invalid",
             )?;
         }
-        if let Some(amqp) = &mut m.capabilities.amqp {
+        if let Some(amqp) = &mut self.capabilities.amqp {
             amqp.url = resolve(
                 "capabilities.amqp.url".into(),
                 &amqp.url,
@@ -335,32 +391,23 @@ impl Manifest {
                 )?;
             }
         }
-        if m.builtin.is_some() {
-            let has = |present: bool, key: &str| {
-                present.then(|| invalid(format!("{key}: a builtin sink has none")))
-            };
-            if let Some(e) = has(m.component.is_some(), "component")
-                .or_else(|| {
-                    has(
-                        !m.capabilities.http.is_empty() || m.capabilities.amqp.is_some(),
-                        "capabilities",
-                    )
-                })
-                .or_else(|| has(!m.config.is_empty(), "config"))
-            {
-                return Err(e);
-            }
-            m.file = file.to_path_buf();
-            return Ok(m);
+        Ok(())
+    }
+
+    /// A [`Builtin`] sink has no component, capabilities or config.
+    fn check_builtin(&self) -> Result<(), String> {
+        let given = [
+            (self.component.is_some(), "component"),
+            (
+                !self.capabilities.http.is_empty() || self.capabilities.amqp.is_some(),
+                "capabilities",
+            ),
+            (!self.config.is_empty(), "config"),
+        ];
+        match given.iter().find(|(present, _)| *present) {
+            Some((_, key)) => Err(format!("{key}: a builtin sink has none")),
+            None => Ok(()),
         }
-        let component = m
-            .component
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", m.name)));
-        let base = file.parent().unwrap_or(Path::new("."));
-        m.component = Some(base.join(component));
-        m.file = file.to_path_buf();
-        Ok(m)
     }
 
     /// Path of the component file; `None` for a [`Builtin`] sink.

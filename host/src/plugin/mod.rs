@@ -3,10 +3,17 @@
 //! Owns: finding plugins in the plugins directory (every `NAME.toml` with the
 //! component it names, by default `NAME.wasm`), checking each against the
 //! `outboxd:sink` world and its manifest's grants, and running batches in
-//! the sandbox ([`runtime`]; compiled forms kept on disk by [`cache`]), with outbound HTTP ([`egress`]) and AMQP
-//! ([`amqp`]) only as far as the manifest grants. A plugin that fails to
-//! load is reported with its file and the reason; the others load
+//! the sandbox ([`runtime`]; compiled forms kept on disk by [`cache`]), with
+//! outbound HTTP ([`egress`]) and AMQP ([`amqp`]) only as far as the
+//! manifest grants. The generated bindings ([`bindings`]) and every host
+//! function they call for ([`host_state`]) sit side by side. A plugin that
+//! fails to load is reported with its file and the reason; the others load
 //! regardless.
+//!
+//! Inside, imports go one way: `registry`, `check` and `trial` use this
+//! module's loading; `runtime` uses `host_state`, which uses `egress`,
+//! `amqp`, `log_limit` and the bindings; `egress`, `amqp` and `manifest`
+//! use nothing above them.
 //!
 //! Must never: decide retries, leases or durability (the delivery engine
 //! owns those), or let one plugin's failure affect another.
@@ -17,6 +24,7 @@ pub mod cache;
 pub mod check;
 pub mod egress;
 pub mod guest_text;
+pub mod host_state;
 pub mod log_limit;
 pub mod manifest;
 pub mod registry;

@@ -23,7 +23,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch};
@@ -32,9 +31,8 @@ use super::{load_one, LoadFailure, Manifest, Plugin, Plugins, Runtime};
 use crate::metrics::{Metrics, PluginLabel};
 
 /// Quiet time after the last change in the plugins directory before a
-/// rescan: copying a component is many writes, and one rescan after the
-/// last is enough.
-pub const DEBOUNCE: Duration = Duration::from_millis(300);
+/// rescan (see [`crate::limits::PLUGIN_RESCAN_DEBOUNCE`]).
+pub use crate::limits::PLUGIN_RESCAN_DEBOUNCE as DEBOUNCE;
 
 /// Why a parked sink's deliveries wait.
 pub const REMOVED_REASON: &str = "sink removed";
@@ -73,6 +71,45 @@ struct State {
     /// component, not the world, ...), by fingerprint: a rescan that finds
     /// them unchanged reports the same refusal without loading, logging or
     /// counting it again.
+    refused: BTreeMap<PathBuf, [u8; 32]>,
+}
+
+/// What the registry held when a rescan began.
+struct Before {
+    /// Each sink's manifest and, while it serves, its fingerprint.
+    sinks: BTreeMap<String, (PathBuf, Option<[u8; 32]>)>,
+    refused: BTreeMap<PathBuf, [u8; 32]>,
+    failed: Vec<LoadFailure>,
+}
+
+impl Before {
+    /// Whether a version of sink `name` is serving.
+    fn serving(&self, name: &str) -> bool {
+        self.sinks.get(name).is_some_and(|(_, fp)| fp.is_some())
+    }
+
+    /// The sink serving from manifest `path`, if one is.
+    fn serving_at(&self, path: &Path) -> Option<String> {
+        self.sinks
+            .iter()
+            .find(|(_, (p, fp))| p == path && fp.is_some())
+            .map(|(n, _)| n.clone())
+    }
+}
+
+/// What a rescan decided, before any of it is applied.
+#[derive(Default)]
+struct Plan {
+    /// Sinks with a manifest in the directory (loaded, unchanged, or
+    /// refused while a version keeps serving).
+    present: BTreeSet<String>,
+    /// New versions, loaded and admitted: (sink, manifest, fingerprint).
+    loaded: Vec<(String, PathBuf, [u8; 32], Plugin)>,
+    /// Unchanged sinks whose manifest now has another file name.
+    moved: Vec<(String, PathBuf)>,
+    /// Every refusal, old and new.
+    failed: Vec<LoadFailure>,
+    /// See [`State::refused`].
     refused: BTreeMap<PathBuf, [u8; 32]>,
 }
 
@@ -299,154 +336,169 @@ impl Registry {
     /// Read the plugins directory again and apply what changed (module
     /// note). Blocking: compiles components; run it off the async workers.
     pub fn rescan(&self) {
-        let before: BTreeMap<String, (PathBuf, Option<[u8; 32]>)> = {
+        let plan = self.plan();
+        self.apply(plan);
+    }
+
+    /// What the directory holds against what serves now: every manifest
+    /// read, changed ones loaded and admitted; nothing serving is touched.
+    fn plan(&self) -> Plan {
+        let before = {
             let state = self.state.lock().unwrap();
-            state
-                .sinks
-                .iter()
-                .map(|(n, e)| (n.clone(), (e.manifest_path.clone(), e.fingerprint)))
-                .collect()
+            Before {
+                sinks: state
+                    .sinks
+                    .iter()
+                    .map(|(n, e)| (n.clone(), (e.manifest_path.clone(), e.fingerprint)))
+                    .collect(),
+                refused: state.refused.clone(),
+                failed: state.failed.clone(),
+            }
         };
         let mut known: Vec<String> = self.known();
-        let mut failed = Vec::new();
-        let mut present: BTreeSet<String> = BTreeSet::new();
-        let mut loaded: Vec<(String, PathBuf, [u8; 32], Plugin)> = Vec::new();
-        // Unchanged sinks whose manifest now has another file name.
-        let mut moved: Vec<(String, PathBuf)> = Vec::new();
+        let mut plan = Plan::default();
         // Files of serving sinks first: when a new file claims a name that
         // is already serving, the new file is the duplicate.
         let mut files = manifest_files(&self.dir);
-        files.sort_by_key(|path| !before.values().any(|(p, fp)| p == path && fp.is_some()));
-        let (refused_before, failed_before) = {
-            let state = self.state.lock().unwrap();
-            (state.refused.clone(), state.failed.clone())
-        };
-        let mut refused: BTreeMap<PathBuf, [u8; 32]> = BTreeMap::new();
+        files.sort_by_key(|path| before.serving_at(path).is_none());
         for path in files {
-            let serving_here = before
-                .iter()
-                .find(|(_, (p, fp))| p == &path && fp.is_some())
-                .map(|(n, _)| n.clone());
-            let fp = fingerprint(&path);
-            if refused_before.get(&path) == Some(&fp) {
-                // Refused before and unchanged: the same refusal, quietly.
-                for f in failed_before.iter().filter(|f| f.manifest == path) {
-                    if let Some(name) = &f.name {
-                        if before.get(name).is_some_and(|(_, fp)| fp.is_some()) {
-                            present.insert(name.clone());
-                        }
-                    }
-                    failed.push(f.clone());
+            self.plan_file(&before, &mut known, &mut plan, path);
+        }
+        plan
+    }
+
+    /// Add what manifest `path` holds to `plan`.
+    fn plan_file(&self, before: &Before, known: &mut Vec<String>, plan: &mut Plan, path: PathBuf) {
+        let serving_here = before.serving_at(&path);
+        let fp = fingerprint(&path);
+        if before.refused.get(&path) == Some(&fp) {
+            // Refused before and unchanged: the same refusal, quietly.
+            for f in before.failed.iter().filter(|f| f.manifest == path) {
+                if let Some(name) = f.name.as_ref().filter(|n| before.serving(n)) {
+                    plan.present.insert(name.clone());
                 }
-                present.extend(serving_here);
-                refused.insert(path, fp);
-                continue;
+                plan.failed.push(f.clone());
             }
-            let manifest = match Manifest::load(&path) {
-                Ok(m) => m,
-                Err(e) => {
-                    failed.push(self.refused(&path, serving_here.clone(), true, e.to_string()));
-                    present.extend(serving_here);
-                    refused.insert(path, fp);
-                    continue;
-                }
-            };
-            let name = manifest.name.clone();
-            if !present.insert(name.clone()) {
-                failed.push(self.refused(
-                    &path,
-                    None,
-                    false,
-                    format!("sink name {name:?} is already used by another manifest"),
-                ));
-                continue;
+            plan.present.extend(serving_here);
+            plan.refused.insert(path, fp);
+            return;
+        }
+        let manifest = match Manifest::load(&path) {
+            Ok(m) => m,
+            Err(e) => {
+                let failure = self.refused(&path, serving_here.clone(), true, e.to_string());
+                plan.failed.push(failure);
+                plan.present.extend(serving_here);
+                plan.refused.insert(path, fp);
+                return;
             }
-            if let Some((old_path, Some(old_fp))) = before.get(&name) {
-                if *old_fp == fp {
-                    if *old_path != path {
-                        moved.push((name, path));
-                    }
-                    continue;
+        };
+        let name = manifest.name.clone();
+        if !plan.present.insert(name.clone()) {
+            plan.failed.push(self.refused(
+                &path,
+                None,
+                false,
+                format!("sink name {name:?} is already used by another manifest"),
+            ));
+            return;
+        }
+        if let Some((old_path, Some(old_fp))) = before.sinks.get(&name) {
+            if *old_fp == fp {
+                if *old_path != path {
+                    plan.moved.push((name, path));
                 }
-            }
-            if !known.contains(&name) {
-                known.push(name.clone());
-            }
-            let serving = before.get(&name).is_some_and(|(_, fp)| fp.is_some());
-            let plugin = match load_one(&self.runtime, &path) {
-                Ok(plugin) => plugin,
-                Err(f) => {
-                    // Refused for its own files: not tried again until they change.
-                    let mut failure = self.refused(&f.file, Some(name), serving, f.reason);
-                    failure.manifest = path.clone();
-                    failed.push(failure);
-                    refused.insert(path, fp);
-                    continue;
-                }
-            };
-            // Admission depends on the other sinks too: tried at every rescan.
-            match (self.admit)(&plugin, &known) {
-                Ok(()) => loaded.push((name, path, fp, plugin)),
-                Err(reason) => {
-                    let mut failure = self.refused(&path, Some(name), serving, reason);
-                    failure.manifest = path.clone();
-                    failed.push(failure);
-                }
+                return;
             }
         }
+        if !known.contains(&name) {
+            known.push(name.clone());
+        }
+        let serving = before.serving(&name);
+        let plugin = match load_one(&self.runtime, &path) {
+            Ok(plugin) => plugin,
+            Err(f) => {
+                // Refused for its own files: not tried again until they change.
+                let mut failure = self.refused(&f.file, Some(name), serving, f.reason);
+                failure.manifest = path.clone();
+                plan.failed.push(failure);
+                plan.refused.insert(path, fp);
+                return;
+            }
+        };
+        // Admission depends on the other sinks too: tried at every rescan.
+        match (self.admit)(&plugin, known) {
+            Ok(()) => plan.loaded.push((name, path, fp, plugin)),
+            Err(reason) => {
+                let mut failure = self.refused(&path, Some(name), serving, reason);
+                failure.manifest = path.clone();
+                plan.failed.push(failure);
+            }
+        }
+    }
 
+    /// Make `plan` what serves: new versions in, moved manifests followed,
+    /// sinks without a manifest parked.
+    fn apply(&self, plan: Plan) {
         let mut state = self.state.lock().unwrap();
-        for (name, path) in moved {
+        for (name, path) in plan.moved {
             if let Some(entry) = state.sinks.get_mut(&name) {
                 entry.manifest_path = path;
             }
         }
-        for (name, path, fp, plugin) in loaded {
-            let version = plugin.manifest().version.clone();
-            self.metrics
-                .plugin_loads
-                .get_or_create(&PluginLabel {
-                    plugin: name.clone(),
-                })
-                .inc();
-            match state.sinks.get_mut(&name) {
-                Some(entry) => {
-                    let was = entry.fingerprint.is_some();
-                    entry.manifest_path = path;
-                    entry.fingerprint = Some(fp);
-                    entry.version = version.clone();
-                    entry.current.send_replace(Some(plugin));
-                    if was {
-                        tracing::info!(sink = %name, %version, "plugin replaced; new batches run on the new version");
-                    } else {
-                        tracing::info!(sink = %name, %version, "plugin back; parked deliveries resume");
-                    }
-                }
-                None => {
-                    let (tx, rx) = watch::channel(Some(plugin));
-                    (self.start_sink)(&name, rx);
-                    tracing::info!(sink = %name, %version, "plugin added");
-                    state.sinks.insert(
-                        name,
-                        Entry {
-                            manifest_path: path,
-                            fingerprint: Some(fp),
-                            version,
-                            current: tx,
-                        },
-                    );
-                }
-            }
+        for (name, path, fp, plugin) in plan.loaded {
+            self.serve(&mut state, name, path, fp, plugin);
         }
         for (name, entry) in state.sinks.iter_mut() {
-            if !present.contains(name) && entry.fingerprint.is_some() {
+            if !plan.present.contains(name) && entry.fingerprint.is_some() {
                 entry.fingerprint = None;
                 entry.current.send_replace(None);
                 tracing::warn!(sink = %name, "plugin removed; its deliveries are parked ({REMOVED_REASON}) until it returns");
             }
         }
-        state.failed = failed;
-        state.refused = refused;
+        state.failed = plan.failed;
+        state.refused = plan.refused;
+    }
+
+    /// Let `plugin` (from manifest `path`, fingerprint `fp`) serve sink
+    /// `name`: a new version of a serving or parked sink, or a new sink
+    /// with its delivery loop started.
+    fn serve(&self, state: &mut State, name: String, path: PathBuf, fp: [u8; 32], plugin: Plugin) {
+        let version = plugin.manifest().version.clone();
+        self.metrics
+            .plugin_loads
+            .get_or_create(&PluginLabel {
+                plugin: name.clone(),
+            })
+            .inc();
+        match state.sinks.get_mut(&name) {
+            Some(entry) => {
+                let was = entry.fingerprint.is_some();
+                entry.manifest_path = path;
+                entry.fingerprint = Some(fp);
+                entry.version = version.clone();
+                entry.current.send_replace(Some(plugin));
+                if was {
+                    tracing::info!(sink = %name, %version, "plugin replaced; new batches run on the new version");
+                } else {
+                    tracing::info!(sink = %name, %version, "plugin back; parked deliveries resume");
+                }
+            }
+            None => {
+                let (tx, rx) = watch::channel(Some(plugin));
+                (self.start_sink)(&name, rx);
+                tracing::info!(sink = %name, %version, "plugin added");
+                state.sinks.insert(
+                    name,
+                    Entry {
+                        manifest_path: path,
+                        fingerprint: Some(fp),
+                        version,
+                        current: tx,
+                    },
+                );
+            }
+        }
     }
 
     /// Record and log a refused plugin file of sink `name` (when known).

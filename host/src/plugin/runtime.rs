@@ -32,32 +32,23 @@
 //! every failure becomes a value; keep a store after it trapped.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Engine, Store, UpdateDeadline};
 
 use super::amqp::{AmqpAccess, AmqpPool};
-use super::bindings::{self, Event, Level, Outcome, Sink, SinkPre};
+use super::bindings::{Event, Outcome, Sink, SinkPre};
 use super::cache::CompiledCache;
-use super::egress::{EgressHooks, EgressPolicy, HttpClient};
+use super::egress::{EgressHooks, EgressPolicy, HttpClient, Timeouts};
 use super::guest_text;
-use super::log_limit::LogLimit;
+use super::host_state::HostState;
+use super::log_limit::{log_dropped, LogLimit};
 use super::manifest::{Builtin, Manifest};
+use crate::limits::{DEADLINE_MARGIN, MAX_RESOURCES};
 
 /// How often the epoch ticks; the deadline is checked at this grain.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Most table elements per table (guards host memory).
-const MAX_TABLE_ELEMENTS: usize = 100_000;
-/// Most instances per store (a component instantiates a few core modules).
-const MAX_INSTANCES: usize = 100;
-/// Most live host resources (HTTP requests, bodies, pollables, ...) per
-/// batch; the webhook sink at 32 requests in flight holds about 300.
-const MAX_RESOURCES: usize = 10_000;
-/// Most bytes one `wasi:random` call may ask for.
-const MAX_RANDOM_BYTES: u64 = 1 << 20;
+pub use crate::limits::EPOCH_TICK;
 /// Fewest bytes the host copies out of one guest call (wasmtime's hostcall
 /// fuel, see [`hostcall_fuel`]): room for an AMQP message or an HTTP body
 /// chunk whatever the batch.
@@ -316,118 +307,6 @@ fn missing_import(text: &str) -> Option<String> {
     }
 }
 
-/// Per-store state of one plugin instance.
-pub struct HostState {
-    wasi: WasiCtx,
-    http: WasiHttpCtx,
-    table: ResourceTable,
-    /// The plugin's log rate (shared by its batches).
-    log_limit: Arc<LogLimit>,
-    limits: MemoryCap,
-    hooks: EgressHooks,
-    plugin: Arc<str>,
-    /// What this batch may publish over AMQP (`amqp` interface, in `amqp.rs`).
-    pub(super) amqp: AmqpAccess,
-}
-
-impl WasiView for HostState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl WasiHttpView for HostState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView {
-            ctx: &mut self.http,
-            table: &mut self.table,
-            hooks: &mut self.hooks,
-        }
-    }
-}
-
-impl bindings::outboxd::sink::log::Host for HostState {
-    fn log(&mut self, level: Level, message: String) {
-        let plugin = &*self.plugin;
-        let message = guest_text::clean(&message, guest_text::MAX_LOG_BYTES);
-        if !self.log_limit.admit(message.len()) {
-            return;
-        }
-        log_dropped(plugin, &self.log_limit);
-        match level {
-            Level::Trace => tracing::trace!(plugin, "{message}"),
-            Level::Debug => tracing::debug!(plugin, "{message}"),
-            Level::Info => tracing::info!(plugin, "{message}"),
-            Level::Warn => tracing::warn!(plugin, "{message}"),
-            Level::Error => tracing::error!(plugin, "{message}"),
-        }
-    }
-}
-
-/// Write the summary of the plugin's dropped log lines, when one is due.
-fn log_dropped(plugin: &str, limit: &LogLimit) {
-    use super::log_limit::{BYTES_PER_SECOND, LINES_PER_SECOND};
-    if let Some(d) = limit.summary_due() {
-        tracing::warn!(
-            plugin,
-            dropped_lines = d.lines,
-            dropped_bytes = d.bytes,
-            "plugin log over its rate ({LINES_PER_SECOND} lines/s, {BYTES_PER_SECOND} bytes/s): {} lines ({} bytes) dropped",
-            d.lines,
-            d.bytes
-        );
-    }
-}
-
-impl bindings::outboxd::sink::types::Host for HostState {}
-
-/// Memory cap that remembers a refused growth, so a guest that dies of it
-/// (a Rust guest then hits `unreachable`, docs/measurements.md) is reported as out of
-/// memory.
-struct MemoryCap {
-    max_bytes: usize,
-    refused: Option<usize>,
-}
-
-impl ResourceLimiter for MemoryCap {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.max_bytes {
-            self.refused = Some(desired);
-            return Ok(false);
-        }
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
-    }
-
-    fn instances(&self) -> usize {
-        MAX_INSTANCES
-    }
-
-    fn memories(&self) -> usize {
-        MAX_INSTANCES
-    }
-
-    fn tables(&self) -> usize {
-        MAX_INSTANCES
-    }
-}
-
 /// What runs a plugin's batches.
 #[derive(Clone)]
 enum Body {
@@ -499,49 +378,8 @@ impl Plugin {
             }
         };
         let deadline = self.manifest.limits.deadline;
-        let mut table = ResourceTable::new();
-        table.set_max_capacity(MAX_RESOURCES);
-        let state = HostState {
-            wasi: WasiCtx::builder().max_random_size(MAX_RANDOM_BYTES).build(),
-            http: WasiHttpCtx::new(),
-            table,
-            log_limit: self.log_limit.clone(),
-            limits: MemoryCap {
-                max_bytes: (self.manifest.limits.memory_mib as usize) << 20,
-                refused: None,
-            },
-            hooks: EgressHooks {
-                plugin: self.name.clone(),
-                policy: self.policy.clone(),
-                client: self.client.clone(),
-                requests_left: self.manifest.limits.max_requests,
-                max_response_bytes: self.manifest.limits.max_response_bytes,
-            },
-            plugin: self.name.clone(),
-            amqp: self.amqp.for_batch(Instant::now() + deadline),
-        };
-        let mut store = Store::new(self.runtime.engine(), state);
-        store.limiter(|s| &mut s.limits);
-        store.set_hostcall_fuel(hostcall_fuel(
-            batch.len(),
-            (self.manifest.limits.memory_mib as usize) << 20,
-        ));
+        let mut store = self.store(batch.len());
         let started = Instant::now();
-        store.set_epoch_deadline(1);
-        // Every tick: stop the guest past its deadline, else let the worker
-        // poll I/O and run other tasks before it resumes (see the module
-        // note on why `yield_now`, not `UpdateDeadline::Yield`).
-        store.epoch_deadline_callback(move |_| {
-            if started.elapsed() >= deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::YieldCustom(
-                    1,
-                    Box::pin(tokio::task::yield_now()),
-                ))
-            }
-        });
-
         let call = async {
             let sink = pre.instantiate_async(&mut store).await?;
             if let Err(reason) = sink.call_init(&mut store, &self.config).await? {
@@ -554,27 +392,76 @@ impl Plugin {
         // one that waits on the host (an HTTP response that never comes).
         let result = tokio::time::timeout(deadline + EPOCH_TICK * 10, call).await;
         log_dropped(&self.name, &self.log_limit);
-        let refused_memory = store.data().limits.refused;
-        match result {
-            Err(_) => Err(SinkFailure::Trap {
+        let Ok(result) = result else {
+            return Err(SinkFailure::Trap {
                 kind: DEADLINE.into(),
                 detail: format!("batch exceeded {deadline:?}"),
-            }),
-            Ok(Ok(Err(reason))) => Err(SinkFailure::Init(guest_text::clean(
+            });
+        };
+        let refused_memory = store.data().refused_memory();
+        match result {
+            Ok(Err(reason)) => Err(SinkFailure::Init(guest_text::clean(
                 &reason,
                 guest_text::MAX_REASON_BYTES,
             ))),
-            Ok(Ok(Ok(outcomes))) if outcomes.len() != batch.len() => Err(SinkFailure::Trap {
+            Ok(Ok(outcomes)) if outcomes.len() != batch.len() => Err(SinkFailure::Trap {
                 kind: "wrong number of outcomes".into(),
                 detail: format!("{} outcomes for {} events", outcomes.len(), batch.len()),
             }),
-            Ok(Ok(Ok(outcomes))) => Ok(outcomes.into_iter().map(clean_outcome).collect()),
-            Ok(Err(e)) => Err(classify_trap(
+            Ok(Ok(outcomes)) => Ok(outcomes.into_iter().map(clean_outcome).collect()),
+            Err(e) => Err(classify_trap(
                 &e,
                 refused_memory,
                 started.elapsed() >= deadline,
             )),
         }
+    }
+
+    /// A fresh store for one batch of `events`, its clock starting now: the
+    /// sandbox's state ([`HostState`]), the memory cap, the hostcall fuel,
+    /// and the epoch deadline — every tick stops the guest past its
+    /// deadline, else lets the worker poll I/O and run other tasks before
+    /// it resumes (see the module note on why `yield_now`, not
+    /// `UpdateDeadline::Yield`).
+    fn store(&self, events: usize) -> Store<HostState> {
+        let limits = &self.manifest.limits;
+        let deadline = limits.deadline;
+        let now = Instant::now();
+        let memory_bytes = (limits.memory_mib as usize) << 20;
+        let hooks = EgressHooks {
+            plugin: self.name.clone(),
+            policy: self.policy.clone(),
+            client: self.client.clone(),
+            requests_left: limits.max_requests,
+            max_response_bytes: limits.max_response_bytes,
+            timeouts: Timeouts {
+                first_byte: limits.first_byte_timeout,
+                between_bytes: limits.between_bytes_timeout,
+                until: now + deadline - DEADLINE_MARGIN.min(deadline / 2),
+            },
+        };
+        let state = HostState::new(
+            self.name.clone(),
+            self.log_limit.clone(),
+            memory_bytes,
+            hooks,
+            self.amqp.for_batch(now + deadline),
+        );
+        let mut store = Store::new(self.runtime.engine(), state);
+        store.limiter(|s| s.limiter());
+        store.set_hostcall_fuel(hostcall_fuel(events, memory_bytes));
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if now.elapsed() >= deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::YieldCustom(
+                    1,
+                    Box::pin(tokio::task::yield_now()),
+                ))
+            }
+        });
+        store
     }
 }
 

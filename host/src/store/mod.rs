@@ -645,18 +645,7 @@ pub fn sqlite_path(url: &str) -> Option<&str> {
 }
 
 /// The URL with any password replaced by `***`, for logs and errors.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            match userinfo.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &userinfo[..c], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
+pub use crate::redact::redact_url;
 
 /// Random lease token: 128 bits as 32 hex digits.
 pub(crate) fn new_lease_token() -> String {

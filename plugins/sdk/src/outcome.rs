@@ -120,7 +120,9 @@ pub fn describe(code: &ErrorCode) -> String {
         E::ConnectionRefused => "connection refused",
         E::ConnectionTerminated => "connection terminated",
         E::ConnectionTimeout => "connection timeout",
-        E::ConnectionReadTimeout => "connection read timeout",
+        // The three ways a receiver holds a request, as outboxd's host
+        // reports them (its log line gives the figures).
+        E::ConnectionReadTimeout => "response stalled: no byte within the between-bytes timeout",
         E::ConnectionWriteTimeout => "connection write timeout",
         E::ConnectionLimitReached => "connection limit reached",
         E::TlsProtocolError => "TLS protocol error",
@@ -141,7 +143,9 @@ pub fn describe(code: &ErrorCode) -> String {
         E::HttpRequestHeaderSize(_) => "request header too large",
         E::HttpRequestTrailerSectionSize(_) => "request trailer section too large",
         E::HttpRequestTrailerSize(_) => "request trailer too large",
-        E::HttpResponseIncomplete => "response incomplete",
+        E::HttpResponseIncomplete => {
+            "response incomplete: cut off, or unfinished before the batch deadline"
+        }
         E::HttpResponseHeaderSectionSize(_) => "response header section too large",
         E::HttpResponseHeaderSize(_) => "response header too large",
         E::HttpResponseBodySize(_) => "response body size",
@@ -149,7 +153,7 @@ pub fn describe(code: &ErrorCode) -> String {
         E::HttpResponseTrailerSize(_) => "response trailer too large",
         E::HttpResponseTransferCoding(_) => "response transfer coding",
         E::HttpResponseContentCoding(_) => "response content coding",
-        E::HttpResponseTimeout => "response timeout",
+        E::HttpResponseTimeout => "no response within the first-byte timeout",
         E::HttpUpgradeFailed => "HTTP upgrade failed",
         E::HttpProtocolError => "HTTP protocol error",
         E::LoopDetected => "loop detected",

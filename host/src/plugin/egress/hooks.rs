@@ -1,0 +1,396 @@
+//! The `wasi:http` hooks of one plugin instance: every request a guest
+//! sends passes [`EgressHooks::send_request`], which applies the batch's
+//! request budget and the policy, forces the `Host` header to the checked
+//! authority, sends over the plugin's pooled client under the response
+//! timeouts ([`super::watch`]), and caps the response body.
+//!
+//! Must never: send a request that was not checked, let a guest choose a
+//! timeout longer than the plugin's ceilings, or tell a guest more about a
+//! refusal than `HTTP-request-denied` (the reason goes to the host's log).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::capture_connection;
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+use super::connector::{ConnectError, HttpClient};
+use super::policy::EgressPolicy;
+use super::watch::{self, Timeouts};
+use crate::limits::REFUSED_BODY_DRAIN_TIMEOUT;
+
+/// Most request-body bytes drained from a guest whose request was refused
+/// (the guest's body write must finish before it can see the refusal).
+const DRAIN_LIMIT: usize = 8 << 20;
+
+/// The `wasi:http` hooks of one plugin instance.
+pub struct EgressHooks {
+    pub plugin: Arc<str>,
+    pub policy: Arc<EgressPolicy>,
+    pub client: HttpClient,
+    /// Requests this batch may still send (manifest `limits.max-requests`).
+    pub requests_left: u32,
+    /// Most bytes of one response body the guest may read (manifest
+    /// `limits.max-response-bytes`).
+    pub max_response_bytes: u64,
+    /// The ceilings of every request's timeouts (manifest
+    /// `limits.first-byte-timeout`, `limits.between-bytes-timeout`) and the
+    /// instant every response must be complete by (the batch deadline less
+    /// [`crate::limits::DEADLINE_MARGIN`]).
+    pub timeouts: Timeouts,
+}
+
+type SendResult = wasmtime_wasi_http::Result<(
+    http::Response<WasiBody>,
+    Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send>,
+)>;
+
+impl WasiHttpHooks for EgressHooks {
+    fn send_request(
+        &mut self,
+        mut request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send>,
+    ) -> Box<dyn std::future::Future<Output = SendResult> + Send> {
+        let plugin = self.plugin.clone();
+        let policy = self.policy.clone();
+        let client = self.client.clone();
+        let max_body = self.max_response_bytes;
+        let ceilings = self.timeouts;
+        let over_budget = self.requests_left == 0;
+        self.requests_left = self.requests_left.saturating_sub(1);
+        Box::new(async move {
+            let refusal = if over_budget {
+                Err("the batch used up its limits.max-requests".to_string())
+            } else {
+                policy.check(request.uri())
+            };
+            if let Err(reason) = refusal {
+                tracing::warn!(plugin = %plugin, uri = %request.uri(), "outbound request refused: {reason}");
+                // Let the guest finish writing its body so it sees the refusal
+                // on the response, not as an opaque write error.
+                let body = http_body_util::Limited::new(request.into_body(), DRAIN_LIMIT);
+                let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, body.collect()).await;
+                return Err(HttpError::HttpRequestDenied);
+            }
+            let authority = request
+                .uri()
+                .authority()
+                .map(|a| a.as_str().to_string())
+                .unwrap_or_default();
+            let host = http::HeaderValue::from_str(&authority)
+                .map_err(|_| HttpError::HttpRequestUriInvalid)?;
+            request.headers_mut().insert(http::header::HOST, host);
+            let uri = request.uri().clone();
+            let timeouts = request_timeouts(ceilings, options);
+            let captured = capture_connection(&mut request);
+            let started = Instant::now();
+            let response = match watch::head(client.request(request), &captured, started, &timeouts)
+                .await
+            {
+                Err(stall) => {
+                    tracing::warn!(plugin = %plugin, uri = %uri, "outbound request given up: {stall}");
+                    return Err(stall.code());
+                }
+                Ok(Err(e)) => {
+                    if let Some(refused @ ConnectError::AddressRefused(_)) = connect_error(&e) {
+                        tracing::warn!(plugin = %plugin, uri = %uri, "outbound request refused: {refused}");
+                        return Err(HttpError::HttpRequestDenied);
+                    }
+                    return Err(classify(&e));
+                }
+                Ok(Ok(r)) => r,
+            };
+            let head_bytes = watch::head_bytes(&captured, started);
+            let response = response.map(|body| {
+                let body =
+                    http_body_util::Limited::new(body.map_err(HttpError::from), max_body as usize)
+                        .map_err(move |e| match e.downcast::<HttpError>() {
+                            Ok(e) => *e,
+                            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                                HttpError::HttpResponseBodySize(Some(max_body))
+                            }
+                            Err(e) => HttpError::InternalError(Some(e.to_string())),
+                        })
+                        .boxed_unsync();
+                watch::Watched::new(body, timeouts, started, head_bytes, plugin, uri).boxed_unsync()
+            });
+            let io: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
+                Box::new(async { Ok(()) });
+            Ok((response, io))
+        })
+    }
+}
+
+/// The timeouts of one request: what the guest asked for (`None` or zero:
+/// nothing asked) but never past the plugin's ceilings.
+fn request_timeouts(ceilings: Timeouts, options: Option<RequestOptions>) -> Timeouts {
+    let ask = |asked: Option<Duration>, ceiling: Duration| {
+        asked
+            .filter(|d| !d.is_zero())
+            .map_or(ceiling, |d| d.min(ceiling))
+    };
+    Timeouts {
+        first_byte: ask(
+            options.and_then(|o| o.first_byte_timeout),
+            ceilings.first_byte,
+        ),
+        between_bytes: ask(
+            options.and_then(|o| o.between_bytes_timeout),
+            ceilings.between_bytes,
+        ),
+        until: ceilings.until,
+    }
+}
+
+/// The connector's own error inside a client error, if that is the cause.
+fn connect_error(e: &hyper_util::client::legacy::Error) -> Option<&ConnectError> {
+    causes(e).find_map(|c| c.downcast_ref::<ConnectError>())
+}
+
+/// `e`'s chain of causes, outermost first, `e` itself excluded.
+fn causes<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(e.source(), |c| c.source())
+}
+
+/// The `wasi:http` error code of a client error that is not the address
+/// rule's refusal: the connector's typed reason, a TLS failure (rustls'
+/// error inside the I/O error of the handshake), or else the destination
+/// being unavailable; an error after the connection was made is a protocol
+/// error.
+fn classify(e: &hyper_util::client::legacy::Error) -> HttpError {
+    if !e.is_connect() {
+        return HttpError::HttpProtocolError;
+    }
+    if let Some(connect) = connect_error(e) {
+        return match connect {
+            ConnectError::Lookup { .. } | ConnectError::NoAddress { .. } => HttpError::DnsError {
+                rcode: Some("lookup failed".into()),
+                info_code: None,
+            },
+            ConnectError::Connect { source, .. } => match source.kind() {
+                std::io::ErrorKind::ConnectionRefused => HttpError::ConnectionRefused,
+                std::io::ErrorKind::TimedOut => HttpError::ConnectionTimeout,
+                _ => HttpError::DestinationUnavailable,
+            },
+            ConnectError::Timeout { .. } => HttpError::ConnectionTimeout,
+            ConnectError::AddressRefused(_) => HttpError::HttpRequestDenied,
+            ConnectError::NoHost => HttpError::HttpRequestUriInvalid,
+        };
+    }
+    let tls = causes(e).any(|c| {
+        c.is::<rustls::Error>()
+            || c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+    });
+    if tls {
+        HttpError::TlsProtocolError
+    } else {
+        HttpError::DestinationUnavailable
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::egress::{http_client, EgressPolicy};
+    use http_body_util::BodyExt;
+    use std::net::SocketAddr;
+
+    /// A loopback listener that records the `Host` header of each request
+    /// and answers 200.
+    async fn host_recorder() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    for line in text.lines() {
+                        if let Some((k, v)) = line.split_once(':') {
+                            if k.eq_ignore_ascii_case("host") {
+                                record.lock().unwrap().push(v.trim().to_string());
+                            }
+                        }
+                    }
+                    let _ = socket
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    fn hooks(patterns: &[&str]) -> EgressHooks {
+        let policy = Arc::new(
+            EgressPolicy::new(&patterns.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap(),
+        );
+        EgressHooks {
+            plugin: Arc::from("test"),
+            client: http_client(policy.clone()),
+            policy,
+            requests_left: 1000,
+            max_response_bytes: 1 << 20,
+            timeouts: Timeouts {
+                first_byte: Duration::from_secs(30),
+                between_bytes: Duration::from_secs(10),
+                until: Instant::now() + Duration::from_secs(60),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_past_the_batch_budget_are_refused_without_leaving_the_host() {
+        let (addr, seen) = host_recorder().await;
+        let mut hooks = hooks(&[&format!("http://{addr}")]);
+        hooks.requests_left = 2;
+        let uri = format!("http://{addr}/x");
+        assert_eq!(send(&mut hooks, &uri, None).await.unwrap(), 200);
+        assert_eq!(send(&mut hooks, &uri, None).await.unwrap(), 200);
+        assert!(matches!(
+            send(&mut hooks, &uri, None).await,
+            Err(HttpError::HttpRequestDenied)
+        ));
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            2,
+            "the third request left the host"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_response_body_past_the_cap_fails_the_read() {
+        // A server answering every request with a 64 KiB body.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = [0u8; 4096];
+                    let _ = socket.read(&mut buf).await;
+                    let body = vec![b'x'; 64 << 10];
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = socket.write_all(head.as_bytes()).await;
+                    let _ = socket.write_all(&body).await;
+                });
+            }
+        });
+        let read = |max: u64| {
+            let mut hooks = hooks(&[&format!("http://{addr}")]);
+            hooks.max_response_bytes = max;
+            let uri = format!("http://{addr}/big");
+            async move {
+                let body: WasiBody = http_body_util::Empty::new()
+                    .map_err(|never| match never {})
+                    .boxed_unsync();
+                let request = http::Request::builder().uri(uri).body(body).unwrap();
+                let fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
+                    Box::new(async { Ok(()) });
+                let (response, _) = Box::into_pin(hooks.send_request(request, None, fut))
+                    .await
+                    .unwrap();
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes().len())
+            }
+        };
+        assert_eq!(read(1 << 20).await.unwrap(), 64 << 10);
+        assert!(matches!(
+            read(1000).await,
+            Err(HttpError::HttpResponseBodySize(Some(1000)))
+        ));
+    }
+
+    async fn send(
+        hooks: &mut EgressHooks,
+        uri: &str,
+        host_header: Option<&str>,
+    ) -> Result<u16, HttpError> {
+        let body: WasiBody = http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let mut request = http::Request::builder().method("GET").uri(uri);
+        if let Some(h) = host_header {
+            request = request.header(http::header::HOST, h);
+        }
+        let request = request.body(body).unwrap();
+        let fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
+            Box::new(async { Ok(()) });
+        let sent = Box::into_pin(hooks.send_request(request, None, fut)).await;
+        sent.map(|(response, _)| response.status().as_u16())
+    }
+
+    #[tokio::test]
+    async fn a_guest_set_host_header_cannot_redirect_the_request() {
+        let (addr, seen) = host_recorder().await;
+        let mut hooks = hooks(&[&format!("http://{addr}")]);
+        let status = send(
+            &mut hooks,
+            &format!("http://{addr}/x"),
+            Some("evil.example"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![addr.to_string()],
+            "the Host header is the checked authority"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_loopback_is_refused_at_connect_unless_named() {
+        let (addr, seen) = host_recorder().await;
+        let port = addr.port();
+        let uri = format!("http://localhost:{port}/x");
+        // `localhost` passes the wildcard name check, but the address it
+        // resolves to is loopback: refused by the connector.
+        let mut wildcard = hooks(&["http://*:*"]);
+        assert!(matches!(
+            send(&mut wildcard, &uri, None).await,
+            Err(HttpError::HttpRequestDenied)
+        ));
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "nothing reached the listener"
+        );
+        // Named exactly: connected.
+        let mut named = hooks(&[&format!("http://localhost:{port}")]);
+        assert_eq!(send(&mut named, &uri, None).await.unwrap(), 200);
+        // The address named exactly: connected too.
+        let mut by_address = hooks(&[
+            &format!("http://*:{port}"),
+            &format!("http://127.0.0.1:{port}"),
+        ]);
+        let got = send(&mut by_address, &uri, None).await;
+        // `localhost` may resolve to ::1 first; 127.0.0.1 is tried after it.
+        assert_eq!(got.unwrap(), 200);
+        assert_eq!(seen.lock().unwrap().len(), 2);
+    }
+}

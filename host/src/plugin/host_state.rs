@@ -1,0 +1,166 @@
+//! The state of one plugin instance's store, and every host function the
+//! `outboxd:sink` world and WASI give it: the WASI and `wasi:http` views,
+//! `log`, `types` and `amqp`. Beside [`super::bindings`], as wasmtime keeps
+//! host state and generated impls beside the bindings.
+//!
+//! Owns: [`HostState`] (one per batch, built by the runtime) and its
+//! memory cap ([`MemoryCap`]). Must never: outlive its batch, or share
+//! anything mutable with another instance but the plugin's log rate.
+
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::ResourceLimiter;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use super::amqp::AmqpAccess;
+use super::bindings::{self, AmqpMessage, Level, PublishError};
+use super::egress::EgressHooks;
+use super::guest_text;
+use super::log_limit::{self, LogLimit, PLUGIN_LOG_TARGET};
+use crate::limits::{MAX_INSTANCES, MAX_RANDOM_BYTES, MAX_RESOURCES, MAX_TABLE_ELEMENTS};
+
+/// Per-store state of one plugin instance.
+pub struct HostState {
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    table: ResourceTable,
+    /// The plugin's log rate (shared by its batches).
+    log_limit: Arc<LogLimit>,
+    limits: MemoryCap,
+    hooks: EgressHooks,
+    plugin: Arc<str>,
+    /// What this batch may publish over AMQP.
+    amqp: AmqpAccess,
+}
+
+impl HostState {
+    /// The state of one batch of `plugin`: WASI with an empty context (no
+    /// preopened files, no environment, no sockets), at most
+    /// [`MAX_RESOURCES`] live host resources, a memory cap of
+    /// `memory_bytes`, outbound HTTP through `hooks` and AMQP through `amqp`.
+    pub fn new(
+        plugin: Arc<str>,
+        log_limit: Arc<LogLimit>,
+        memory_bytes: usize,
+        hooks: EgressHooks,
+        amqp: AmqpAccess,
+    ) -> HostState {
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES);
+        HostState {
+            wasi: WasiCtx::builder().max_random_size(MAX_RANDOM_BYTES).build(),
+            http: WasiHttpCtx::new(),
+            table,
+            log_limit,
+            limits: MemoryCap {
+                max_bytes: memory_bytes,
+                refused: None,
+            },
+            hooks,
+            plugin,
+            amqp,
+        }
+    }
+
+    /// The store's resource limiter.
+    pub fn limiter(&mut self) -> &mut MemoryCap {
+        &mut self.limits
+    }
+
+    /// The memory growth refused (bytes asked for), if any was.
+    pub fn refused_memory(&self) -> Option<usize> {
+        self.limits.refused
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+impl bindings::outboxd::sink::log::Host for HostState {
+    fn log(&mut self, level: Level, message: String) {
+        let plugin = &*self.plugin;
+        let message = guest_text::clean(&message, guest_text::MAX_LOG_BYTES);
+        if !self.log_limit.admit(message.len()) {
+            return;
+        }
+        log_limit::log_dropped(plugin, &self.log_limit);
+        match level {
+            Level::Trace => tracing::trace!(target: PLUGIN_LOG_TARGET, plugin, "{message}"),
+            Level::Debug => tracing::debug!(target: PLUGIN_LOG_TARGET, plugin, "{message}"),
+            Level::Info => tracing::info!(target: PLUGIN_LOG_TARGET, plugin, "{message}"),
+            Level::Warn => tracing::warn!(target: PLUGIN_LOG_TARGET, plugin, "{message}"),
+            Level::Error => tracing::error!(target: PLUGIN_LOG_TARGET, plugin, "{message}"),
+        }
+    }
+}
+
+impl bindings::outboxd::sink::types::Host for HostState {}
+
+impl bindings::outboxd::sink::amqp::Host for HostState {
+    async fn publish_batch(&mut self, messages: Vec<AmqpMessage>) -> Vec<Result<(), PublishError>> {
+        let access = self.amqp.clone();
+        access.publish_batch(messages).await
+    }
+}
+
+/// Memory cap that remembers a refused growth, so a guest that dies of it
+/// (a Rust guest then hits `unreachable`, docs/measurements.md) is reported as out of
+/// memory.
+pub struct MemoryCap {
+    max_bytes: usize,
+    refused: Option<usize>,
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_bytes {
+            self.refused = Some(desired);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_INSTANCES
+    }
+}
