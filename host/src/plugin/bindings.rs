@@ -1,6 +1,9 @@
 //! Host bindings for the `outboxd:sink` world, generated once from `wit/`.
 //! The rest of the host uses these types through this module only.
 
+// Generated from the WIT, whose own comments document each item there.
+#![allow(missing_docs)]
+
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "sink",

@@ -47,7 +47,9 @@ pub enum Source {
 /// How often the cache was hit and missed since start.
 #[derive(Debug, Default)]
 pub struct CacheStats {
+    /// Components read from the cache.
     pub hits: AtomicU64,
+    /// Components compiled (and written to the cache).
     pub compiles: AtomicU64,
 }
 

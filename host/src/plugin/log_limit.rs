@@ -53,7 +53,9 @@ pub fn log_dropped(plugin: &str, limit: &LogLimit) {
 /// What was dropped since the last summary.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Dropped {
+    /// Log lines dropped.
     pub lines: u64,
+    /// Bytes of them.
     pub bytes: u64,
 }
 

@@ -38,14 +38,17 @@ pub struct Manifest {
     /// WIT package the component targets, e.g. `outboxd:sink@0.1.0`.
     pub wit: String,
     #[serde(default)]
+    /// Deadline, fuel, memory and batch caps.
     pub limits: Limits,
     #[serde(default)]
+    /// What the plugin may reach (hosts, exchanges).
     pub capabilities: Capabilities,
     /// Handed to the plugin's `init`. Values may reference the host's
     /// environment; never logged.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
     #[serde(default)]
+    /// Retry schedule, window and what a dead letter does to its stream.
     pub retry: RetryPolicy,
     /// Chained sink: this sink takes an event only after the same event was
     /// delivered to the sink named here (e.g. mark a document published
@@ -258,12 +261,21 @@ impl Default for RetryPolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("{file}: cannot read: {source}")]
+    /// The manifest could not be read.
     Read {
+        /// The manifest.
         file: PathBuf,
+        /// Why it could not be read.
         source: std::io::Error,
     },
     #[error("{file}: {message}")]
-    Invalid { file: PathBuf, message: String },
+    /// The manifest is not valid (the message names the key).
+    Invalid {
+        /// The manifest.
+        file: PathBuf,
+        /// What is wrong, naming the key.
+        message: String,
+    },
 }
 
 impl Manifest {

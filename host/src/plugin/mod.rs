@@ -48,6 +48,7 @@ pub struct LoadFailure {
     pub manifest: PathBuf,
     /// Sink name, when the manifest could be read.
     pub name: Option<String>,
+    /// Why it was refused.
     pub reason: String,
 }
 

@@ -49,7 +49,10 @@ pub type StartSink = Box<dyn Fn(&str, watch::Receiver<Option<Plugin>>) + Send + 
 #[serde(rename_all = "snake_case")]
 pub enum SinkState {
     /// A version is loaded and delivering.
-    Loaded { version: String },
+    Loaded {
+        /// The manifest version loaded.
+        version: String,
+    },
     /// Its manifest is gone; deliveries are parked until it returns.
     Removed,
 }

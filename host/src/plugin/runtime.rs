@@ -73,7 +73,12 @@ pub enum SinkFailure {
     /// or an answer of the wrong shape. `kind` is short (`deadline`,
     /// `out of memory`, `panic`, ...).
     #[error("plugin trap: {kind}")]
-    Trap { kind: String, detail: String },
+    Trap {
+        /// What trapped (`deadline`, `fuel`, `out of memory`, `panic`, ...).
+        kind: String,
+        /// wasmtime's account of it.
+        detail: String,
+    },
     /// `init` refused its configuration.
     #[error("plugin init failed: {0}")]
     Init(String),

@@ -41,8 +41,11 @@ pub enum NewError {
     #[error("{0}: already exists and is not empty; choose another --dir or name")]
     Exists(PathBuf),
     #[error("{file}: cannot write: {source}")]
+    /// A file or folder could not be written.
     Write {
+        /// The file or folder.
         file: PathBuf,
+        /// Why it could not be written.
         source: std::io::Error,
     },
 }

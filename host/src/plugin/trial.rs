@@ -24,27 +24,41 @@ use super::{compile_checked, Manifest, Runtime};
 #[derive(Debug, thiserror::Error)]
 pub enum TrialError {
     #[error("{file}: cannot read: {source}")]
+    /// The events file could not be read.
     Read {
+        /// The events file.
         file: PathBuf,
+        /// Why it could not be read.
         source: std::io::Error,
     },
     /// A line is not an event ingest would accept.
     #[error("{file}:{line}: {problem}")]
     Event {
+        /// The events file.
         file: PathBuf,
+        /// The line, from 1.
         line: usize,
+        /// What ingest would refuse, naming the attribute.
         problem: String,
     },
     /// The plugin could not be loaded (manifest, component or grants).
     #[error("{file}: {reason}")]
-    Load { file: PathBuf, reason: String },
+    Load {
+        /// The manifest.
+        file: PathBuf,
+        /// Why it could not be loaded.
+        reason: String,
+    },
 }
 
 /// What a run came to, for the exit code.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Tally {
+    /// Events the plugin answered delivered.
     pub delivered: usize,
+    /// Events it answered retry.
     pub retry: usize,
+    /// Events it rejected.
     pub reject: usize,
     /// Events of batches the plugin failed as a whole (trap, `init`
     /// refused, wrong number of outcomes).

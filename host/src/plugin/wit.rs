@@ -18,6 +18,7 @@ pub const FILES: &[(&str, &str)] = &[("sink.wit", include_str!("../../../wit/sin
 pub struct WriteError {
     /// The file or folder that could not be written.
     pub file: PathBuf,
+    /// Why.
     pub source: std::io::Error,
 }
 

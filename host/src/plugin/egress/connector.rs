@@ -32,13 +32,18 @@ pub enum ConnectError {
     /// The host name did not resolve.
     #[error("dns error: {host}: {source}")]
     Lookup {
+        /// The host name.
         host: String,
         #[source]
+        /// Why it did not resolve.
         source: std::io::Error,
     },
     /// The host name resolved to no address.
     #[error("dns error: {host} has no address")]
-    NoAddress { host: String },
+    NoAddress {
+        /// The host name.
+        host: String,
+    },
     /// Every address was refused by the address rule (the reason of the
     /// first), so nothing was tried.
     #[error("{0}")]
@@ -46,14 +51,19 @@ pub enum ConnectError {
     /// The last allowed address tried failed to connect.
     #[error("connect to {addr}: {source}")]
     Connect {
+        /// The address tried last.
         addr: SocketAddr,
         #[source]
+        /// Why it failed.
         source: std::io::Error,
     },
     /// The last allowed address tried did not answer within
     /// [`crate::limits::HTTP_CONNECT_TIMEOUT`].
     #[error("connect to {addr} timed out")]
-    Timeout { addr: SocketAddr },
+    Timeout {
+        /// The address tried last.
+        addr: SocketAddr,
+    },
 }
 
 /// The connector of a plugin's client: resolves the request's host,

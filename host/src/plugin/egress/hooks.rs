@@ -26,8 +26,11 @@ const DRAIN_LIMIT: usize = 8 << 20;
 
 /// The `wasi:http` hooks of one plugin instance.
 pub struct EgressHooks {
+    /// The plugin's name, for logs.
     pub plugin: Arc<str>,
+    /// Where it may connect (manifest `capabilities.http`).
     pub policy: Arc<EgressPolicy>,
+    /// The host's pooled HTTP client.
     pub client: HttpClient,
     /// Requests this batch may still send (manifest `limits.max-requests`).
     pub requests_left: u32,

@@ -171,11 +171,24 @@ impl Connection for Metered {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stall {
     /// Not one byte within the first-byte timeout.
-    NoResponse { waited: Duration },
+    NoResponse {
+        /// How long it waited.
+        waited: Duration,
+    },
     /// Bytes came, then none within the between-bytes timeout.
-    Idle { silent: Duration, bytes: u64 },
+    Idle {
+        /// How long no byte came.
+        silent: Duration,
+        /// Bytes received before.
+        bytes: u64,
+    },
     /// Still incomplete at the batch deadline's margin.
-    Unfinished { bytes: u64, elapsed: Duration },
+    Unfinished {
+        /// Bytes received.
+        bytes: u64,
+        /// Time since the request was sent.
+        elapsed: Duration,
+    },
 }
 
 impl std::fmt::Display for Stall {
@@ -210,7 +223,9 @@ impl Stall {
 /// and the instant the response must be complete by.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
+    /// Longest wait for the first byte of the response.
     pub first_byte: Duration,
+    /// Longest silence once bytes came.
     pub between_bytes: Duration,
     /// The batch deadline less [`crate::limits::DEADLINE_MARGIN`].
     pub until: Instant,
