@@ -352,7 +352,9 @@ pub trait Store: Send + Sync + 'static {
     fn sql(&self) -> &dyn sql::Sql;
 
     /// An event, by id, without its deliveries.
-    async fn stored_event(&self, id: &str) -> Result<Option<StoredEvent>, StoreError>;
+    async fn stored_event(&self, id: &str) -> Result<Option<StoredEvent>, StoreError> {
+        shared::stored_event(self.sql(), id).await
+    }
 
     /// Store a request's events and their deliveries in one transaction.
     /// Returns one [`Ingested`] per item, in order. Either every new event
@@ -490,7 +492,9 @@ pub trait Store: Send + Sync + 'static {
         after: i64,
         page: u32,
         route: &RouteFn<'_>,
-    ) -> Result<BackfillPage, StoreError>;
+    ) -> Result<BackfillPage, StoreError> {
+        shared::backfill_page(self.sql(), sink, since_ms, after, page, route).await
+    }
 
     /// Names of migrations not yet applied.
     async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
@@ -652,40 +656,70 @@ pub(crate) fn new_lease_token() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
 
-/// An event row as both stores select it (their `EVENT_COLUMNS`, the
-/// ingest time as `ingested_at_ms`). Errors: a column missing or of
-/// another type, extensions that are not a JSON object of strings.
+/// The event columns every read of events selects first, in this order
+/// ([`EVENT_COLS`]), with the ingest time as Unix ms in the dialect's
+/// spelling.
+pub(crate) fn event_columns(d: &sql::Dialect) -> String {
+    format!(
+        "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
+         producer_sequence, extensions, data, data_format, {} AS ingested_at_ms",
+        d.time_as_ms("ingested_at")
+    )
+}
+
+/// The types of [`event_columns`], in order.
+pub(crate) const EVENT_COLS: &[sql::Col] = {
+    use sql::Col::*;
+    &[
+        Text, Text, Text, OptText, OptText, OptText, OptText, Text, Int, Bool, Text, Bytes, Text,
+        Int,
+    ]
+};
+
+/// An event read as [`event_columns`] (the first columns of `v`).
+/// Errors: extensions that are not a JSON object of strings.
+pub(crate) fn event_from_vals(v: &[sql::Val]) -> Result<StoredEvent, StoreError> {
+    if v.len() < EVENT_COLS.len() {
+        return Err(StoreError::Corrupt(format!(
+            "an event row has {} columns, not {}",
+            v.len(),
+            EVENT_COLS.len()
+        )));
+    }
+    let extensions: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(&v[10].text())
+            .map_err(|e| StoreError::Corrupt(format!("events.extensions: {e}")))?;
+    let sequence = v[8].int() as u64;
+    Ok(StoredEvent {
+        event: NewEvent {
+            id: v[0].text(),
+            source: v[1].text(),
+            ty: v[2].text(),
+            subject: v[3].opt_text(),
+            time: v[4].opt_text(),
+            datacontenttype: v[5].opt_text(),
+            dataschema: v[6].opt_text(),
+            stream: v[7].text(),
+            sequence: v[9].bool().then_some(sequence),
+            extensions,
+            data: v[11].bytes(),
+            data_format: crate::event::DataFormat::parse(&v[12].text()),
+        },
+        sequence,
+        ingested_at_ms: v[13].int(),
+    })
+}
+
+/// An event row of a backend's own query, selected as [`event_columns`]
+/// first. Errors: a column of another type, corrupt extensions.
 pub(crate) fn event_from_row<'r, R>(row: &'r R) -> Result<StoredEvent, StoreError>
 where
     R: sqlx::Row,
-    for<'a> &'a str: sqlx::ColumnIndex<R>,
-    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    usize: sqlx::ColumnIndex<R>,
+    Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let extensions: String = row.try_get("extensions")?;
-    let extensions: std::collections::BTreeMap<String, String> = serde_json::from_str(&extensions)
-        .map_err(|e| StoreError::Corrupt(format!("events.extensions: {e}")))?;
-    let sequence: i64 = row.try_get("sequence")?;
-    let producer_sequence: bool = row.try_get("producer_sequence")?;
-    let data_format: String = row.try_get("data_format")?;
-    Ok(StoredEvent {
-        event: NewEvent {
-            id: row.try_get("id")?,
-            source: row.try_get("source")?,
-            ty: row.try_get("type")?,
-            subject: row.try_get("subject")?,
-            time: row.try_get("time")?,
-            datacontenttype: row.try_get("datacontenttype")?,
-            dataschema: row.try_get("dataschema")?,
-            stream: row.try_get("stream")?,
-            sequence: producer_sequence.then_some(sequence as u64),
-            extensions,
-            data: row.try_get("data")?,
-            data_format: crate::event::DataFormat::parse(&data_format),
-        },
-        sequence: sequence as u64,
-        ingested_at_ms: row.try_get("ingested_at_ms")?,
-    })
+    event_from_vals(&sql::decode(row, EVENT_COLS)?)
 }

@@ -32,10 +32,10 @@ use sqlx::{PgPool, Postgres, Row, Transaction};
 use tokio::sync::watch;
 
 use super::plan::{self, FinishPlan, HeadChanges, IngestInputs, IngestPlan, KeptRow};
-use super::sql::{self as shared_sql, Dialect, Rows, Sql, SqlTx, Stmt};
+use super::sql::{Dialect, Sql, SqlTx};
 use super::{
-    new_lease_token, shared, BackfillPage, Claimed, Finish, IngestError, IngestItem, Ingested,
-    RouteFn, Store, StoreError, StoredEvent,
+    new_lease_token, shared, Claimed, Finish, IngestError, IngestItem, Ingested, RouteFn, Store,
+    StoreError, StoredEvent,
 };
 use crate::event::NewEvent;
 use crate::limits;
@@ -108,10 +108,9 @@ impl PgStore {
     }
 }
 
-const EVENT_COLUMNS: &str =
-    "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
-     producer_sequence, extensions, data, data_format, \
-     (extract(epoch FROM ingested_at) * 1000)::bigint AS ingested_at_ms";
+/// The event columns, as every read of events selects them first.
+static EVENT_COLUMNS: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| super::event_columns(&DIALECT));
 
 /// True for errors after which the whole transaction may simply be re-run.
 fn is_retryable(e: &IngestError) -> bool {
@@ -290,7 +289,8 @@ impl PgStore {
         let ids: Vec<&str> = items.iter().map(|i| i.event.id.as_str()).collect();
         let mut stored = HashMap::new();
         for row in sqlx::query(&format!(
-            "SELECT {EVENT_COLUMNS}, content_hash FROM outboxd.events WHERE id = ANY($1)"
+            "SELECT {}, content_hash FROM outboxd.events WHERE id = ANY($1)",
+            *EVENT_COLUMNS
         ))
         .bind(&ids)
         .fetch_all(&mut **tx)
@@ -368,23 +368,7 @@ impl PgStore {
     }
 }
 
-/// A transaction on the pool, as the shared code runs it.
-struct PgTx(Transaction<'static, Postgres>);
-
-#[async_trait]
-impl SqlTx for PgTx {
-    async fn rows(&mut self, stmt: Stmt) -> Result<Rows, sqlx::Error> {
-        let query = shared_sql::bind_all(sqlx::query(&stmt.sql), stmt.args);
-        let rows = query.fetch_all(&mut *self.0).await?;
-        rows.iter()
-            .map(|row| shared_sql::decode(row, stmt.cols))
-            .collect()
-    }
-
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.commit().await
-    }
-}
+crate::sql_tx!(PgTx, Postgres);
 
 /// The PostgreSQL spelling of the shared templates ([`super::sql`]):
 /// delivery-table times are `timestamptz`, registry times Unix-ms bigints.
@@ -404,6 +388,7 @@ static DIALECT: Dialect = Dialect {
     blocked_due: "'infinity'",
     for_update: " FOR UPDATE",
     lock_stream: Some("SELECT 1 FROM outboxd.streams WHERE stream = $1 FOR UPDATE"),
+    routed_only: " AND routed",
     no_migrations: "SELECT to_regclass('_sqlx_migrations') IS NULL",
     notify: Some("SELECT pg_notify('outboxd_wake', $1)"),
 };
@@ -431,16 +416,6 @@ impl Sql for PgStore {
 impl Store for PgStore {
     fn sql(&self) -> &dyn Sql {
         self
-    }
-
-    async fn stored_event(&self, id: &str) -> Result<Option<StoredEvent>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|row| super::event_from_row(&row)).transpose()
     }
 
     async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError> {
@@ -500,7 +475,8 @@ impl Store for PgStore {
         let event_ids: Vec<String> = leased.iter().map(|row| row.event_id.clone()).collect();
         let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
         for row in sqlx::query(&format!(
-            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = ANY($1)"
+            "SELECT {} FROM outboxd.events WHERE id = ANY($1)",
+            *EVENT_COLUMNS
         ))
         .bind(&event_ids)
         .fetch_all(&mut *tx.0)
@@ -536,8 +512,9 @@ impl Store for PgStore {
     async fn route_pending(&self, route: &RouteFn<'_>, limit: u32) -> Result<usize, StoreError> {
         let mut tx = PgTx(self.pool.begin().await?);
         let rows = sqlx::query(&format!(
-            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE NOT routed ORDER BY seq_id LIMIT $1 \
-             FOR UPDATE SKIP LOCKED"
+            "SELECT {} FROM outboxd.events WHERE NOT routed ORDER BY seq_id LIMIT $1 \
+             FOR UPDATE SKIP LOCKED",
+            *EVENT_COLUMNS
         ))
         .bind(limit as i64)
         .fetch_all(&mut *tx.0)
@@ -619,34 +596,6 @@ impl Store for PgStore {
                 backoff = (backoff * 2).min(limits::LISTEN_RETRY_MAX);
             }
         });
-    }
-
-    async fn backfill_page(
-        &self,
-        sink: &str,
-        since_ms: i64,
-        after: i64,
-        page: u32,
-        route: &RouteFn<'_>,
-    ) -> Result<BackfillPage, StoreError> {
-        let mut tx = PgTx(self.pool.begin().await?);
-        let rows = sqlx::query(&format!(
-            "SELECT seq_id, {EVENT_COLUMNS} FROM outboxd.events \
-             WHERE seq_id > $1 AND ingested_at >= to_timestamp($2) AND routed ORDER BY seq_id LIMIT $3"
-        ))
-        .bind(after)
-        .bind(since_ms as f64 / 1000.0)
-        .bind(page as i64)
-        .fetch_all(&mut *tx.0)
-        .await?;
-        let rows = rows
-            .iter()
-            .map(|row| Ok((row.try_get("seq_id")?, super::event_from_row(row)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let read = plan::BackfillRead::new(rows, page, sink, route);
-        let created = shared::add_backfill(self, &mut tx, sink, &read.routed).await?;
-        tx.0.commit().await?;
-        Ok(read.done(created))
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {

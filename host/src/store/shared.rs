@@ -855,3 +855,61 @@ pub async fn add_backfill(
     }
     Ok(created)
 }
+
+/// Event `id`, without its deliveries.
+pub async fn stored_event(
+    sql: &dyn Sql,
+    id: &str,
+) -> Result<Option<super::StoredEvent>, StoreError> {
+    let template = format!(
+        "SELECT {} FROM {{s}}events WHERE id = $1",
+        super::event_columns(sql.dialect())
+    );
+    let rows = sql
+        .read(stmt(sql, &template, super::EVENT_COLS).arg(id))
+        .await?;
+    rows.first().map(|r| super::event_from_vals(r)).transpose()
+}
+
+/// One page of a backfill (see [`super::Store::backfill_page`]): read the
+/// page of events, let [`plan::BackfillRead`] pick those routed to `key`,
+/// add their deliveries ([`add_backfill`]), in one transaction.
+pub async fn backfill_page(
+    sql: &dyn Sql,
+    key: &str,
+    since_ms: i64,
+    after: i64,
+    page: u32,
+    route: &super::RouteFn<'_>,
+) -> Result<super::BackfillPage, StoreError> {
+    let d = sql.dialect();
+    // Events enqueued by SQL and not routed yet get theirs from the router.
+    let template = format!(
+        "SELECT {}, seq_id FROM {{s}}events WHERE seq_id > $1 AND ingested_at >= {}{} \
+         ORDER BY seq_id LIMIT $3",
+        super::event_columns(d),
+        d.ms_as_time("$2"),
+        d.routed_only,
+    );
+    static COLS: std::sync::LazyLock<Vec<Col>> = std::sync::LazyLock::new(|| {
+        let mut cols = super::EVENT_COLS.to_vec();
+        cols.push(Col::Int);
+        cols
+    });
+    let mut tx = sql.begin().await?;
+    let q = Stmt {
+        sql: d.sql(&template),
+        args: vec![Arg::Int(after), Arg::Int(since_ms), Arg::Int(page as i64)],
+        cols: COLS.as_slice(),
+    };
+    let rows = tx
+        .rows(q)
+        .await?
+        .iter()
+        .map(|r| Ok((r[super::EVENT_COLS.len()].int(), super::event_from_vals(r)?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let read = plan::BackfillRead::new(rows, page, key, route);
+    let created = add_backfill(sql, &mut *tx, key, &read.routed).await?;
+    tx.commit().await?;
+    Ok(read.done(created))
+}

@@ -55,6 +55,10 @@ pub struct Dialect {
     /// order of the streams (see [`crate::store::postgres`]); `None` where
     /// one writer holds the file.
     pub lock_stream: Option<&'static str>,
+    /// Added to a read of events to skip those enqueued by SQL and not yet
+    /// routed (PostgreSQL ` AND routed`); empty where every event is routed
+    /// at ingest.
+    pub routed_only: &'static str,
     /// A one-row, one-column query: true when no migration was ever
     /// applied (there is no `_sqlx_migrations` table).
     pub no_migrations: &'static str,
@@ -166,6 +170,8 @@ pub enum Col {
     OptInt,
     /// A boolean.
     Bool,
+    /// Bytes (BLOB / `bytea`).
+    Bytes,
 }
 
 /// A decoded column value.
@@ -177,6 +183,8 @@ pub enum Val {
     Int(Option<i64>),
     /// A boolean.
     Bool(bool),
+    /// Bytes.
+    Bytes(Vec<u8>),
 }
 
 impl Val {
@@ -203,6 +211,17 @@ impl Val {
         match self {
             Val::Int(n) => *n,
             _ => None,
+        }
+    }
+    /// True only for a true boolean.
+    pub fn bool(&self) -> bool {
+        matches!(self, Val::Bool(true))
+    }
+    /// The bytes, empty for another type.
+    pub fn bytes(&self) -> Vec<u8> {
+        match self {
+            Val::Bytes(b) => b.clone(),
+            _ => Vec::new(),
         }
     }
 }
@@ -326,6 +345,7 @@ where
     Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     cols.iter()
         .enumerate()
@@ -334,7 +354,39 @@ where
                 Col::Text | Col::OptText => Val::Text(row.try_get(i)?),
                 Col::Int | Col::OptInt => Val::Int(row.try_get(i)?),
                 Col::Bool => Val::Bool(row.try_get(i)?),
+                Col::Bytes => Val::Bytes(row.try_get(i)?),
             })
         })
         .collect()
+}
+
+/// Define `$name`, a transaction of database `$db` as the shared code runs
+/// it ([`SqlTx`]): the one runner body, stamped out for each backend
+/// (sqlx's executor bounds do not let one generic impl be written for
+/// every database).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! sql_tx {
+    ($name:ident, $db:ty) => {
+        /// A transaction, as the shared code runs it.
+        struct $name(sqlx::Transaction<'static, $db>);
+
+        #[async_trait::async_trait]
+        impl $crate::store::sql::SqlTx for $name {
+            async fn rows(
+                &mut self,
+                stmt: $crate::store::sql::Stmt,
+            ) -> Result<$crate::store::sql::Rows, sqlx::Error> {
+                let query = $crate::store::sql::bind_all(sqlx::query(&stmt.sql), stmt.args);
+                let rows = query.fetch_all(&mut *self.0).await?;
+                rows.iter()
+                    .map(|row| $crate::store::sql::decode(row, stmt.cols))
+                    .collect()
+            }
+
+            async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
+                self.0.commit().await
+            }
+        }
+    };
 }

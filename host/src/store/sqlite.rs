@@ -16,15 +16,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::plan::{self, FinishPlan, HeadChanges, IngestInputs, IngestPlan, KeptRow};
-use super::sql::{self as shared_sql, Dialect, Rows, Sql, SqlTx, Stmt};
+use super::sql::{Dialect, Sql, SqlTx};
 use crate::limits;
 
 use super::{
-    new_lease_token, shared, BackfillPage, Claimed, Finish, IngestError, IngestItem, Ingested,
-    RouteFn, Store, StoreError, StoredEvent,
+    new_lease_token, shared, Claimed, Finish, IngestError, IngestItem, Ingested, RouteFn, Store,
+    StoreError, StoredEvent,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -91,6 +91,7 @@ static DIALECT: Dialect = Dialect {
     blocked_due: "9223372036854775807",
     for_update: "",
     lock_stream: None,
+    routed_only: "",
     no_migrations:
         "SELECT COUNT(*) = 0 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
     notify: None,
@@ -106,27 +107,11 @@ async fn now_ms(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
         .await
 }
 
-const EVENT_COLUMNS: &str =
-    "id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
-     producer_sequence, extensions, data, data_format, ingested_at AS ingested_at_ms";
+/// The event columns, as every read of events selects them first.
+static EVENT_COLUMNS: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| super::event_columns(&DIALECT));
 
-/// A transaction on one of the pools, as the shared code runs it.
-struct SqliteTx(Transaction<'static, Sqlite>);
-
-#[async_trait]
-impl SqlTx for SqliteTx {
-    async fn rows(&mut self, stmt: Stmt) -> Result<Rows, sqlx::Error> {
-        let query = shared_sql::bind_all(sqlx::query(&stmt.sql), stmt.args);
-        let rows = query.fetch_all(&mut *self.0).await?;
-        rows.iter()
-            .map(|row| shared_sql::decode(row, stmt.cols))
-            .collect()
-    }
-
-    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
-        self.0.commit().await
-    }
-}
+crate::sql_tx!(SqliteTx, Sqlite);
 
 #[async_trait]
 impl Sql for SqliteStore {
@@ -171,8 +156,10 @@ async fn stored_events(
     } else {
         ", NULL AS content_hash"
     };
-    let mut q =
-        QueryBuilder::<Sqlite>::new(format!("SELECT {EVENT_COLUMNS}{hash} FROM events WHERE id"));
+    let mut q = QueryBuilder::<Sqlite>::new(format!(
+        "SELECT {}{hash} FROM events WHERE id",
+        *EVENT_COLUMNS
+    ));
     push_in(&mut q, ids);
     let mut out = BTreeMap::new();
     for row in q.build().fetch_all(&mut *conn).await? {
@@ -285,12 +272,6 @@ impl SqliteStore {
 impl Store for SqliteStore {
     fn sql(&self) -> &dyn Sql {
         self
-    }
-
-    async fn stored_event(&self, id: &str) -> Result<Option<StoredEvent>, StoreError> {
-        let mut conn = self.reader.acquire().await?;
-        let mut found = stored_events(&mut conn, [id.to_string()], false).await?;
-        Ok(found.remove(id).map(|(_, event)| event))
     }
 
     async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError> {
@@ -408,33 +389,6 @@ impl Store for SqliteStore {
         _stop: tokio::sync::watch::Receiver<bool>,
     ) {
         // One process owns an SQLite file; ingest wakes the loops directly.
-    }
-
-    async fn backfill_page(
-        &self,
-        sink: &str,
-        since_ms: i64,
-        after: i64,
-        page: u32,
-        route: &RouteFn<'_>,
-    ) -> Result<BackfillPage, StoreError> {
-        let mut tx = SqliteTx(self.writer.begin().await?);
-        let rows = sqlx::query(&format!(
-            "SELECT seq_id, {EVENT_COLUMNS} FROM events WHERE seq_id > ? AND ingested_at >= ? ORDER BY seq_id LIMIT ?"
-        ))
-        .bind(after)
-        .bind(since_ms)
-        .bind(page as i64)
-        .fetch_all(&mut *tx.0)
-        .await?;
-        let rows = rows
-            .iter()
-            .map(|row| Ok((row.try_get("seq_id")?, super::event_from_row(row)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let read = plan::BackfillRead::new(rows, page, sink, route);
-        let created = shared::add_backfill(self, &mut tx, sink, &read.routed).await?;
-        tx.0.commit().await?;
-        Ok(read.done(created))
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
