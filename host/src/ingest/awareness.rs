@@ -304,11 +304,7 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
         ),
         Err(IngestError::Store(e)) => {
             tracing::error!("awareness ingest failed: {e}");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                format!("store unavailable, nothing stored: {e}"),
-            )
+            super::http::store_unavailable(&e)
         }
     }
 }

@@ -10,7 +10,8 @@
 //! names the item (`[3].id`).
 //!
 //! Must never: answer before the commit, or with a 5xx for bad input (a
-//! store failure is 503: the producer should retry).
+//! store failure is 503: the producer should retry; its `cause` says
+//! `storage-full` when the database's disk is full).
 
 use std::sync::Arc;
 
@@ -200,13 +201,29 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
         }
         Err(IngestError::Store(e)) => {
             tracing::error!("ingest failed: {e}");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                format!("store unavailable, nothing stored: {e}"),
-            )
+            store_unavailable(&e)
         }
     }
+}
+
+/// 503 for a store that could not take the request (nothing of it was
+/// stored; the producer should retry): `{"error": "...", "cause": ...}`,
+/// the cause `"storage-full"` when the database's disk is full
+/// ([`crate::store::StoreError::is_storage_full`]), else `"store"`.
+pub(crate) fn store_unavailable(e: &crate::store::StoreError) -> Response {
+    let (cause, message) = if e.is_storage_full() {
+        (
+            "storage-full",
+            format!(
+                "storage full: the disk holding the database has no space left, nothing stored; \
+                 retry once space is freed ({e})"
+            ),
+        )
+    } else {
+        ("store", format!("store unavailable, nothing stored: {e}"))
+    };
+    let body = json!({ "error": message, "cause": cause });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
 async fn get_event(State(state): State<IngestState>, Path(id): Path<String>) -> Response {

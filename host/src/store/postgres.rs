@@ -51,10 +51,22 @@ const INGEST_ATTEMPTS: usize = 5;
 
 /// Claim step 1: due heads of one sink, by due time (waiting and
 /// expired-lease work in one order, so neither starves the other), skipping
-/// heads another worker is claiming. Reads only `heads_due`: O(batch).
-/// `$1` sink, `$2` limit.
+/// heads another worker is claiming, and heads whose delivery row another
+/// session holds locked (an application's transaction left idle): that
+/// stream waits, the others are claimed, and [`OVERDUE_HEAD_SQL`] tells.
+/// Reads only `heads_due`: O(batch). `$1` sink, `$2` limit.
 pub const CLAIM_HEADS_SQL: &str = "SELECT h.stream, h.delivery_id FROM outboxd.heads h \
-     WHERE h.sink = $1 AND h.due_at <= now() ORDER BY h.due_at LIMIT $2 FOR UPDATE SKIP LOCKED";
+     JOIN outboxd.deliveries d ON d.id = h.delivery_id \
+     WHERE h.sink = $1 AND h.due_at <= now() ORDER BY h.due_at LIMIT $2 FOR UPDATE OF h, d SKIP LOCKED";
+
+/// The oldest head of `$1` (sink) due for more than `$2` milliseconds:
+/// right after a claim that had room for it, one it skipped because
+/// another session holds it locked. Its stream and how long it has been
+/// due (ms).
+pub const OVERDUE_HEAD_SQL: &str =
+    "SELECT stream, (extract(epoch FROM now() - due_at) * 1000)::bigint \
+     FROM outboxd.heads WHERE sink = $1 AND due_at <= now() - $2 * interval '1 millisecond' \
+     ORDER BY due_at LIMIT 1";
 
 /// Claim step 2: up to `$3` live deliveries behind each claimed head
 /// (`$2`, delivery ids), in sequence order, with whether each may be taken
@@ -115,6 +127,10 @@ pub const RESET_HEAD_UNLESS_BLOCKED_SQL: &str = "INSERT INTO outboxd.heads (sink
 pub struct PgStore {
     pool: PgPool,
     url: String,
+    /// By sink, the head a claim with room for it last left behind because
+    /// it is locked: its stream, how long it had been due (ms), and when
+    /// that was seen. [`Store::ping`] fails while one was seen recently.
+    locked_heads: std::sync::Mutex<BTreeMap<String, (String, i64, std::time::Instant)>>,
 }
 
 impl PgStore {
@@ -134,7 +150,41 @@ impl PgStore {
         Ok(PgStore {
             pool,
             url: url.to_string(),
+            locked_heads: Default::default(),
         })
+    }
+
+    /// After a claim of `sink` that took `claimed` of `limit`: when it had
+    /// room, look for a head it left behind that has been due longer than
+    /// a statement may wait ([`STATEMENT_TIMEOUT`]) — one another session
+    /// holds locked — and note it (or that there is none) for
+    /// [`Store::ping`]. A full claim says nothing: the rest may simply be
+    /// a backlog.
+    async fn note_locked_head(&self, sink: &str, claimed: usize, limit: u32) {
+        if claimed >= limit as usize {
+            return;
+        }
+        let overdue: Result<Option<(String, i64)>, sqlx::Error> = sqlx::query_as(OVERDUE_HEAD_SQL)
+            .bind(sink)
+            .bind(STATEMENT_TIMEOUT.as_millis() as i64)
+            .fetch_optional(&self.pool)
+            .await;
+        let mut locked = self.locked_heads.lock().unwrap();
+        match overdue {
+            Ok(Some((stream, due_ms))) => {
+                if !locked.contains_key(sink) {
+                    tracing::warn!(sink, stream = %stream, "the head of a stream is locked by another session; that stream waits");
+                }
+                locked.insert(
+                    sink.to_string(),
+                    (stream, due_ms, std::time::Instant::now()),
+                );
+            }
+            Ok(None) => {
+                locked.remove(sink);
+            }
+            Err(e) => tracing::debug!(sink, "looking for a locked head: {e}"),
+        }
     }
 }
 
@@ -305,6 +355,140 @@ async fn lock_streams(
 }
 
 impl PgStore {
+    /// One claim ([`Store::claim_after`]), in one transaction.
+    async fn claim_once(
+        &self,
+        sink: &str,
+        limit: u32,
+        lease: Duration,
+        after: Option<&str>,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
+            .bind(sink)
+            .bind(limit as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        if heads.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let mut streams: Vec<String> = heads.iter().map(|h| h.0.clone()).collect();
+        let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
+        let mut order: Vec<(String, i64)> = heads.clone();
+        // Contiguous runs behind the heads we now hold locked: the next live
+        // rows of each stream while each is due and not leased.
+        let room = (limit as usize).saturating_sub(ids.len());
+        if room > 0 {
+            let head_ids: Vec<i64> = ids.clone();
+            let followers: Vec<(i64, String, bool)> = sqlx::query_as(CLAIM_RUNS_SQL)
+                .bind(sink)
+                .bind(&head_ids)
+                .bind(room as i64)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut room = room;
+            let mut stopped: BTreeSet<String> = BTreeSet::new();
+            for (id, stream, eligible) in followers {
+                if room == 0 {
+                    break;
+                }
+                if stopped.contains(&stream) {
+                    continue;
+                }
+                if !eligible {
+                    stopped.insert(stream);
+                    continue;
+                }
+                ids.push(id);
+                order.push((stream, id));
+                room -= 1;
+            }
+        }
+        if let Some(after) = after {
+            let blocked: std::collections::HashSet<i64> = sqlx::query_scalar(
+                "SELECT d.id FROM outboxd.deliveries d JOIN outboxd.deliveries t \
+                   ON t.event_id = d.event_id AND t.sink = $2 \
+                 WHERE d.id = ANY($1) AND t.status <> 'delivered'",
+            )
+            .bind(&ids)
+            .bind(after)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+            if !blocked.is_empty() {
+                let (kept, claimed_streams, held) = super::cut_runs(&order, &heads, &blocked);
+                sqlx::query(
+                    "UPDATE outboxd.heads SET due_at = now() + interval '1 second' \
+                     WHERE sink = $1 AND stream = ANY($2)",
+                )
+                .bind(sink)
+                .bind(&held)
+                .execute(&mut *tx)
+                .await?;
+                ids = kept;
+                streams = claimed_streams;
+                if ids.is_empty() {
+                    tx.commit().await?;
+                    return Ok(Vec::new());
+                }
+            }
+        }
+        let token = new_lease_token();
+        let rows = sqlx::query(
+            "UPDATE outboxd.deliveries SET lease_token = $2, lease_expires_at = now() + $3 * interval '1 millisecond', \
+               attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, now()) \
+             WHERE id = ANY($1) AND status = 'pending' \
+             RETURNING id, event_id, attempts, \
+               (extract(epoch FROM first_attempt_at) * 1000)::bigint AS first_ms, \
+               (extract(epoch FROM now()) * 1000)::bigint AS now_ms",
+        )
+        .bind(&ids)
+        .bind(&token)
+        .bind(lease.as_millis() as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE outboxd.heads SET due_at = now() + $3 * interval '1 millisecond' \
+             WHERE sink = $1 AND stream = ANY($2)",
+        )
+        .bind(sink)
+        .bind(&streams)
+        .bind(lease.as_millis() as i64)
+        .execute(&mut *tx)
+        .await?;
+        let event_ids: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get("event_id"))
+            .collect::<Result<_, _>>()?;
+        let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
+        for row in sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = ANY($1)"
+        ))
+        .bind(&event_ids)
+        .fetch_all(&mut *tx)
+        .await?
+        {
+            let ev = super::event_from_row(&row)?;
+            events.insert(ev.event.id.clone(), ev);
+        }
+        tx.commit().await?;
+        let leased = rows
+            .iter()
+            .map(|row| {
+                Ok(super::LeasedRow {
+                    delivery_id: row.try_get("id")?,
+                    event_id: row.try_get("event_id")?,
+                    attempts: row.try_get::<i32, _>("attempts")? as u32,
+                    first_attempt_at_ms: row.try_get("first_ms")?,
+                    claimed_at_ms: row.try_get("now_ms")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        super::assemble_claims(leased, &events, &token)
+    }
+
     async fn ingest_once(
         &self,
         items: &[IngestItem],
@@ -536,130 +720,9 @@ impl Store for PgStore {
         lease: Duration,
         after: Option<&str>,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
-            .bind(sink)
-            .bind(limit as i64)
-            .fetch_all(&mut *tx)
-            .await?;
-        if heads.is_empty() {
-            tx.commit().await?;
-            return Ok(Vec::new());
-        }
-        let mut streams: Vec<String> = heads.iter().map(|h| h.0.clone()).collect();
-        let mut ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
-        let mut order: Vec<(String, i64)> = heads.clone();
-        // Contiguous runs behind the heads we now hold locked: the next live
-        // rows of each stream while each is due and not leased.
-        let room = (limit as usize).saturating_sub(ids.len());
-        if room > 0 {
-            let head_ids: Vec<i64> = ids.clone();
-            let followers: Vec<(i64, String, bool)> = sqlx::query_as(CLAIM_RUNS_SQL)
-                .bind(sink)
-                .bind(&head_ids)
-                .bind(room as i64)
-                .fetch_all(&mut *tx)
-                .await?;
-            let mut room = room;
-            let mut stopped: BTreeSet<String> = BTreeSet::new();
-            for (id, stream, eligible) in followers {
-                if room == 0 {
-                    break;
-                }
-                if stopped.contains(&stream) {
-                    continue;
-                }
-                if !eligible {
-                    stopped.insert(stream);
-                    continue;
-                }
-                ids.push(id);
-                order.push((stream, id));
-                room -= 1;
-            }
-        }
-        if let Some(after) = after {
-            let blocked: std::collections::HashSet<i64> = sqlx::query_scalar(
-                "SELECT d.id FROM outboxd.deliveries d JOIN outboxd.deliveries t \
-                   ON t.event_id = d.event_id AND t.sink = $2 \
-                 WHERE d.id = ANY($1) AND t.status <> 'delivered'",
-            )
-            .bind(&ids)
-            .bind(after)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
-            if !blocked.is_empty() {
-                let (kept, claimed_streams, held) = super::cut_runs(&order, &heads, &blocked);
-                sqlx::query(
-                    "UPDATE outboxd.heads SET due_at = now() + interval '1 second' \
-                     WHERE sink = $1 AND stream = ANY($2)",
-                )
-                .bind(sink)
-                .bind(&held)
-                .execute(&mut *tx)
-                .await?;
-                ids = kept;
-                streams = claimed_streams;
-                if ids.is_empty() {
-                    tx.commit().await?;
-                    return Ok(Vec::new());
-                }
-            }
-        }
-        let token = new_lease_token();
-        let rows = sqlx::query(
-            "UPDATE outboxd.deliveries SET lease_token = $2, lease_expires_at = now() + $3 * interval '1 millisecond', \
-               attempts = attempts + 1, first_attempt_at = COALESCE(first_attempt_at, now()) \
-             WHERE id = ANY($1) AND status = 'pending' \
-             RETURNING id, event_id, attempts, \
-               (extract(epoch FROM first_attempt_at) * 1000)::bigint AS first_ms, \
-               (extract(epoch FROM now()) * 1000)::bigint AS now_ms",
-        )
-        .bind(&ids)
-        .bind(&token)
-        .bind(lease.as_millis() as i64)
-        .fetch_all(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE outboxd.heads SET due_at = now() + $3 * interval '1 millisecond' \
-             WHERE sink = $1 AND stream = ANY($2)",
-        )
-        .bind(sink)
-        .bind(&streams)
-        .bind(lease.as_millis() as i64)
-        .execute(&mut *tx)
-        .await?;
-        let event_ids: Vec<String> = rows
-            .iter()
-            .map(|r| r.try_get("event_id"))
-            .collect::<Result<_, _>>()?;
-        let mut events: BTreeMap<String, StoredEvent> = BTreeMap::new();
-        for row in sqlx::query(&format!(
-            "SELECT {EVENT_COLUMNS} FROM outboxd.events WHERE id = ANY($1)"
-        ))
-        .bind(&event_ids)
-        .fetch_all(&mut *tx)
-        .await?
-        {
-            let ev = super::event_from_row(&row)?;
-            events.insert(ev.event.id.clone(), ev);
-        }
-        tx.commit().await?;
-        let leased = rows
-            .iter()
-            .map(|row| {
-                Ok(super::LeasedRow {
-                    delivery_id: row.try_get("id")?,
-                    event_id: row.try_get("event_id")?,
-                    attempts: row.try_get::<i32, _>("attempts")? as u32,
-                    first_attempt_at_ms: row.try_get("first_ms")?,
-                    claimed_at_ms: row.try_get("now_ms")?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        super::assemble_claims(leased, &events, &token)
+        let claimed = self.claim_once(sink, limit, lease, after).await?;
+        self.note_locked_head(sink, claimed.len(), limit).await;
+        Ok(claimed)
     }
 
     async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
@@ -1041,6 +1104,20 @@ impl Store for PgStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
+        // A locked head noted within the last three statement timeouts: a
+        // busy loop (full claims) does not look again, so the note ages out.
+        let locked = self.locked_heads.lock().unwrap();
+        if let Some((sink, (stream, due_ms, _))) = locked
+            .iter()
+            .find(|(_, (_, _, seen))| seen.elapsed() <= STATEMENT_TIMEOUT * 3)
+        {
+            return Err(StoreError::HeadLocked(format!(
+                "the head of stream {stream:?} of sink {sink} has been due for {} s and another \
+                 session holds it locked (a transaction left idle?); that stream waits, the others \
+                 are delivered",
+                due_ms / 1000
+            )));
+        }
         Ok(())
     }
 
