@@ -109,6 +109,24 @@ async fn postgres_restarted_three_times_under_load_loses_nothing_and_keeps_order
         "the restarts did not land mid-run ({mid_run})"
     );
     // Per stream, first deliveries in sequence order, none missing.
+    let last = first_deliveries_in_order(&receiver);
+    assert_eq!(last.len(), STREAMS);
+    assert!(last.values().all(|s| *s == (EVENTS / STREAMS) as u64));
+    // Stored once each: a retried batch is a duplicate, not a copy.
+    let (_, ready) = d.get("/ready").await;
+    assert_eq!(ready["ready"], true, "{ready}");
+    let redelivered = receiver.count() - EVENTS;
+    eprintln!(
+        "faults: {EVENTS} events, {restarts} PostgreSQL restarts, {refused} refused requests retried, \
+         {redelivered} re-deliveries, {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    d.stop().await;
+}
+
+/// Per stream, the sequence of its last first delivery, asserting that the
+/// first deliveries of each stream came in sequence order, none skipped.
+fn first_deliveries_in_order(receiver: &Receiver) -> BTreeMap<String, u64> {
     let mut last: BTreeMap<String, u64> = BTreeMap::new();
     let mut firsts = HashSet::new();
     receiver.with_seen(|seen| {
@@ -127,18 +145,12 @@ async fn postgres_restarted_three_times_under_load_loses_nothing_and_keeps_order
             );
         }
     });
-    assert_eq!(last.len(), STREAMS);
-    assert!(last.values().all(|s| *s == (EVENTS / STREAMS) as u64));
-    // Stored once each: a retried batch is a duplicate, not a copy.
-    let (_, ready) = d.get("/ready").await;
-    assert_eq!(ready["ready"], true, "{ready}");
-    let redelivered = receiver.count() - EVENTS;
-    eprintln!(
-        "faults: {EVENTS} events, {restarts} PostgreSQL restarts, {refused} refused requests retried, \
-         {redelivered} re-deliveries, {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    d.stop().await;
+    last
+}
+
+/// The ids the receiver has seen (`ce-id`), re-deliveries counted once.
+fn seen_ids(receiver: &Receiver) -> HashSet<String> {
+    receiver.with_seen(|seen| seen.iter().filter_map(|x| x.header("ce-id")).collect())
 }
 
 /// How long the foreign session keeps the held stream's rows locked, idle
@@ -269,13 +281,6 @@ async fn a_stream_head_locked_idle_in_transaction_does_not_wedge_the_loop() {
     // Through the hold: the other streams keep being delivered (each
     // event within 10 s of its acknowledgement), and the probes do not
     // show a healthy loop.
-    let seen_ids = |r: &Receiver| {
-        r.with_seen(|seen| {
-            seen.iter()
-                .filter_map(|x| x.header("ce-id"))
-                .collect::<HashSet<_>>()
-        })
-    };
     let mut not_ready_seen = false;
     let mut failing_metric_seen = false;
     let mut checks = 0;
@@ -364,24 +369,7 @@ async fn a_stream_head_locked_idle_in_transaction_does_not_wedge_the_loop() {
         "an event answered 503 was delivered"
     );
     // Per stream, first deliveries in sequence order.
-    let mut last: BTreeMap<String, u64> = BTreeMap::new();
-    let mut firsts = HashSet::new();
-    receiver.with_seen(|seen| {
-        for x in seen {
-            let id = x.header("ce-id").unwrap();
-            if !firsts.insert(id.clone()) {
-                continue;
-            }
-            let stream = x.header("ce-partitionkey").unwrap();
-            let seq: u64 = x.header("ce-sequence").unwrap().parse().unwrap();
-            let prev = last.insert(stream.clone(), seq).unwrap_or(0);
-            assert_eq!(
-                seq,
-                prev + 1,
-                "{id} of {stream} delivered first after {prev}"
-            );
-        }
-    });
+    let last = first_deliveries_in_order(&receiver);
     assert_eq!(last.get("held"), Some(&3));
     eprintln!(
         "lock hold: {} events over {FLOWING} streams during a {HOLD:?} hold; held stream done {:.1?} after release; {} re-deliveries",
@@ -597,19 +585,12 @@ async fn disk_full_under_sqlite_answers_503_storage_full_and_resumes_once_space_
         }
     }
     // Delivery resumes too: every acknowledged event arrives, none refused.
-    let seen_ids = || {
-        receiver.with_seen(|seen| {
-            seen.iter()
-                .filter_map(|x| x.header("ce-id"))
-                .collect::<HashSet<_>>()
-        })
-    };
     let all = common::eventually(Duration::from_secs(60), || {
-        let seen = seen_ids();
+        let seen = seen_ids(&receiver);
         acked.iter().all(|id| seen.contains(id))
     })
     .await;
-    let seen = seen_ids();
+    let seen = seen_ids(&receiver);
     let missing = acked.iter().filter(|id| !seen.contains(*id)).count();
     if let Some(id) = acked.iter().find(|id| !seen.contains(*id)) {
         eprintln!(

@@ -328,19 +328,7 @@ def main(argv=None):
         amqp.start()
 
         port = d.free_port()
-        env = d.clean_env()
-        env.update({
-            "OUTBOXD_DATABASE_URL": db_url,
-            "OUTBOXD_PLUGINS_DIR": str(work / "plugins"),
-            "OUTBOXD_DATA_DIR": str(work / "data"),
-            "OUTBOXD_LISTEN": f"127.0.0.1:{port}",
-            "OUTBOXD_DELIVERY__LEASE": f"{lease_ms}ms",
-            "OUTBOXD_WEBHOOK_URL": f"{webhook.url}/webhook",
-            "OUTBOXD_WEBHOOK_ALLOW": webhook.url,
-            "OUTBOXD_WEBHOOK_SECRET": secret,
-            "OUTBOXD_AMQP_URL": broker.url,
-            "OUTBOXD_AMQP_EXCHANGE": exchange,
-        })
+        env = d.sinks_env(db_url, work, port, lease_ms, webhook.url, secret, broker.url, exchange)
         env.setdefault("RUST_LOG", "warn")
         daemon = d.Daemon(binary, env, port, work)
         daemon.start()
