@@ -82,30 +82,13 @@ async fn post_events(State(state): State<IngestState>, headers: HeaderMap, body:
 }
 
 async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) -> Response {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
-    let batch = match content_type.as_deref() {
-        Some("application/cloudevents+json") => false,
-        Some("application/cloudevents-batch+json") => true,
-        other => {
+    let batch = match is_batch(&headers) {
+        Ok(batch) => batch,
+        Err(message) => {
             return error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 Some("content-type"),
-                format!(
-                "content-type {} is not accepted: use application/cloudevents+json (one event) or \
-                     application/cloudevents-batch+json (a JSON array of events)",
-                other
-                    .map(|o| format!("{o:?}"))
-                    .unwrap_or_else(|| "(missing)".into())
-            ),
+                message,
             )
         }
     };
@@ -169,7 +152,41 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
                 (status, Json(json!(results[0]))).into_response()
             }
         }
-        Err(e @ IngestError::Conflict { .. }) => {
+        Err(e) => refusal(e, batch),
+    }
+}
+
+/// Whether the request is a batch, by its content type; for any other
+/// content type, why it is refused (naming the accepted ones).
+fn is_batch(headers: &HeaderMap) -> Result<bool, String> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
+    match content_type.as_deref() {
+        Some("application/cloudevents+json") => Ok(false),
+        Some("application/cloudevents-batch+json") => Ok(true),
+        other => Err(format!(
+            "content-type {} is not accepted: use application/cloudevents+json (one event) or \
+                     application/cloudevents-batch+json (a JSON array of events)",
+            other
+                .map(|o| format!("{o:?}"))
+                .unwrap_or_else(|| "(missing)".into())
+        )),
+    }
+}
+
+/// The answer to a request the store refused as a whole: 409 naming the
+/// item and attribute at fault, or 503 ([`store_unavailable`]).
+fn refusal(e: IngestError, batch: bool) -> Response {
+    match e {
+        e @ IngestError::Conflict { .. } => {
             let IngestError::Conflict {
                 index, attributes, ..
             } = &e
@@ -188,7 +205,7 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
             }
             (StatusCode::CONFLICT, Json(body)).into_response()
         }
-        Err(e @ IngestError::SequenceNotIncreasing { .. }) => {
+        e @ IngestError::SequenceNotIncreasing { .. } => {
             let IngestError::SequenceNotIncreasing { index, .. } = &e else {
                 unreachable!()
             };
@@ -199,7 +216,7 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
             };
             error(StatusCode::CONFLICT, Some(&field), e.to_string())
         }
-        Err(IngestError::Store(e)) => {
+        IngestError::Store(e) => {
             tracing::error!("ingest failed: {e}");
             store_unavailable(&e)
         }
