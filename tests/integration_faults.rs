@@ -148,6 +148,24 @@ fn first_deliveries_in_order(receiver: &Receiver) -> BTreeMap<String, u64> {
     last
 }
 
+/// POST `events` as one batch to the daemon at `base`: the status and the
+/// JSON body of the answer.
+async fn post_batch(
+    http: reqwest::Client,
+    base: String,
+    events: Vec<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let r = http
+        .post(format!("{base}/v1/events"))
+        .header("content-type", "application/cloudevents-batch+json")
+        .json(&events)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
 /// The ids the receiver has seen (`ce-id`), re-deliveries counted once.
 fn seen_ids(receiver: &Receiver) -> HashSet<String> {
     receiver.with_seen(|seen| seen.iter().filter_map(|x| x.header("ce-id")).collect())
@@ -187,23 +205,7 @@ async fn a_stream_head_locked_idle_in_transaction_does_not_wedge_the_loop() {
     let (base, http) = (d.base.clone(), d.http.clone());
     let post = {
         let (base, http) = (base.clone(), http.clone());
-        move |events: Vec<serde_json::Value>| {
-            let (base, http) = (base.clone(), http.clone());
-            async move {
-                let r = http
-                    .post(format!("{base}/v1/events"))
-                    .header("content-type", "application/cloudevents-batch+json")
-                    .json(&events)
-                    .send()
-                    .await
-                    .unwrap();
-                let status = r.status().as_u16();
-                (
-                    status,
-                    r.json::<serde_json::Value>().await.unwrap_or_default(),
-                )
-            }
-        }
+        move |events: Vec<serde_json::Value>| post_batch(http.clone(), base.clone(), events)
     };
     // The held stream's head: stored while the sink is paused, so it is
     // still pending when the foreign session locks it.
@@ -475,23 +477,7 @@ async fn disk_full_under_sqlite_answers_503_storage_full_and_resumes_once_space_
             .collect()
     };
     let (base, http) = (d.base.clone(), d.http.clone());
-    let post = |events: Vec<serde_json::Value>| {
-        let (base, http) = (base.clone(), http.clone());
-        async move {
-            let r = http
-                .post(format!("{base}/v1/events"))
-                .header("content-type", "application/cloudevents-batch+json")
-                .json(&events)
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            (
-                status,
-                r.json::<serde_json::Value>().await.unwrap_or_default(),
-            )
-        }
-    };
+    let post = |events: Vec<serde_json::Value>| post_batch(http.clone(), base.clone(), events);
     let ids = |events: &[serde_json::Value]| -> Vec<String> {
         events
             .iter()

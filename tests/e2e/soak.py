@@ -33,9 +33,7 @@ outboxd and its plugins); by hand:
 """
 
 import argparse
-import base64
 import collections
-import datetime
 import json
 import os
 import random
@@ -46,7 +44,6 @@ import tempfile
 import threading
 import time
 import urllib.error
-import uuid
 from http.client import HTTPException
 from pathlib import Path
 
@@ -290,20 +287,9 @@ def main(argv=None):
     rng = random.Random(seed)
     t0 = time.monotonic()
 
-    deadline_ms = int(round(args.deadline * 1000))
-    lease_ms = 2 * deadline_ms + 5000
-    tag = uuid.uuid4().hex[:8]
-    dbname = f"outboxd_soak_{tag}"
-    db_url = args.admin_url.rsplit("/", 1)[0] + f"/{dbname}"
-    exchange = queue_name = f"outboxd-soak-{tag}"
-    secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
-
-    work = args.workdir
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    binary = work / "outboxd"
-    shutil.copy(args.outboxd, binary)
-    ri.prepare_plugins(args.plugins_src, work / "plugins", f"{deadline_ms}ms", args.max_batch)
+    deadline_ms, lease_ms, tag, dbname, db_url, exchange, secret, work, binary = \
+        ri.set_up_run(args, "soak")
+    queue_name = exchange
 
     expected, by_stream = make_events(args.events, args.streams, tag, sdk_time())
     n = len(expected)
