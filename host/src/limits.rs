@@ -14,6 +14,12 @@ use std::time::Duration;
 
 // ---- store ------------------------------------------------------------
 
+/// How long a stream's head must be seen left behind, locked, by claim
+/// after claim before `/ready` names it (PostgreSQL): far longer than the
+/// milliseconds another worker's claim holds a head, so only a lock that
+/// stays (a transaction left idle) is reported.
+pub const LOCKED_HEAD_CONFIRM: Duration = Duration::from_secs(2);
+
 // ---- plugin host ------------------------------------------------------
 
 // ---- ingest and sources -----------------------------------------------

@@ -38,6 +38,7 @@ use super::{
     Store, StoreError, StoredEvent,
 };
 use crate::event::NewEvent;
+use crate::limits::LOCKED_HEAD_CONFIRM;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
@@ -128,9 +129,18 @@ pub struct PgStore {
     pool: PgPool,
     url: String,
     /// By sink, the head a claim with room for it last left behind because
-    /// it is locked: its stream, how long it had been due (ms), and when
-    /// that was seen. [`Store::ping`] fails while one was seen recently.
-    locked_heads: std::sync::Mutex<BTreeMap<String, (String, i64, std::time::Instant)>>,
+    /// it is locked. [`Store::ping`] fails while one was seen recently.
+    locked_heads: std::sync::Mutex<BTreeMap<String, LockedHead>>,
+}
+
+/// A stream's head left behind by claims because it is locked.
+struct LockedHead {
+    stream: String,
+    /// How long it had been due when last seen, ms.
+    due_ms: i64,
+    /// When claims first and last left it behind.
+    first_seen: std::time::Instant,
+    last_seen: std::time::Instant,
 }
 
 impl PgStore {
@@ -172,13 +182,25 @@ impl PgStore {
         let mut locked = self.locked_heads.lock().unwrap();
         match overdue {
             Ok(Some((stream, due_ms))) => {
-                if !locked.contains_key(sink) {
-                    tracing::warn!(sink, stream = %stream, "the head of a stream is locked by another session; that stream waits");
+                let now = std::time::Instant::now();
+                match locked.get_mut(sink) {
+                    Some(head) if head.stream == stream => {
+                        head.due_ms = due_ms;
+                        head.last_seen = now;
+                    }
+                    _ => {
+                        tracing::warn!(sink, stream = %stream, "the head of a stream is locked by another session; that stream waits");
+                        locked.insert(
+                            sink.to_string(),
+                            LockedHead {
+                                stream,
+                                due_ms,
+                                first_seen: now,
+                                last_seen: now,
+                            },
+                        );
+                    }
                 }
-                locked.insert(
-                    sink.to_string(),
-                    (stream, due_ms, std::time::Instant::now()),
-                );
             }
             Ok(None) => {
                 locked.remove(sink);
@@ -1104,13 +1126,15 @@ impl Store for PgStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
-        // A locked head noted within the last three statement timeouts: a
-        // busy loop (full claims) does not look again, so the note ages out.
+        // A locked head left behind claim after claim for a while
+        // ([`LOCKED_HEAD_CONFIRM`]) and seen within the last three statement
+        // timeouts: a busy loop (full claims) does not look again, so the
+        // note ages out.
         let locked = self.locked_heads.lock().unwrap();
-        if let Some((sink, (stream, due_ms, _))) = locked
-            .iter()
-            .find(|(_, (_, _, seen))| seen.elapsed() <= STATEMENT_TIMEOUT * 3)
-        {
+        if let Some((sink, LockedHead { stream, due_ms, .. })) = locked.iter().find(|(_, h)| {
+            h.first_seen.elapsed() >= LOCKED_HEAD_CONFIRM
+                && h.last_seen.elapsed() <= STATEMENT_TIMEOUT * 3
+        }) {
             return Err(StoreError::HeadLocked(format!(
                 "the head of stream {stream:?} of sink {sink} has been due for {} s and another \
                  session holds it locked (a transaction left idle?); that stream waits, the others \
