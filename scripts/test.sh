@@ -24,6 +24,7 @@ bash model/check.sh
 
 # End to end on real input with real clients, through SIGKILLs.
 bash tests/e2e/real_input.sh
+bash tests/e2e/soak.sh --events 5000 --kills 5 --broker-restarts 1
 
 # The benchmark harness at its tiny size, to prove it runs (no thresholds).
 bash bench/run.sh --ci

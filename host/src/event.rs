@@ -343,64 +343,11 @@ impl NewEvent {
             check_uri(schema).map_err(|problem| err("dataschema", problem))?;
         }
 
-        let mut partitionkey = None;
-        let mut sequence = None;
-        let mut extensions = BTreeMap::new();
-        for (name, value) in &attrs {
-            match name.as_str() {
-                "specversion" | "id" | "source" | "type" | "subject" | "time"
-                | "datacontenttype" | "dataschema" | "data" | "data_base64" => {}
-                // partitionkey: the Partitioning extension (String), the
-                // stream key.
-                "partitionkey" => {
-                    partitionkey = Some(text_attr("partitionkey", value, MAX_STREAM_BYTES)?)
-                }
-                // sequence: outboxd's own position in the stream, an
-                // integer or a string of digits from 1 to 2^63-1; not the
-                // CloudEvents Integer range.
-                "sequence" => sequence = Some(parse_sequence(value)?),
-                // Extension context attributes ("Extension Context
-                // Attributes"), named per "Attribute Naming Convention"
-                // (lower-case a-z and 0-9; 20 characters recommended, 64
-                // accepted here), typed by the type system.
-                _ => {
-                    let field = format!("extensions.{name}");
-                    if name.is_empty()
-                        || name.len() > 64
-                        || !name
-                            .bytes()
-                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-                    {
-                        return Err(err(&field, "extension names are lower-case letters and digits (CloudEvents §3.1.1)"));
-                    }
-                    let text = match serde_json::from_str::<serde_json::Value>(value.get()) {
-                        Ok(serde_json::Value::String(s)) => s,
-                        // A JSON number is a CloudEvents Integer (json-format.md
-                        // §2.2): whole and 32-bit signed. There is no float type.
-                        Ok(serde_json::Value::Number(n)) => match n.as_i64() {
-                            Some(i) if (CE_INTEGER_MIN..=CE_INTEGER_MAX).contains(&i) => {
-                                i.to_string()
-                            }
-                            Some(_) => {
-                                return Err(err(&field, format!(
-                                    "{n} is outside the CloudEvents Integer range ({CE_INTEGER_MIN} to {CE_INTEGER_MAX}); send it as a string"
-                                )))
-                            }
-                            None => {
-                                return Err(err(&field, format!(
-                                    "{n} is not a whole number: a JSON number is a CloudEvents Integer (there is no float type); send it as a string"
-                                )))
-                            }
-                        },
-                        Ok(serde_json::Value::Bool(b)) => b.to_string(),
-                        Ok(serde_json::Value::Null) => continue,
-                        _ => return Err(err(&field, "must be a string, number or boolean")),
-                    };
-                    check_text(&field, &text, MAX_ATTRIBUTE_BYTES)?;
-                    extensions.insert(name.clone(), text);
-                }
-            }
-        }
+        let OtherAttributes {
+            partitionkey,
+            sequence,
+            extensions,
+        } = other_attributes(&attrs)?;
 
         let stream = partitionkey
             .or_else(|| subject.clone())
@@ -411,27 +358,7 @@ impl NewEvent {
         check_text("partitionkey", &stream, MAX_STREAM_BYTES)?;
 
         let json_data = is_json_content_type(datacontenttype.as_deref());
-        let (data, data_format) = match (attrs.get("data"), attrs.get("data_base64")) {
-            (Some(_), Some(_)) => {
-                return Err(err("data_base64", "must not be given together with data"))
-            }
-            (Some(d), None) if d.get() == "null" => (Vec::new(), DataFormat::None),
-            (Some(d), None) if json_data => (d.get().as_bytes().to_vec(), DataFormat::Json),
-            (Some(d), None) => match serde_json::from_str::<serde_json::Value>(d.get()) {
-                Ok(serde_json::Value::String(s)) => (s.into_bytes(), DataFormat::Text),
-                // A non-string value with a non-JSON content type: keep the JSON text.
-                _ => (d.get().as_bytes().to_vec(), DataFormat::Json),
-            },
-            (None, Some(b)) => {
-                let text: String = serde_json::from_str(b.get())
-                    .map_err(|_| err("data_base64", "must be a JSON string"))?;
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(text.trim())
-                    .map_err(|e| err("data_base64", format!("is not valid base64: {e}")))?;
-                (bytes, DataFormat::Binary)
-            }
-            (None, None) => (Vec::new(), DataFormat::None),
-        };
+        let (data, data_format) = event_data(&attrs, json_data)?;
 
         Ok(NewEvent {
             id,
@@ -534,6 +461,130 @@ pub fn canonical_data(data: &[u8], format: DataFormat) -> Vec<u8> {
         }
     }
     data.to_vec()
+}
+
+/// The attributes of an event beyond the spec's own.
+struct OtherAttributes {
+    /// `partitionkey`: the Partitioning extension, the stream key.
+    partitionkey: Option<String>,
+    /// `sequence`: outboxd's position in the stream.
+    sequence: Option<u64>,
+    /// Every extension attribute, as text.
+    extensions: BTreeMap<String, String>,
+}
+
+/// The attributes beyond the spec's own ([`OtherAttributes`]), checked.
+fn other_attributes(
+    attrs: &BTreeMap<String, Box<RawValue>>,
+) -> Result<OtherAttributes, EventError> {
+    let mut partitionkey = None;
+    let mut sequence = None;
+    let mut extensions = BTreeMap::new();
+    for (name, value) in attrs {
+        match name.as_str() {
+            "specversion" | "id" | "source" | "type" | "subject" | "time" | "datacontenttype"
+            | "dataschema" | "data" | "data_base64" => {}
+            // partitionkey: the Partitioning extension (String), the
+            // stream key.
+            "partitionkey" => {
+                partitionkey = Some(text_attr("partitionkey", value, MAX_STREAM_BYTES)?)
+            }
+            // sequence: outboxd's own position in the stream, an
+            // integer or a string of digits from 1 to 2^63-1; not the
+            // CloudEvents Integer range.
+            "sequence" => sequence = Some(parse_sequence(value)?),
+            // Extension context attributes ("Extension Context
+            // Attributes"), named per "Attribute Naming Convention"
+            // (lower-case a-z and 0-9; 20 characters recommended, 64
+            // accepted here), typed by the type system.
+            _ => {
+                let field = format!("extensions.{name}");
+                if name.is_empty()
+                    || name.len() > 64
+                    || !name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                {
+                    return Err(err(
+                        &field,
+                        "extension names are lower-case letters and digits (CloudEvents §3.1.1)",
+                    ));
+                }
+                let Some(text) = extension_value(&field, value)? else {
+                    continue;
+                };
+                check_text(&field, &text, MAX_ATTRIBUTE_BYTES)?;
+                extensions.insert(name.clone(), text);
+            }
+        }
+    }
+    Ok(OtherAttributes {
+        partitionkey,
+        sequence,
+        extensions,
+    })
+}
+
+/// The value of extension attribute `field` as text, by the CloudEvents
+/// type system (json-format.md §2.2): a string as is, a JSON number as a
+/// CloudEvents Integer (whole, 32-bit signed), a boolean as `true`/`false`;
+/// `None` for `null` (absent). Errors name the field.
+fn extension_value(field: &str, value: &RawValue) -> Result<Option<String>, EventError> {
+    let text = match serde_json::from_str::<serde_json::Value>(value.get()) {
+        Ok(serde_json::Value::String(s)) => s,
+        // A JSON number is a CloudEvents Integer (json-format.md
+        // §2.2): whole and 32-bit signed. There is no float type.
+        Ok(serde_json::Value::Number(n)) => match n.as_i64() {
+            Some(i) if (CE_INTEGER_MIN..=CE_INTEGER_MAX).contains(&i) => {
+                i.to_string()
+            }
+            Some(_) => {
+                return Err(err(field, format!(
+                    "{n} is outside the CloudEvents Integer range ({CE_INTEGER_MIN} to {CE_INTEGER_MAX}); send it as a string"
+                )))
+            }
+            None => {
+                return Err(err(field, format!(
+                    "{n} is not a whole number: a JSON number is a CloudEvents Integer (there is no float type); send it as a string"
+                )))
+            }
+        },
+        Ok(serde_json::Value::Bool(b)) => b.to_string(),
+        Ok(serde_json::Value::Null) => return Ok(None),
+        _ => return Err(err(field, "must be a string, number or boolean")),
+    };
+    Ok(Some(text))
+}
+
+/// The event's data and its format: `data` as JSON text for JSON content
+/// types (`json_data`), a JSON string as its text otherwise; `data_base64`
+/// decoded; nothing for neither or `null`. Both at once is an error.
+fn event_data(
+    attrs: &BTreeMap<String, Box<RawValue>>,
+    json_data: bool,
+) -> Result<(Vec<u8>, DataFormat), EventError> {
+    let data = match (attrs.get("data"), attrs.get("data_base64")) {
+        (Some(_), Some(_)) => {
+            return Err(err("data_base64", "must not be given together with data"))
+        }
+        (Some(d), None) if d.get() == "null" => (Vec::new(), DataFormat::None),
+        (Some(d), None) if json_data => (d.get().as_bytes().to_vec(), DataFormat::Json),
+        (Some(d), None) => match serde_json::from_str::<serde_json::Value>(d.get()) {
+            Ok(serde_json::Value::String(s)) => (s.into_bytes(), DataFormat::Text),
+            // A non-string value with a non-JSON content type: keep the JSON text.
+            _ => (d.get().as_bytes().to_vec(), DataFormat::Json),
+        },
+        (None, Some(b)) => {
+            let text: String = serde_json::from_str(b.get())
+                .map_err(|_| err("data_base64", "must be a JSON string"))?;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(text.trim())
+                .map_err(|e| err("data_base64", format!("is not valid base64: {e}")))?;
+            (bytes, DataFormat::Binary)
+        }
+        (None, None) => (Vec::new(), DataFormat::None),
+    };
+    Ok(data)
 }
 
 fn parse_sequence(raw: &RawValue) -> Result<u64, EventError> {

@@ -48,6 +48,12 @@ pub const LISTEN_RETRY_FIRST: Duration = Duration::from_millis(100);
 /// See [`LISTEN_RETRY_FIRST`].
 pub const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// How long a stream's head must be seen left behind, locked, by claim
+/// after claim before `/ready` names it (PostgreSQL): far longer than the
+/// milliseconds another worker's claim holds a head, so only a lock that
+/// stays (a transaction left idle) is reported.
+pub const LOCKED_HEAD_CONFIRM: Duration = Duration::from_secs(2);
+
 // ---- plugin host ------------------------------------------------------
 
 /// Time kept back from a batch's deadline when the host waits on a broker's

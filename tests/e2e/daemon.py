@@ -184,3 +184,23 @@ def clean_env():
     for var in ("NO_PROXY", "no_proxy"):
         env[var] = ",".join(filter(None, [env.get(var), "127.0.0.1", "localhost"]))
     return env
+
+
+def sinks_env(db_url, work, port, lease_ms, webhook_url, secret, amqp_url, exchange):
+    """The environment of an outboxd with the webhook and amqp sinks of the
+    plugins folder `work`/plugins, on PostgreSQL `db_url`, listening on
+    127.0.0.1:`port`; any OUTBOXD_* setting of the caller's left out."""
+    env = clean_env()
+    env.update({
+        "OUTBOXD_DATABASE_URL": db_url,
+        "OUTBOXD_PLUGINS_DIR": str(work / "plugins"),
+        "OUTBOXD_DATA_DIR": str(work / "data"),
+        "OUTBOXD_LISTEN": f"127.0.0.1:{port}",
+        "OUTBOXD_DELIVERY__LEASE": f"{lease_ms}ms",
+        "OUTBOXD_WEBHOOK_URL": f"{webhook_url}/webhook",
+        "OUTBOXD_WEBHOOK_ALLOW": webhook_url,
+        "OUTBOXD_WEBHOOK_SECRET": secret,
+        "OUTBOXD_AMQP_URL": amqp_url,
+        "OUTBOXD_AMQP_EXCHANGE": exchange,
+    })
+    return env

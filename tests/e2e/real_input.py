@@ -292,6 +292,29 @@ def dump(work, expected, ledgers, kills):
     (work / "kills.json").write_text(json.dumps(kills, indent=1, default=str))
 
 
+def set_up_run(args, kind):
+    """What a run against outboxd starts from: the sinks' deadline (ms), the
+    least lease the daemon accepts for it (2 x deadline + 5 s), a random
+    tag, the names of a PostgreSQL database and an AMQP exchange (= queue)
+    of the run's own (`outboxd_KIND_TAG`, `outboxd-KIND-TAG`), a webhook
+    secret, and a fresh work folder `args.workdir` holding a copy of the
+    binary (so every restart runs the same build) and the plugins folder."""
+    deadline_ms = int(round(args.deadline * 1000))
+    lease_ms = 2 * deadline_ms + 5000
+    tag = uuid.uuid4().hex[:8]
+    dbname = f"outboxd_{kind}_{tag}"
+    db_url = args.admin_url.rsplit("/", 1)[0] + f"/{dbname}"
+    exchange = f"outboxd-{kind}-{tag}"
+    secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+    work = args.workdir
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    binary = work / "outboxd"
+    shutil.copy(args.outboxd, binary)
+    prepare_plugins(args.plugins_src, work / "plugins", f"{deadline_ms}ms", args.max_batch)
+    return deadline_ms, lease_ms, tag, dbname, db_url, exchange, secret, work, binary
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--outboxd", required=True, type=Path)
@@ -324,20 +347,9 @@ def main(argv=None):
     t0 = time.monotonic()
     deadline = t0 + args.timeout
 
-    deadline_ms = int(round(args.deadline * 1000))
-    lease_ms = 2 * deadline_ms + 5000
-    tag = uuid.uuid4().hex[:8]
-    dbname = f"outboxd_e2e_{tag}"
-    db_url = args.admin_url.rsplit("/", 1)[0] + f"/{dbname}"
-    exchange = queue_name = f"outboxd-e2e-{tag}"
-    secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
-
-    work = args.workdir
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    binary = work / "outboxd"
-    shutil.copy(args.outboxd, binary)  # every restart runs the same build
-    prepare_plugins(args.plugins_src, work / "plugins", f"{deadline_ms}ms", args.max_batch)
+    deadline_ms, lease_ms, tag, dbname, db_url, exchange, secret, work, binary = \
+        set_up_run(args, "e2e")
+    queue_name = exchange
 
     per_stream, abas = e.build(args.cases, args.aba_streams)
     expected = {ev.id: ev for evs in per_stream.values() for ev in evs}
@@ -364,19 +376,7 @@ def main(argv=None):
         amqp.start()
 
         port = d.free_port()
-        env = d.clean_env()
-        env.update({
-            "OUTBOXD_DATABASE_URL": db_url,
-            "OUTBOXD_PLUGINS_DIR": str(work / "plugins"),
-            "OUTBOXD_DATA_DIR": str(work / "data"),
-            "OUTBOXD_LISTEN": f"127.0.0.1:{port}",
-            "OUTBOXD_DELIVERY__LEASE": f"{lease_ms}ms",
-            "OUTBOXD_WEBHOOK_URL": f"{webhook.url}/webhook",
-            "OUTBOXD_WEBHOOK_ALLOW": webhook.url,
-            "OUTBOXD_WEBHOOK_SECRET": secret,
-            "OUTBOXD_AMQP_URL": args.amqp_url,
-            "OUTBOXD_AMQP_EXCHANGE": exchange,
-        })
+        env = d.sinks_env(db_url, work, port, lease_ms, webhook.url, secret, args.amqp_url, exchange)
         env.setdefault("RUST_LOG", "info")
         log(t0, f"database {dbname}, exchange/queue {exchange}, webhook receiver {webhook.url}, "
                 f"deadline {deadline_ms} ms, lease {lease_ms} ms")

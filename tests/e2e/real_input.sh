@@ -17,23 +17,8 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
-venv="$repo/target/e2e-venv"
-requirements="$repo/tests/e2e/requirements.txt"
-stamp="$venv/.requirements"
-
-if ! cmp -s "$requirements" "$stamp" 2>/dev/null || [[ ! -x "$venv/bin/python" ]]; then
-    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-        # Debian splits venv support out of python3.
-        sudo_cmd=()
-        [[ "$(id -u)" -eq 0 ]] || sudo_cmd=(sudo)
-        "${sudo_cmd[@]}" apt-get update -q
-        DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q python3-venv
-    fi
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
-    cp "$requirements" "$stamp"
-fi
+# shellcheck source=tests/e2e/venv.sh
+source "$repo/tests/e2e/venv.sh"
 
 cargo build -p outboxd
 bash scripts/build-plugins.sh

@@ -304,11 +304,7 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
         ),
         Err(IngestError::Store(e)) => {
             tracing::error!("awareness ingest failed: {e}");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                format!("store unavailable, nothing stored: {e}"),
-            )
+            super::http::store_unavailable(&e)
         }
     }
 }
@@ -490,39 +486,8 @@ pub fn to_event(body: &[u8], new_id: impl FnOnce() -> String) -> Result<Mapped, 
             },
         )?;
     }
-    let stream_version = match value("streamVersion") {
-        None => None,
-        Some(serde_json::Value::Number(n)) if n.as_u64().is_some_and(|v| v >= 1) => Some(json!(n)),
-        Some(serde_json::Value::String(s))
-            if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) =>
-        {
-            Some(json!(s))
-        }
-        Some(other) => {
-            return Err(field_error(
-                "streamVersion",
-                format!(
-                    "must be a whole number of at least 1 (the packet's version), got {}",
-                    match &other {
-                        serde_json::Value::Number(n) => n.to_string(),
-                        v => json_type(v).to_string(),
-                    }
-                ),
-            ))
-        }
-    };
-    // A raw value is valid JSON: one that opens with `{` is an object.
-    let data = match fields.get("data").map(|raw| raw.get().trim_start()) {
-        None | Some("null") => None,
-        Some(raw) if raw.starts_with('{') => Some(raw.to_string()),
-        Some(_) => {
-            let other = value("data").unwrap_or(serde_json::Value::Null);
-            return Err(field_error(
-                "data",
-                format!("must be a JSON object or null, got {}", json_type(&other)),
-            ));
-        }
-    };
+    let stream_version = stream_version(value("streamVersion"))?;
+    let data = object_data(fields.get("data").map(|raw| &**raw))?;
 
     let source = match &w3id {
         Some(w) => format!("urn:{TYPE_PREFIX}:{}", urn_encode(w)),
@@ -582,6 +547,54 @@ pub fn to_event(body: &[u8], new_id: impl FnOnce() -> String) -> Result<Mapped, 
     Ok(Mapped {
         event,
         generated_id,
+    })
+}
+
+/// `streamVersion`, the packet's version, as the event's `sequence`: a
+/// whole number of at least 1, or a string of digits; absent or `null`:
+/// none.
+fn stream_version(
+    value: Option<serde_json::Value>,
+) -> Result<Option<serde_json::Value>, EventError> {
+    Ok(match value {
+        None => None,
+        Some(serde_json::Value::Number(n)) if n.as_u64().is_some_and(|v| v >= 1) => Some(json!(n)),
+        Some(serde_json::Value::String(s))
+            if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            Some(json!(s))
+        }
+        Some(other) => {
+            return Err(field_error(
+                "streamVersion",
+                format!(
+                    "must be a whole number of at least 1 (the packet's version), got {}",
+                    match &other {
+                        serde_json::Value::Number(n) => n.to_string(),
+                        v => json_type(v).to_string(),
+                    }
+                ),
+            ))
+        }
+    })
+}
+
+/// `data`, which must be a JSON object, as its own JSON text (stored as
+/// given); absent or `null`: no data.
+fn object_data(raw: Option<&RawValue>) -> Result<Option<String>, EventError> {
+    // A raw value is valid JSON: one that opens with `{` is an object.
+    Ok(match raw.map(|raw| raw.get().trim_start()) {
+        None | Some("null") => None,
+        Some(raw) if raw.starts_with('{') => Some(raw.to_string()),
+        Some(_) => {
+            let other: serde_json::Value = raw
+                .and_then(|raw| serde_json::from_str(raw.get()).ok())
+                .unwrap_or(serde_json::Value::Null);
+            return Err(field_error(
+                "data",
+                format!("must be a JSON object or null, got {}", json_type(&other)),
+            ));
+        }
     })
 }
 

@@ -10,7 +10,8 @@
 //! names the item (`[3].id`).
 //!
 //! Must never: answer before the commit, or with a 5xx for bad input (a
-//! store failure is 503: the producer should retry).
+//! store failure is 503: the producer should retry; its `cause` says
+//! `storage-full` when the database's disk is full).
 
 use std::sync::Arc;
 
@@ -81,30 +82,13 @@ async fn post_events(State(state): State<IngestState>, headers: HeaderMap, body:
 }
 
 async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) -> Response {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
-    let batch = match content_type.as_deref() {
-        Some("application/cloudevents+json") => false,
-        Some("application/cloudevents-batch+json") => true,
-        other => {
+    let batch = match is_batch(&headers) {
+        Ok(batch) => batch,
+        Err(message) => {
             return error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 Some("content-type"),
-                format!(
-                "content-type {} is not accepted: use application/cloudevents+json (one event) or \
-                     application/cloudevents-batch+json (a JSON array of events)",
-                other
-                    .map(|o| format!("{o:?}"))
-                    .unwrap_or_else(|| "(missing)".into())
-            ),
+                message,
             )
         }
     };
@@ -168,7 +152,41 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
                 (status, Json(json!(results[0]))).into_response()
             }
         }
-        Err(e @ IngestError::Conflict { .. }) => {
+        Err(e) => refusal(e, batch),
+    }
+}
+
+/// Whether the request is a batch, by its content type; for any other
+/// content type, why it is refused (naming the accepted ones).
+fn is_batch(headers: &HeaderMap) -> Result<bool, String> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
+    match content_type.as_deref() {
+        Some("application/cloudevents+json") => Ok(false),
+        Some("application/cloudevents-batch+json") => Ok(true),
+        other => Err(format!(
+            "content-type {} is not accepted: use application/cloudevents+json (one event) or \
+                     application/cloudevents-batch+json (a JSON array of events)",
+            other
+                .map(|o| format!("{o:?}"))
+                .unwrap_or_else(|| "(missing)".into())
+        )),
+    }
+}
+
+/// The answer to a request the store refused as a whole: 409 naming the
+/// item and attribute at fault, or 503 ([`store_unavailable`]).
+fn refusal(e: IngestError, batch: bool) -> Response {
+    match e {
+        e @ IngestError::Conflict { .. } => {
             let IngestError::Conflict {
                 index, attributes, ..
             } = &e
@@ -187,7 +205,7 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
             }
             (StatusCode::CONFLICT, Json(body)).into_response()
         }
-        Err(e @ IngestError::SequenceNotIncreasing { .. }) => {
+        e @ IngestError::SequenceNotIncreasing { .. } => {
             let IngestError::SequenceNotIncreasing { index, .. } = &e else {
                 unreachable!()
             };
@@ -198,15 +216,31 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
             };
             error(StatusCode::CONFLICT, Some(&field), e.to_string())
         }
-        Err(IngestError::Store(e)) => {
+        IngestError::Store(e) => {
             tracing::error!("ingest failed: {e}");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                format!("store unavailable, nothing stored: {e}"),
-            )
+            store_unavailable(&e)
         }
     }
+}
+
+/// 503 for a store that could not take the request (nothing of it was
+/// stored; the producer should retry): `{"error": "...", "cause": ...}`,
+/// the cause `"storage-full"` when the database's disk is full
+/// ([`crate::store::StoreError::is_storage_full`]), else `"store"`.
+pub(crate) fn store_unavailable(e: &crate::store::StoreError) -> Response {
+    let (cause, message) = if e.is_storage_full() {
+        (
+            "storage-full",
+            format!(
+                "storage full: the disk holding the database has no space left, nothing stored; \
+                 retry once space is freed ({e})"
+            ),
+        )
+    } else {
+        ("store", format!("store unavailable, nothing stored: {e}"))
+    };
+    let body = json!({ "error": message, "cause": cause });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
 async fn get_event(State(state): State<IngestState>, Path(id): Path<String>) -> Response {

@@ -108,6 +108,23 @@ pub enum StoreError {
     #[error("stored row is corrupt: {0}")]
     /// A stored value cannot be read back (names the column).
     Corrupt(String),
+    /// A stream's head that another session holds locked, so no claim can
+    /// take it (PostgreSQL; shown by `/ready`).
+    #[error("{0}")]
+    HeadLocked(String),
+}
+
+impl StoreError {
+    /// The database's disk is full: SQLite's `SQLITE_FULL` (result code
+    /// 13, "database or disk is full"), PostgreSQL's `disk_full` (SQLSTATE
+    /// 53100). The write that hit it was rolled back; it succeeds again
+    /// once space is freed.
+    pub fn is_storage_full(&self) -> bool {
+        let StoreError::Database(sqlx::Error::Database(db)) = self else {
+            return false;
+        };
+        matches!(db.code().as_deref(), Some("13") | Some("53100"))
+    }
 }
 
 /// An event as stored.

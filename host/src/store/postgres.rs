@@ -50,10 +50,22 @@ const INGEST_ATTEMPTS: usize = 5;
 
 /// Claim step 1: due heads of one sink, by due time (waiting and
 /// expired-lease work in one order, so neither starves the other), skipping
-/// heads another worker is claiming. Reads only `heads_due`: O(batch).
-/// `$1` sink, `$2` limit.
+/// heads another worker is claiming, and heads whose delivery row another
+/// session holds locked (an application's transaction left idle): that
+/// stream waits, the others are claimed, and [`OVERDUE_HEAD_SQL`] tells.
+/// Reads only `heads_due`: O(batch). `$1` sink, `$2` limit.
 pub const CLAIM_HEADS_SQL: &str = "SELECT h.stream, h.delivery_id FROM outboxd.heads h \
-     WHERE h.sink = $1 AND h.due_at <= now() ORDER BY h.due_at LIMIT $2 FOR UPDATE SKIP LOCKED";
+     JOIN outboxd.deliveries d ON d.id = h.delivery_id \
+     WHERE h.sink = $1 AND h.due_at <= now() ORDER BY h.due_at LIMIT $2 FOR UPDATE OF h, d SKIP LOCKED";
+
+/// The oldest head of `$1` (sink) due for more than `$2` milliseconds:
+/// right after a claim that had room for it, one it skipped because
+/// another session holds it locked. Its stream and how long it has been
+/// due (ms).
+pub const OVERDUE_HEAD_SQL: &str =
+    "SELECT stream, (extract(epoch FROM now() - due_at) * 1000)::bigint \
+     FROM outboxd.heads WHERE sink = $1 AND due_at <= now() - $2 * interval '1 millisecond' \
+     ORDER BY due_at LIMIT 1";
 
 /// Claim step 2: up to `$3` live deliveries behind each claimed head
 /// (`$2`, delivery ids), in sequence order, with whether each may be taken
@@ -83,6 +95,21 @@ pub const MOVE_HEADS_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id,
 pub struct PgStore {
     pool: PgPool,
     url: String,
+    /// The server-side limit on each statement.
+    statement_timeout: Duration,
+    /// By sink, the head a claim with room for it last left behind because
+    /// it is locked. [`Store::ping`] fails while one was seen recently.
+    locked_heads: std::sync::Mutex<BTreeMap<String, LockedHead>>,
+}
+
+/// A stream's head left behind by claims because it is locked.
+struct LockedHead {
+    stream: String,
+    /// How long it had been due when last seen, ms.
+    due_ms: i64,
+    /// When claims first and last left it behind.
+    first_seen: std::time::Instant,
+    last_seen: std::time::Instant,
 }
 
 impl PgStore {
@@ -104,7 +131,72 @@ impl PgStore {
         Ok(PgStore {
             pool,
             url: url.to_string(),
+            statement_timeout,
+            locked_heads: Default::default(),
         })
+    }
+
+    /// After a claim of `sink` that took `claimed` of `limit`: when it had
+    /// room, look for a head it left behind that has been due longer than
+    /// a statement may wait — one another session holds locked — and note
+    /// it (or that there is none) for [`Store::ping`]. A full claim says
+    /// nothing: the rest may simply be a backlog.
+    async fn note_locked_head(&self, sink: &str, claimed: usize, limit: u32) {
+        if claimed >= limit as usize {
+            return;
+        }
+        let overdue: Result<Option<(String, i64)>, sqlx::Error> = sqlx::query_as(OVERDUE_HEAD_SQL)
+            .bind(sink)
+            .bind(self.statement_timeout.as_millis() as i64)
+            .fetch_optional(&self.pool)
+            .await;
+        let mut locked = self.locked_heads.lock().unwrap_or_else(|e| e.into_inner());
+        match overdue {
+            Ok(Some((stream, due_ms))) => {
+                let now = std::time::Instant::now();
+                match locked.get_mut(sink) {
+                    Some(head) if head.stream == stream => {
+                        head.due_ms = due_ms;
+                        head.last_seen = now;
+                    }
+                    _ => {
+                        tracing::warn!(sink, stream = %stream, "the head of a stream is locked by another session; that stream waits");
+                        locked.insert(
+                            sink.to_string(),
+                            LockedHead {
+                                stream,
+                                due_ms,
+                                first_seen: now,
+                                last_seen: now,
+                            },
+                        );
+                    }
+                }
+            }
+            Ok(None) => {
+                locked.remove(sink);
+            }
+            Err(e) => tracing::debug!(sink, "looking for a locked head: {e}"),
+        }
+    }
+
+    /// A locked head left behind claim after claim for a while
+    /// ([`limits::LOCKED_HEAD_CONFIRM`]) and seen within the last three
+    /// statement timeouts (a busy loop, whose claims are full, does not
+    /// look again, so the note ages out), as the error `/ready` shows.
+    fn locked_head(&self) -> Option<StoreError> {
+        let locked = self.locked_heads.lock().unwrap_or_else(|e| e.into_inner());
+        let (sink, head) = locked.iter().find(|(_, h)| {
+            h.first_seen.elapsed() >= limits::LOCKED_HEAD_CONFIRM
+                && h.last_seen.elapsed() <= self.statement_timeout * 3
+        })?;
+        Some(StoreError::HeadLocked(format!(
+            "the head of stream {:?} of sink {sink} has been due for {} s and another \
+             session holds it locked (a transaction left idle?); that stream waits, the others \
+             are delivered",
+            head.stream,
+            head.due_ms / 1000
+        )))
     }
 }
 
@@ -412,28 +504,9 @@ impl Sql for PgStore {
     }
 }
 
-#[async_trait]
-impl Store for PgStore {
-    fn sql(&self) -> &dyn Sql {
-        self
-    }
-
-    async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.ingest_once(items).await {
-                Ok(out) => return Ok(out),
-                Err(e) if attempt < INGEST_ATTEMPTS && is_retryable(&e) => {
-                    tracing::debug!(attempt, "ingest transaction lost a race, retrying: {e}");
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    async fn claim_after(
+impl PgStore {
+    /// One claim ([`Store::claim_after`]), in one transaction.
+    async fn claim_once(
         &self,
         sink: &str,
         limit: u32,
@@ -487,6 +560,48 @@ impl Store for PgStore {
         }
         tx.0.commit().await?;
         plan::assemble_claims(leased, &events, &token)
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn sql(&self) -> &dyn Sql {
+        self
+    }
+
+    async fn ingest(&self, items: &[IngestItem]) -> Result<Vec<Ingested>, IngestError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.ingest_once(items).await {
+                Ok(out) => return Ok(out),
+                Err(e) if attempt < INGEST_ATTEMPTS && is_retryable(&e) => {
+                    tracing::debug!(attempt, "ingest transaction lost a race, retrying: {e}");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn claim_after(
+        &self,
+        sink: &str,
+        limit: u32,
+        lease: Duration,
+        after: Option<&str>,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let claimed = self.claim_once(sink, limit, lease, after).await?;
+        self.note_locked_head(sink, claimed.len(), limit).await;
+        Ok(claimed)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        shared::ping(self).await?;
+        match self.locked_head() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {

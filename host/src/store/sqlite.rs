@@ -64,6 +64,7 @@ impl SqliteStore {
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(limits::SQLITE_WRITER_WAIT)
+            .after_release(|conn, _| Box::pin(async move { Ok(outside_transaction(conn).await) }))
             .connect_with(options.clone())
             .await?;
         let reader = SqlitePoolOptions::new()
@@ -100,6 +101,32 @@ static DIALECT: Dialect = Dialect {
 /// The due time of a head blocked by a dead letter (`on-dead = "block"`):
 /// never. [`DIALECT`]'s `blocked_due`.
 const BLOCKED: i64 = i64::MAX;
+
+/// Whether a writer connection coming back to the pool is outside any
+/// transaction, in SQLite and in sqlx's own count of them; the pool closes
+/// one that is not instead of reusing it.
+///
+/// Why: on `SQLITE_FULL` (a full disk) and a few other errors SQLite may
+/// roll the whole transaction back by itself
+/// (<https://www.sqlite.org/lang_transaction.html>). sqlx's `ROLLBACK` on
+/// drop then fails and its count stays at one, so the next `begin` opens a
+/// `SAVEPOINT`, and a later failure's `ROLLBACK TO` leaves a transaction open
+/// on the connection: every commit after that is a `RELEASE` inside it —
+/// acknowledged, never written, lost when it finally rolls back.
+async fn outside_transaction(conn: &mut SqliteConnection) -> bool {
+    use sqlx::Connection as _;
+    // Runs after any rollback sqlx queued on drop; `BEGIN` fails inside a
+    // transaction.
+    let clean = sqlx::query("BEGIN").execute(&mut *conn).await.is_ok()
+        && sqlx::query("ROLLBACK").execute(&mut *conn).await.is_ok()
+        && !conn.is_in_transaction();
+    if !clean {
+        tracing::warn!(
+            "a database connection was left inside a failed transaction; it is closed, not reused"
+        );
+    }
+    clean
+}
 
 async fn now_ms(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
