@@ -157,49 +157,7 @@ impl Default for Config {
     }
 }
 
-/// A route: events whose `type` matches one of `types` (and whose stream
-/// matches one of `streams`, when given) get one delivery per sink named in
-/// `sinks`. Patterns are globs where `*` matches any run of characters.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Route {
-    /// Event type patterns, e.g. `["com.github.issues.*"]`. Default `["*"]`.
-    #[serde(default = "match_all")]
-    pub types: Vec<String>,
-    /// Stream patterns. Default `["*"]`.
-    #[serde(default = "match_all")]
-    pub streams: Vec<String>,
-    /// Sink names (the `name` of a plugin manifest).
-    pub sinks: Vec<String>,
-}
-
-fn match_all() -> Vec<String> {
-    vec!["*".to_string()]
-}
-
-/// Limits applied to `POST /v1/events`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
-pub struct IngestConfig {
-    /// Largest request body accepted, in bytes (413 beyond). Default 1 MiB.
-    pub max_body_bytes: usize,
-    /// Most events in one batch request (413 beyond). Default 1000.
-    pub max_batch_items: usize,
-    /// The awareness-compatible `POST /ingest` (`[ingest.awareness]`).
-    /// Unset: not mounted.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub awareness: Option<crate::ingest::awareness::AwarenessIngestConfig>,
-}
-
-impl Default for IngestConfig {
-    fn default() -> Self {
-        IngestConfig {
-            max_body_bytes: 1 << 20,
-            max_batch_items: 1000,
-            awareness: None,
-        }
-    }
-}
+pub use crate::ingest::settings::{IngestConfig, Route};
 
 /// Knobs of the delivery loop (one loop per sink).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -2,8 +2,8 @@
 //! service answers it, so the eVaults' outbox dispatchers (and any other
 //! producer of that service) can point at outboxd unchanged.
 //!
-//! Owns: the `[ingest.awareness]` configuration ([`AwarenessIngestConfig`]),
-//! the shared-secret check (`x-ingest-secret`, compared in constant time),
+//! Owns (its settings, [`AwarenessIngestConfig`], are in
+//! [`super::settings`]): the shared-secret check (`x-ingest-secret`, compared in constant time),
 //! the awareness body's validation (a `400` naming the field), its mapping
 //! onto a CloudEvent ([`to_event`]; the table is in
 //! `docs/awareness-ingest.md`), and the service's answers (`200 {ok,
@@ -27,14 +27,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::http::IngestState;
-use crate::config::IngestConfig;
+use super::settings::IngestConfig;
 use crate::event::{EventError, NewEvent};
 use crate::store::IngestError;
 // Errors in the service's shape, `{"error"}` with the field at fault, as
@@ -45,8 +44,7 @@ use super::http::{bad_event as bad_field, error};
 /// `IngestController`: `req.header("x-ingest-secret")`).
 pub const SECRET_HEADER: &str = "x-ingest-secret";
 
-/// The route's default path (the service's `router.post("/ingest", ...)`).
-pub const DEFAULT_PATH: &str = "/ingest";
+pub use super::settings::{AwarenessIngestConfig, DEFAULT_PATH};
 
 /// First part of every mapped event's `type`:
 /// `awareness.<schemaId>.<operation>`.
@@ -73,103 +71,6 @@ pub const FIELDS: &[&str] = &[
     "occurredAt",
     "streamVersion",
 ];
-
-/// Paths the daemon already serves; `path` may not take one of them.
-const RESERVED_PATHS: &[&str] = &["/health", "/ready", "/metrics"];
-
-/// `[ingest.awareness]`: the awareness-compatible `POST /ingest`. The
-/// table's presence mounts the route (unless `enabled = false`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct AwarenessIngestConfig {
-    /// Mount the route. Default true: writing the table enables it.
-    #[serde(default = "enabled_default")]
-    pub enabled: bool,
-    /// The shared secret producers send in `x-ingest-secret`. Write it as a
-    /// `${VAR}` reference so it comes from the environment (resolved at
-    /// start like manifest and source settings); never logged, shown as
-    /// written when it is a bare reference and as `***` otherwise by
-    /// `outboxd config show`. Required and non-empty: unlike the service,
-    /// which skips the check when its secret is unset, outboxd never serves
-    /// an open ingest.
-    pub secret: String,
-    /// Path of the route. Default [`DEFAULT_PATH`]. A literal path starting
-    /// with `/`, outside `/v1/` and the operations endpoints.
-    #[serde(default = "path_default")]
-    pub path: String,
-}
-
-fn enabled_default() -> bool {
-    true
-}
-
-fn path_default() -> String {
-    DEFAULT_PATH.to_string()
-}
-
-impl AwarenessIngestConfig {
-    /// The secret with `${VAR}` references resolved. Errors name the
-    /// variable, never a value.
-    pub fn resolved_secret(&self) -> Result<String, String> {
-        let secret = crate::plugin::manifest::interpolate(&self.secret)?;
-        if secret.is_empty() {
-            return Err("must not be empty".into());
-        }
-        Ok(secret)
-    }
-
-    /// Check what types alone cannot. `Err((key, problem))` names the key
-    /// under `ingest.awareness.`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        if !self.enabled {
-            return Ok(());
-        }
-        self.resolved_secret()
-            .map_err(|p| ("secret".to_string(), p))?;
-        let path = self.path.as_str();
-        let bad = |problem: String| Err(("path".to_string(), problem));
-        if !path.starts_with('/') || path.len() < 2 {
-            return bad(format!(
-                "{path:?} must be a path starting with \"/\", such as \"/ingest\""
-            ));
-        }
-        if !path
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b))
-        {
-            return bad(format!(
-                "{path:?} must be a literal path (letters, digits, \"/\", \"-\", \".\", \"_\", \"~\")"
-            ));
-        }
-        if path == "/v1" || path.starts_with("/v1/") || RESERVED_PATHS.contains(&path) {
-            return bad(format!(
-                "{path:?} is served by outboxd itself (/v1/..., /health, /ready, /metrics): pick another"
-            ));
-        }
-        Ok(())
-    }
-
-    /// The same configuration with the secret hidden, for `outboxd config
-    /// show`: a bare `${VAR}` reference is shown as written, anything else
-    /// as `***`.
-    pub fn redacted(&self) -> AwarenessIngestConfig {
-        let bare_reference = self
-            .secret
-            .strip_prefix("${")
-            .and_then(|s| s.strip_suffix('}'))
-            .is_some_and(|var| {
-                !var.is_empty() && var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            });
-        AwarenessIngestConfig {
-            secret: if bare_reference {
-                self.secret.clone()
-            } else {
-                "***".into()
-            },
-            ..self.clone()
-        }
-    }
-}
 
 /// What the handler needs: the ingest path and the secret's digest.
 #[derive(Clone)]

@@ -25,7 +25,7 @@ use base64::Engine as _;
 use serde_json::json;
 
 use super::routes::Router as Routes;
-use crate::config::IngestConfig;
+use super::settings::IngestConfig;
 use crate::event::{self, DataFormat, EventError};
 use crate::metrics::Metrics;
 use crate::store::{IngestError, Store};

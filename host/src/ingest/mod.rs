@@ -1,6 +1,8 @@
 //! Ingest: events in from producers.
 //!
-//! Owns: the HTTP ingest and read API ([`http`]), routing ([`routes`]), and
+//! Owns: the HTTP ingest and read API ([`http`]), the awareness-compatible
+//! `POST /ingest` ([`awareness`]), routing ([`routes`]), their settings
+//! ([`settings`]), and
 //! [`submit`], the one path by which events reach the store — the HTTP API
 //! and every configured source (`crate::sources`) go through it. The
 //! acknowledgement is sent only after the store committed.
@@ -11,6 +13,7 @@
 pub mod awareness;
 pub mod http;
 pub mod routes;
+pub mod settings;
 
 use crate::event::NewEvent;
 use crate::metrics::Metrics;

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
 
-use crate::config::Route;
+use super::settings::Route;
 use crate::destinations::Snapshot;
 use crate::event::{glob_match, NewEvent};
 
