@@ -71,13 +71,19 @@ impl DataFormat {
 /// A validated event, as received, before the store gives it a sequence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
+    /// CloudEvents `id` (§3.1.1): unique within its `source`.
     pub id: String,
+    /// CloudEvents `source` (§3.1.1): a URI-reference.
     pub source: String,
+    /// CloudEvents `type` (§3.1.1).
     pub ty: String,
+    /// CloudEvents `subject` (§3.1.2), if given.
     pub subject: Option<String>,
     /// Producer's `time` (RFC 3339), if given.
     pub time: Option<String>,
+    /// CloudEvents `datacontenttype` (§3.1.2, RFC 2046), if given.
     pub datacontenttype: Option<String>,
+    /// CloudEvents `dataschema` (§3.1.2, a URI), if given.
     pub dataschema: Option<String>,
     /// Ordering key: `partitionkey`, else `subject`, else `source`.
     pub stream: String,
@@ -85,7 +91,9 @@ pub struct NewEvent {
     pub sequence: Option<u64>,
     /// Other extension attributes, as text.
     pub extensions: BTreeMap<String, String>,
+    /// The payload as received: JSON text, or the bytes of `data_base64`.
     pub data: Vec<u8>,
+    /// How `data` was given (JSON, text or binary).
     pub data_format: DataFormat,
 }
 

@@ -213,6 +213,7 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
 /// An awareness body mapped onto an event.
 #[derive(Debug, Clone)]
 pub struct Mapped {
+    /// The event the body maps to.
     pub event: NewEvent,
     /// True when the body had no `eventId` and one was generated.
     pub generated_id: bool,

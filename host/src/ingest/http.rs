@@ -33,11 +33,15 @@ use crate::store::{IngestError, Store};
 /// What the ingest handlers need.
 #[derive(Clone)]
 pub struct IngestState {
+    /// The durable store.
     pub store: Arc<dyn Store>,
+    /// The routing table.
     pub routes: Arc<Routes>,
+    /// The `[ingest]` limits.
     pub limits: IngestConfig,
     /// Woken after every commit that queued deliveries.
     pub wake: Arc<crate::wakeups::Wakeups>,
+    /// The Prometheus registry.
     pub metrics: Arc<Metrics>,
 }
 

@@ -46,8 +46,11 @@ struct Registered {
     "routes[{index}] names sink {sink:?}, which no plugin manifest declares (known sinks: {known})"
 )]
 pub struct UnknownSink {
+    /// Which `[[routes]]` entry, from 0.
     pub index: usize,
+    /// The sink it names.
     pub sink: String,
+    /// The sinks the loaded manifests declare, comma-separated.
     pub known: String,
 }
 
