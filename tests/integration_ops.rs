@@ -267,6 +267,10 @@ async fn a_replayed_dead_letter_is_delivered() {
         })
         .await;
     assert_eq!(done["attempts"], 1, "a replay starts the attempts afresh");
+    assert!(
+        done["last_error"].is_null(),
+        "a delivered replay shows no old error: {done}"
+    );
     d.stop().await;
 }
 
