@@ -1,5 +1,6 @@
 //! The `couchdb` source: relays the pending outbox entries that a document
-//! service keeps inside its CouchDB documents (DESIGN.md §1.3, §5.4).
+//! service keeps inside its CouchDB documents (README, Sources, `couchdb`:
+//! CouchDB document outbox).
 //!
 //! One run: read the credentials, check the database answers, install the
 //! design document with the `pending` view when missing or outdated
@@ -26,6 +27,7 @@ mod client;
 mod config;
 mod design;
 mod entry;
+mod template;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -39,7 +41,7 @@ use super::{SourceContext, StatusHandle};
 use crate::event::NewEvent;
 use crate::store::{IngestError, StoreError};
 use client::{Client, CouchError};
-use entry::Template;
+use template::Template;
 
 /// Why a run of the source stopped (it is started again after a backoff).
 #[derive(Debug, thiserror::Error)]
