@@ -1,5 +1,6 @@
 //! The `amqp` source: consume a RabbitMQ queue, store each message as an
-//! event, acknowledge it only after the commit (DESIGN §1.3, §5.5).
+//! event, acknowledge it only after the commit (README, Sources,
+//! `kind = "amqp"`).
 //!
 //! Owns: the `[sources.NAME] kind = "amqp"` configuration
 //! ([`AmqpSourceConfig`]); declaring what the source consumes (its queue,
