@@ -83,8 +83,11 @@ pub const BROKER_STEP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const REASON_HEADER: &str = "x-outboxd-reason";
 /// Header of a dead-lettered copy: the source (`[sources.NAME]`) that refused it.
 pub const SOURCE_HEADER: &str = "x-outboxd-source";
-/// Headers of a dead-lettered copy: where the message was first published.
+/// Header of a dead-lettered copy: the exchange the message was first
+/// published to.
 pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-original-exchange";
+/// Header of a dead-lettered copy: the routing key the message was first
+/// published with.
 pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-original-routing-key";
 /// Longest reason kept in [`REASON_HEADER`], bytes.
 const MAX_REASON_BYTES: usize = 1024;

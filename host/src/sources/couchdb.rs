@@ -46,12 +46,16 @@ use template::Template;
 /// Why a run of the source stopped (it is started again after a backoff).
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
+    /// CouchDB unreachable, or an answer it should not have given.
     #[error("{0}")]
     Couch(#[from] CouchError),
+    /// outboxd's own store failed (saving the checkpoint or ingesting).
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// outboxd's own store gave no answer within this time (`db-timeout`).
     #[error("store: no answer within {0:?}")]
     StoreTimeout(Duration),
+    /// A setting is unusable at run time (the message names the key).
     #[error("configuration: {0}")]
     Config(String),
 }

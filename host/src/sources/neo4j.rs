@@ -384,14 +384,18 @@ pub enum OutboxError {
     /// The driver or the server failed.
     #[error("neo4j {what}: {source}")]
     Neo4j {
+        /// The step that failed (`claim`, `finish`, `indexes`, ...).
         what: &'static str,
+        /// The driver's error.
         #[source]
         source: neo4rs::Error,
     },
     /// No answer within the configured timeout.
     #[error("neo4j {what}: no answer within {timeout:?}")]
     Timeout {
+        /// The step that timed out.
         what: &'static str,
+        /// The timeout that passed.
         timeout: Duration,
     },
     /// outboxd's own store failed while ingesting a claimed batch (the
@@ -404,7 +408,12 @@ pub enum OutboxError {
     Config(String),
     /// A row of an answer did not have the expected shape.
     #[error("neo4j {what}: unexpected answer: {detail}")]
-    Shape { what: &'static str, detail: String },
+    Shape {
+        /// The step whose answer it was.
+        what: &'static str,
+        /// What was wrong with the row.
+        detail: String,
+    },
 }
 
 impl OutboxError {
@@ -429,6 +438,7 @@ impl OutboxError {
 /// A node claimed by [`Outbox::claim`], with what the event is made of.
 #[derive(Debug, Clone)]
 pub struct ClaimedNode {
+    /// The node's event id property (becomes the event's `id`).
     pub event_id: String,
     /// The claim's fencing token.
     pub lease_token: String,
@@ -440,10 +450,15 @@ pub struct ClaimedNode {
     pub stream_text: Option<String>,
     /// The version property when it is an integer.
     pub version: Option<i64>,
+    /// The version property as text, whatever its type (for reasons).
     pub version_text: Option<String>,
+    /// The type property (CloudEvents `type`) when it is a string.
     pub ty: Option<String>,
+    /// The source property (CloudEvents `source`) when it is a string.
     pub source: Option<String>,
+    /// The subject property (CloudEvents `subject`) when it is a string.
     pub subject: Option<String>,
+    /// The created-at property as RFC 3339 text (CloudEvents `time`).
     pub time: Option<String>,
     /// The data property when it is a string.
     pub data: Option<String>,
@@ -457,14 +472,24 @@ pub struct ClaimedNode {
 /// The queries of the relay, built once for a label and property names.
 #[derive(Debug, Clone)]
 pub struct Queries {
+    /// `CREATE INDEX … IF NOT EXISTS`, one per index the queries seek.
     pub indexes: Vec<String>,
     /// One per lane: `$after` cursor, `$page` size.
     pub shortlist: [(&'static str, String); 3],
+    /// Takes the shortlisted nodes (`$ids`) still eligible and at their
+    /// stream's head: `inflight` under `$token` for `$lease_ms`, attempts + 1.
     pub claim: String,
+    /// Marks a claimed node delivered, when its lease token still matches.
     pub finish_delivered: String,
+    /// Marks a claimed node failed with its next attempt time, when its
+    /// lease token still matches.
     pub finish_failed: String,
+    /// Marks a claimed node dead with the reason, when its lease token
+    /// still matches.
     pub finish_dead: String,
+    /// Deletes up to `$limit` nodes delivered more than `$older_ms` ago.
     pub retention: String,
+    /// Age of the oldest pending node by its created-at, ms (lag metric).
     pub oldest_pending: String,
     /// Marks dead the waiting nodes whose event id is missing or not a
     /// string (the shortlist, keyset-paged on the id, never sees them).
@@ -667,6 +692,7 @@ impl Queries {
 /// (tests hold one open to race another relay against it).
 pub struct OpenClaim {
     txn: neo4rs::Txn,
+    /// The nodes taken, `inflight` under this claim's lease token.
     pub nodes: Vec<ClaimedNode>,
     timeout: Duration,
 }
@@ -1180,6 +1206,7 @@ fn to_event(
 /// What one relay cycle did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct CycleReport {
+    /// Nodes claimed.
     pub claimed: usize,
     /// Stored (or found already stored) and marked delivered.
     pub relayed: u64,

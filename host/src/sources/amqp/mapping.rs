@@ -128,14 +128,19 @@ pub struct Mapping {
     pub event_source: String,
     /// Header holding the id when the message has no `message-id`.
     pub id_header: Option<String>,
+    /// Where the CloudEvents `type` is read from (the `type` key).
     pub type_from: Field,
+    /// Where the stream (`partitionkey`) is read from (the `stream` key).
     pub stream_from: Field,
 }
 
 /// One message as the broker delivered it.
 pub struct Message<'a> {
+    /// The routing key it was published with.
     pub routing_key: &'a str,
+    /// Its AMQP basic properties (`message-id`, `content-type`, headers).
     pub properties: &'a BasicProperties,
+    /// The body, byte for byte.
     pub body: &'a [u8],
 }
 

@@ -126,7 +126,9 @@ fn default_type() -> String {
 /// password.
 #[derive(Clone)]
 pub struct Credentials {
+    /// The user name, from `username-env`.
     pub username: String,
+    /// The password, from `password-env`; never logged.
     pub password: String,
 }
 
