@@ -132,25 +132,13 @@ fn entry_event(
             ))
         }
     };
-    let sequence = match field(&p.sequence) {
-        Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 => n,
-            _ => return malformed(format!("{} {v} is not a positive integer", p.sequence)),
-        },
-        None => return malformed(format!("{} is missing", p.sequence)),
+    let sequence = match entry_sequence(field(&p.sequence), &p.sequence) {
+        Ok(n) => n,
+        Err(reason) => return malformed(reason),
     };
-    let data = match field(&p.payload) {
-        None => return malformed(format!("{} is missing", p.payload)),
-        Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
-            Ok(v) => v,
-            Err(e) => {
-                return malformed(format!(
-                    "{} is a string that is not JSON text: {e}",
-                    p.payload
-                ))
-            }
-        },
-        Some(v) => v.clone(),
+    let data = match entry_data(field(&p.payload), &p.payload) {
+        Ok(v) => v,
+        Err(reason) => return malformed(reason),
     };
     let ty = match template.render(entry) {
         Ok(t) => t,
@@ -189,6 +177,28 @@ fn entry_event(
     match event::parse_one(&bytes) {
         Ok(event) => Read::Pending(sequence, Box::new(event), created_ms),
         Err(e) => malformed(format!("not a valid event: {e}")),
+    }
+}
+
+/// An entry's `sequence` (at `path`): a positive integer.
+fn entry_sequence(value: Option<&Value>, path: &str) -> Result<u64, String> {
+    match value {
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(n),
+            _ => Err(format!("{path} {v} is not a positive integer")),
+        },
+        None => Err(format!("{path} is missing")),
+    }
+}
+
+/// An entry's `payload` (at `path`) as the event's data: any JSON value, a
+/// string being JSON text to parse.
+fn entry_data(value: Option<&Value>, path: &str) -> Result<Value, String> {
+    match value {
+        None => Err(format!("{path} is missing")),
+        Some(Value::String(text)) => serde_json::from_str::<Value>(text)
+            .map_err(|e| format!("{path} is a string that is not JSON text: {e}")),
+        Some(v) => Ok(v.clone()),
     }
 }
 
