@@ -1,5 +1,6 @@
 //! The `amqp` source: consume a RabbitMQ queue, store each message as an
-//! event, acknowledge it only after the commit (DESIGN §1.3, §5.5).
+//! event, acknowledge it only after the commit (README, Sources,
+//! `kind = "amqp"`).
 //!
 //! Owns: the `[sources.NAME] kind = "amqp"` configuration
 //! ([`AmqpSourceConfig`]); declaring what the source consumes (its queue,
@@ -82,8 +83,11 @@ pub const BROKER_STEP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const REASON_HEADER: &str = "x-outboxd-reason";
 /// Header of a dead-lettered copy: the source (`[sources.NAME]`) that refused it.
 pub const SOURCE_HEADER: &str = "x-outboxd-source";
-/// Headers of a dead-lettered copy: where the message was first published.
+/// Header of a dead-lettered copy: the exchange the message was first
+/// published to.
 pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-original-exchange";
+/// Header of a dead-lettered copy: the routing key the message was first
+/// published with.
 pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-original-routing-key";
 /// Longest reason kept in [`REASON_HEADER`], bytes.
 const MAX_REASON_BYTES: usize = 1024;
@@ -192,6 +196,19 @@ impl std::fmt::Debug for AmqpSourceConfig {
 /// An AMQP short string: at most 255 bytes.
 const MAX_SHORT_STRING: usize = 255;
 
+/// `Err((key, problem))` unless `value` fits an AMQP short string (1 to
+/// [`MAX_SHORT_STRING`] bytes).
+fn short(key: &str, value: &str) -> Result<(), (String, String)> {
+    if value.is_empty() || value.len() > MAX_SHORT_STRING {
+        Err((
+            key.to_string(),
+            format!("must be 1 to {MAX_SHORT_STRING} bytes, got {}", value.len()),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 impl AmqpSourceConfig {
     /// The URL with `${VAR}` references resolved. Errors name the variable,
     /// never a value.
@@ -237,16 +254,6 @@ impl AmqpSourceConfig {
         if let Err(e) = crate::plugin::amqp::check_url(&url) {
             return bad("url", e);
         }
-        let short = |key: &str, value: &str| -> Result<(), (String, String)> {
-            if value.is_empty() || value.len() > MAX_SHORT_STRING {
-                Err((
-                    key.to_string(),
-                    format!("must be 1 to {MAX_SHORT_STRING} bytes, got {}", value.len()),
-                ))
-            } else {
-                Ok(())
-            }
-        };
         short("queue", &self.queue)?;
         short("dead-letter-exchange", &self.dead_letter_exchange())?;
         short("dead-letter-queue", &self.dead_letter_queue())?;
@@ -279,16 +286,24 @@ impl AmqpSourceConfig {
                 return bad("event-source", "must not be empty".into());
             }
         }
+        self.validate_bindings()?;
+        self.mapping()?;
+        Ok(())
+    }
+
+    /// Check each of `bindings`: exchange, kind and routing keys.
+    fn validate_bindings(&self) -> Result<(), (String, String)> {
+        let bad_key = |key: &str, problem: String| Err((key.to_string(), problem));
         for (i, b) in self.bindings.iter().enumerate() {
             short(&format!("bindings[{i}].exchange"), &b.exchange)?;
             if b.exchange == self.dead_letter_exchange() {
-                return bad(
+                return bad_key(
                     &format!("bindings[{i}].exchange"),
                     "is the dead-letter exchange: dead letters would be consumed again".into(),
                 );
             }
             if exchange_kind(&b.exchange_kind).is_none() {
-                return bad(
+                return bad_key(
                     &format!("bindings[{i}].exchange-kind"),
                     format!(
                         "{:?}: expected topic, direct, fanout or headers",
@@ -297,7 +312,7 @@ impl AmqpSourceConfig {
                 );
             }
             if b.routing_keys.is_empty() {
-                return bad(
+                return bad_key(
                     &format!("bindings[{i}].routing-keys"),
                     "names no routing key (a topic binding takes patterns such as `documents.ingest.#`)"
                         .into(),
@@ -305,14 +320,13 @@ impl AmqpSourceConfig {
             }
             for (j, k) in b.routing_keys.iter().enumerate() {
                 if k.len() > MAX_SHORT_STRING {
-                    return bad(
+                    return bad_key(
                         &format!("bindings[{i}].routing-keys[{j}]"),
                         format!("is {} bytes; AMQP allows {MAX_SHORT_STRING}", k.len()),
                     );
                 }
             }
         }
-        self.mapping()?;
         Ok(())
     }
 
@@ -405,6 +419,10 @@ struct Session<'a> {
     held: usize,
 }
 
+/// A message of a batch that cannot be stored: its index in the batch and
+/// the reason it is dead-lettered with.
+type Poison = (usize, String);
+
 /// What the session does after a batch.
 enum Flow {
     Continue,
@@ -426,6 +444,13 @@ impl Session<'_> {
     /// Declare the queue, its dead-letter exchange and queue, and its
     /// bindings (all durable).
     async fn declare(&self) -> Result<(), String> {
+        self.declare_dead_letter().await?;
+        self.declare_queue().await?;
+        self.declare_bindings().await
+    }
+
+    /// The dead-letter exchange (fanout) and queue, bound together.
+    async fn declare_dead_letter(&self) -> Result<(), String> {
         let ch = &self.channel;
         let durable = ExchangeDeclareOptions {
             durable: true,
@@ -433,7 +458,6 @@ impl Session<'_> {
         };
         let dlx = self.config.dead_letter_exchange();
         let dlq = self.config.dead_letter_queue();
-        let queue = &self.config.queue;
         step(
             &format!("declare dead-letter exchange {dlx:?}"),
             ch.exchange_declare(
@@ -464,6 +488,19 @@ impl Session<'_> {
             ),
         )
         .await?;
+        Ok(())
+    }
+
+    /// The consumed queue: durable, dead-lettering to the dead-letter
+    /// exchange, single active consumer when configured.
+    async fn declare_queue(&self) -> Result<(), String> {
+        let ch = &self.channel;
+        let dlx = self.config.dead_letter_exchange();
+        let queue = &self.config.queue;
+        let durable_queue = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
         let mut arguments = FieldTable::default();
         arguments.insert(
             "x-dead-letter-exchange".into(),
@@ -481,6 +518,18 @@ impl Session<'_> {
             ch.queue_declare(queue.as_str().into(), durable_queue, arguments),
         )
         .await?;
+        Ok(())
+    }
+
+    /// Each binding's exchange (durable, of its kind) and its routing keys
+    /// bound to the queue.
+    async fn declare_bindings(&self) -> Result<(), String> {
+        let ch = &self.channel;
+        let queue = &self.config.queue;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
         for binding in &self.config.bindings {
             let kind = exchange_kind(&binding.exchange_kind).unwrap_or(ExchangeKind::Topic);
             step(
@@ -597,7 +646,30 @@ impl Session<'_> {
         batch: Vec<Delivery>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Flow, String> {
-        let mut poison: Vec<(usize, String)> = Vec::new();
+        let (mapped, mut poison) = self.map_batch(&batch);
+        self.ctx.metrics.ingested("rejected", poison.len() as u64);
+        let Some((stored, duplicate)) = self
+            .store(batch.len(), mapped, &mut poison, shutdown)
+            .await?
+        else {
+            return Ok(Flow::Stop);
+        };
+        poison.sort_by_key(|(i, _)| *i);
+        let rejected = self.dead_letter(&batch, &poison).await?;
+        self.acknowledge(&batch, &rejected).await?;
+        let m = &self.ctx.metrics;
+        m.source_message(self.name, "stored", stored);
+        m.source_message(self.name, "duplicate", duplicate);
+        m.source_message(self.name, "dead_lettered", poison.len() as u64);
+        self.set_held(self.held.saturating_sub(batch.len()));
+        self.status.cycle();
+        Ok(Flow::Continue)
+    }
+
+    /// Each message of `batch` as an event, by its index, or the reason it
+    /// cannot be one (poison, by its index).
+    fn map_batch(&self, batch: &[Delivery]) -> (Vec<(usize, NewEvent)>, Vec<Poison>) {
+        let mut poison: Vec<Poison> = Vec::new();
         let mut mapped: Vec<(usize, NewEvent)> = Vec::new();
         for (i, d) in batch.iter().enumerate() {
             let message = Message {
@@ -610,8 +682,21 @@ impl Session<'_> {
                 Err(e) => poison.push((i, e.0)),
             }
         }
-        self.ctx.metrics.ingested("rejected", poison.len() as u64);
+        (mapped, poison)
+    }
 
+    /// Ingest `mapped` in one transaction, moving each event the store
+    /// refuses as a conflict to `poison` and trying the rest again; while
+    /// the store is unavailable, hold the `held` messages unacknowledged and
+    /// retry with backoff. `Some((stored, duplicate))`, or `None` when
+    /// shutdown came first.
+    async fn store(
+        &mut self,
+        held: usize,
+        mut mapped: Vec<(usize, NewEvent)>,
+        poison: &mut Vec<Poison>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Option<(u64, u64)>, String> {
         let mut delay = INGEST_RETRY_MIN;
         let (mut stored, mut duplicate) = (0u64, 0u64);
         while !mapped.is_empty() {
@@ -664,7 +749,7 @@ impl Session<'_> {
                 Err(IngestError::Store(e)) => {
                     let error = format!(
                         "store unavailable, {} messages held unacknowledged: {e}",
-                        batch.len()
+                        held
                     );
                     tracing::warn!(source = %self.name, retry_in = ?delay, "{error}");
                     self.status.error(error.clone());
@@ -675,15 +760,18 @@ impl Session<'_> {
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = shutdown.wait_for(|s| *s) => return Ok(Flow::Stop),
+                        _ = shutdown.wait_for(|s| *s) => return Ok(None),
                     }
                     delay = (delay * 2).min(INGEST_RETRY_MAX);
                 }
             }
         }
-        poison.sort_by_key(|(i, _)| *i);
-        let rejected = self.dead_letter(&batch, &poison).await?;
+        Ok(Some((stored, duplicate)))
+    }
 
+    /// Acknowledge every message of `batch` up to its last one not in
+    /// `rejected` (delivery tags).
+    async fn acknowledge(&self, batch: &[Delivery], rejected: &[u64]) -> Result<(), String> {
         // Everything of the batch is settled but the rejected: acknowledge
         // up to its last message at once (deliveries of a channel arrive
         // in tag order, and earlier batches are settled already).
@@ -700,13 +788,7 @@ impl Session<'_> {
             )
             .await?;
         }
-        let m = &self.ctx.metrics;
-        m.source_message(self.name, "stored", stored);
-        m.source_message(self.name, "duplicate", duplicate);
-        m.source_message(self.name, "dead_lettered", poison.len() as u64);
-        self.set_held(self.held.saturating_sub(batch.len()));
-        self.status.cycle();
-        Ok(Flow::Continue)
+        Ok(())
     }
 
     /// Publish a copy of each poison message, with its reason, to the
@@ -714,11 +796,7 @@ impl Session<'_> {
     /// whose copy is not confirmed is rejected without requeue (the broker
     /// dead-letters it by `x-dead-letter-exchange`). Returns the delivery
     /// tags rejected that way.
-    async fn dead_letter(
-        &self,
-        batch: &[Delivery],
-        poison: &[(usize, String)],
-    ) -> Result<Vec<u64>, String> {
+    async fn dead_letter(&self, batch: &[Delivery], poison: &[Poison]) -> Result<Vec<u64>, String> {
         if poison.is_empty() {
             return Ok(Vec::new());
         }

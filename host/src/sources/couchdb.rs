@@ -1,5 +1,6 @@
 //! The `couchdb` source: relays the pending outbox entries that a document
-//! service keeps inside its CouchDB documents (DESIGN.md §1.3, §5.4).
+//! service keeps inside its CouchDB documents (README, Sources, `couchdb`:
+//! CouchDB document outbox).
 //!
 //! One run: read the credentials, check the database answers, install the
 //! design document with the `pending` view when missing or outdated
@@ -26,6 +27,7 @@ mod client;
 mod config;
 mod design;
 mod entry;
+mod template;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -38,18 +40,22 @@ pub use config::{CouchdbConfig, EntryPaths};
 use super::{SourceContext, StatusHandle};
 use crate::event::NewEvent;
 use crate::store::{IngestError, StoreError};
-use client::{Client, CouchError};
-use entry::Template;
+use client::{Changes, Client, CouchError};
+use template::Template;
 
 /// Why a run of the source stopped (it is started again after a backoff).
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
+    /// CouchDB unreachable, or an answer it should not have given.
     #[error("{0}")]
     Couch(#[from] CouchError),
+    /// outboxd's own store failed (saving the checkpoint or ingesting).
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// outboxd's own store gave no answer within this time (`db-timeout`).
     #[error("store: no answer within {0:?}")]
     StoreTimeout(Duration),
+    /// A setting is unusable at run time (the message names the key).
     #[error("configuration: {0}")]
     Config(String),
 }
@@ -93,15 +99,8 @@ pub async fn run(
     status.check("couchdb_reachable", true, None, Some(live));
     design::ensure(&client, config).await?;
 
-    // Follow from the checkpoint when it belongs to this database, else from
-    // the database's present end: the scan below finds what is older.
     let database = format!("{}/{}", config.url.trim_end_matches('/'), config.database);
-    let saved = store_call(ctx, ctx.store.source_checkpoint(name)).await?;
-    let mut since = saved
-        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
-        .filter(|cp| cp["database"] == json!(database))
-        .map(|cp| cp["since"].clone())
-        .unwrap_or_else(|| info.get("update_seq").cloned().unwrap_or(json!(0)));
+    let mut since = resume_since(name, ctx, &database, &info).await?;
     tracing::info!(source = name, database = %database, since = %client::since_param(&since), "couchdb source started");
 
     relay.scan(&client, &|| ()).await?;
@@ -138,13 +137,7 @@ pub async fn run(
         match answer {
             None => caught_up_at = Instant::now(),
             Some(changes) => {
-                relay.documents(&changes.docs).await?;
-                if changes.last_seq != since {
-                    since = changes.last_seq;
-                    let checkpoint = json!({ "database": database, "since": since }).to_string();
-                    store_call(ctx, ctx.store.save_source_checkpoint(name, &checkpoint)).await?;
-                }
-                if changes.count < config.page_size as usize {
+                if relay.changes(changes, &mut since, &database).await? {
                     caught_up_at = Instant::now();
                 }
             }
@@ -158,6 +151,23 @@ pub async fn run(
             })
             .set(caught_up_at.elapsed().as_secs_f64());
     }
+}
+
+/// Where the feed starts: the saved checkpoint when it belongs to
+/// `database` (its URL and name), else the database's present end
+/// (`update_seq` of `info`): the first scan finds what is older.
+async fn resume_since(
+    name: &str,
+    ctx: &SourceContext,
+    database: &str,
+    info: &Value,
+) -> Result<Value, SourceError> {
+    let saved = store_call(ctx, ctx.store.source_checkpoint(name)).await?;
+    Ok(saved
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .filter(|cp| cp["database"] == json!(database))
+        .map(|cp| cp["since"].clone())
+        .unwrap_or_else(|| info.get("update_seq").cloned().unwrap_or(json!(0))))
 }
 
 /// A store call under the source's database timeout.
@@ -181,6 +191,28 @@ struct Relay<'a> {
 }
 
 impl Relay<'_> {
+    /// Relay the documents of one feed answer, then checkpoint its
+    /// `last_seq` as `since` (for `database`) when it moved. True when the
+    /// answer was not a full page: the feed has caught up.
+    async fn changes(
+        &mut self,
+        changes: Changes,
+        since: &mut Value,
+        database: &str,
+    ) -> Result<bool, SourceError> {
+        self.documents(&changes.docs).await?;
+        if changes.last_seq != *since {
+            *since = changes.last_seq;
+            let checkpoint = json!({ "database": database, "since": since }).to_string();
+            let save = self
+                .ctx
+                .store
+                .save_source_checkpoint(self.name, &checkpoint);
+            store_call(self.ctx, save).await?;
+        }
+        Ok(changes.count < self.config.page_size as usize)
+    }
+
     /// Read the whole `pending` view, page by page (`limit` = page size + 1:
     /// the extra row is where the next page starts, CouchDB's documented
     /// paging), relaying each document once. Sets the oldest-pending gauge.

@@ -134,10 +134,13 @@ const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 /// What a running source may use: the ingest path and the metrics.
 #[derive(Clone)]
 pub struct SourceContext {
+    /// outboxd's store, where events are ingested.
     pub store: Arc<dyn Store>,
+    /// The routes that decide which sinks an ingested event is queued for.
     pub routes: Arc<Routes>,
     /// Woken after an ingest that queued deliveries.
     pub wake: Arc<crate::wakeups::Wakeups>,
+    /// The daemon's metrics (ingest and per-source counters).
     pub metrics: Arc<Metrics>,
     /// Timeout of each store call a source makes.
     pub db_timeout: Duration,

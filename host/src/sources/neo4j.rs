@@ -262,6 +262,13 @@ impl Neo4jSourceConfig {
     /// Check the values. `Err((key, problem))`, the key relative to
     /// `sources.NAME.`.
     pub fn validate(&self) -> Result<(), (String, String)> {
+        self.validate_connection()?;
+        self.validate_properties()?;
+        self.validate_limits()
+    }
+
+    /// `url` (a Bolt URL), `label` and `password-env`.
+    fn validate_connection(&self) -> Result<(), (String, String)> {
         let bad = |key: &str, problem: String| Err((key.to_string(), problem));
         if self.url.is_empty() {
             return bad("url", "is required (e.g. \"bolt://127.0.0.1:7687\")".into());
@@ -292,6 +299,17 @@ impl Neo4jSourceConfig {
                 ),
             );
         }
+        if let Some(env) = &self.password_env {
+            if env.is_empty() {
+                return bad("password-env", "names no environment variable".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The property names: plain identifiers, none used twice.
+    fn validate_properties(&self) -> Result<(), (String, String)> {
+        let bad = |key: &str, problem: String| Err((key.to_string(), problem));
         let p = &self.properties;
         let props = [
             ("properties.event-id", &p.event_id),
@@ -336,11 +354,12 @@ impl Neo4jSourceConfig {
                 }
             }
         }
-        if let Some(env) = &self.password_env {
-            if env.is_empty() {
-                return bad("password-env", "names no environment variable".into());
-            }
-        }
+        Ok(())
+    }
+
+    /// Sizes, durations and how they bound each other.
+    fn validate_limits(&self) -> Result<(), (String, String)> {
+        let bad = |key: &str, problem: String| Err((key.to_string(), problem));
         for (key, n) in [
             ("batch-size", self.batch_size),
             ("page-size", self.page_size),
@@ -384,14 +403,18 @@ pub enum OutboxError {
     /// The driver or the server failed.
     #[error("neo4j {what}: {source}")]
     Neo4j {
+        /// The step that failed (`claim`, `finish`, `indexes`, ...).
         what: &'static str,
+        /// The driver's error.
         #[source]
         source: neo4rs::Error,
     },
     /// No answer within the configured timeout.
     #[error("neo4j {what}: no answer within {timeout:?}")]
     Timeout {
+        /// The step that timed out.
         what: &'static str,
+        /// The timeout that passed.
         timeout: Duration,
     },
     /// outboxd's own store failed while ingesting a claimed batch (the
@@ -404,7 +427,12 @@ pub enum OutboxError {
     Config(String),
     /// A row of an answer did not have the expected shape.
     #[error("neo4j {what}: unexpected answer: {detail}")]
-    Shape { what: &'static str, detail: String },
+    Shape {
+        /// The step whose answer it was.
+        what: &'static str,
+        /// What was wrong with the row.
+        detail: String,
+    },
 }
 
 impl OutboxError {
@@ -429,6 +457,7 @@ impl OutboxError {
 /// A node claimed by [`Outbox::claim`], with what the event is made of.
 #[derive(Debug, Clone)]
 pub struct ClaimedNode {
+    /// The node's event id property (becomes the event's `id`).
     pub event_id: String,
     /// The claim's fencing token.
     pub lease_token: String,
@@ -440,10 +469,15 @@ pub struct ClaimedNode {
     pub stream_text: Option<String>,
     /// The version property when it is an integer.
     pub version: Option<i64>,
+    /// The version property as text, whatever its type (for reasons).
     pub version_text: Option<String>,
+    /// The type property (CloudEvents `type`) when it is a string.
     pub ty: Option<String>,
+    /// The source property (CloudEvents `source`) when it is a string.
     pub source: Option<String>,
+    /// The subject property (CloudEvents `subject`) when it is a string.
     pub subject: Option<String>,
+    /// The created-at property as RFC 3339 text (CloudEvents `time`).
     pub time: Option<String>,
     /// The data property when it is a string.
     pub data: Option<String>,
@@ -457,14 +491,24 @@ pub struct ClaimedNode {
 /// The queries of the relay, built once for a label and property names.
 #[derive(Debug, Clone)]
 pub struct Queries {
+    /// `CREATE INDEX … IF NOT EXISTS`, one per index the queries seek.
     pub indexes: Vec<String>,
     /// One per lane: `$after` cursor, `$page` size.
     pub shortlist: [(&'static str, String); 3],
+    /// Takes the shortlisted nodes (`$ids`) still eligible and at their
+    /// stream's head: `inflight` under `$token` for `$lease_ms`, attempts + 1.
     pub claim: String,
+    /// Marks a claimed node delivered, when its lease token still matches.
     pub finish_delivered: String,
+    /// Marks a claimed node failed with its next attempt time, when its
+    /// lease token still matches.
     pub finish_failed: String,
+    /// Marks a claimed node dead with the reason, when its lease token
+    /// still matches.
     pub finish_dead: String,
+    /// Deletes up to `$limit` nodes delivered more than `$older_ms` ago.
     pub retention: String,
+    /// Age of the oldest pending node by its created-at, ms (lag metric).
     pub oldest_pending: String,
     /// Marks dead the waiting nodes whose event id is missing or not a
     /// string (the shortlist, keyset-paged on the id, never sees them).
@@ -497,6 +541,11 @@ impl Queries {
     }
 
     /// Build the queries of `config` (already validated).
+    ///
+    /// Long on purpose: every query is one format string over the same
+    /// backquoted label and property names, and they read best side by
+    /// side (the claim and the fenced finishes must agree on status values
+    /// and lease properties); split, each part would re-derive the names.
     pub fn new(config: &Neo4jSourceConfig) -> Queries {
         let l = format!("`{}`", config.label);
         let p = &config.properties;
@@ -559,36 +608,7 @@ impl Queries {
               OR (n.{status} = 'failed' AND coalesce(n.{next_at} <= datetime(), true)) \
               OR (n.{status} = 'inflight' AND coalesce(n.{expires} <= datetime(), true)))"
         );
-        let mut reserved: Vec<String> = [
-            &p.event_id,
-            &p.stream,
-            &p.stream_version,
-            &p.status,
-            &p.attempts,
-            &p.next_attempt_at,
-            &p.created_at,
-            &p.lease_token,
-            &p.lease_expires_at,
-            &p.last_error,
-            &p.delivered_at,
-            &config.event.type_property,
-            &config.event.data_property,
-        ]
-        .into_iter()
-        .cloned()
-        .collect();
-        reserved.push(LOCK_PROPERTY.to_string());
-        reserved.extend(config.event.source_property.iter().cloned());
-        reserved.extend(config.event.subject_property.iter().cloned());
-        reserved.extend(config.event.ignore_properties.iter().cloned());
-        let reserved = format!(
-            "[{}]",
-            reserved
-                .iter()
-                .map(|r| format!("'{r}'"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        let reserved = reserved_properties(config);
         let text = |prop: &Option<String>| match prop {
             Some(p) => format!("toStringOrNull(n.`{p}`)"),
             None => "null".to_string(),
@@ -663,10 +683,48 @@ impl Queries {
     }
 }
 
+/// The properties of a node that are not extension attributes, as a
+/// Cypher list of strings: the ones the relay reads or writes, the lock
+/// property, and `event.ignore-properties`.
+fn reserved_properties(config: &Neo4jSourceConfig) -> String {
+    let p = &config.properties;
+    let mut reserved: Vec<String> = [
+        &p.event_id,
+        &p.stream,
+        &p.stream_version,
+        &p.status,
+        &p.attempts,
+        &p.next_attempt_at,
+        &p.created_at,
+        &p.lease_token,
+        &p.lease_expires_at,
+        &p.last_error,
+        &p.delivered_at,
+        &config.event.type_property,
+        &config.event.data_property,
+    ]
+    .into_iter()
+    .cloned()
+    .collect();
+    reserved.push(LOCK_PROPERTY.to_string());
+    reserved.extend(config.event.source_property.iter().cloned());
+    reserved.extend(config.event.subject_property.iter().cloned());
+    reserved.extend(config.event.ignore_properties.iter().cloned());
+    format!(
+        "[{}]",
+        reserved
+            .iter()
+            .map(|r| format!("'{r}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
 /// A claim transaction that has taken its nodes and not yet committed
 /// (tests hold one open to race another relay against it).
 pub struct OpenClaim {
     txn: neo4rs::Txn,
+    /// The nodes taken, `inflight` under this claim's lease token.
     pub nodes: Vec<ClaimedNode>,
     timeout: Duration,
 }
@@ -1069,32 +1127,7 @@ fn to_event(
 ) -> Result<NewEvent, String> {
     let p = &config.properties;
     let m = &config.event;
-    let stream = match (&node.stream, &node.stream_text) {
-        (Some(s), _) => s.clone(),
-        (None, Some(t)) => {
-            return Err(format!(
-                "property `{}` must be a string, got {t:?}",
-                p.stream
-            ))
-        }
-        (None, None) => return Err(format!("property `{}` (the stream) is missing", p.stream)),
-    };
-    let version = match (node.version, &node.version_text) {
-        (Some(v), _) if v >= 1 => v,
-        (Some(v), _) => {
-            return Err(format!(
-                "property `{}` must be an integer from 1, got {v}",
-                p.stream_version
-            ))
-        }
-        (None, Some(t)) => {
-            return Err(format!(
-                "property `{}` must be an integer, got {t:?}",
-                p.stream_version
-            ))
-        }
-        (None, None) => return Err(format!("property `{}` is missing", p.stream_version)),
-    };
+    let (stream, version) = stream_and_version(p, node)?;
     let ty = node
         .ty
         .clone()
@@ -1118,24 +1151,7 @@ fn to_event(
     if let Some(t) = &node.time {
         attrs.insert("time".into(), raw(t.clone().into()));
     }
-    let mut from_property: BTreeMap<String, String> = BTreeMap::new();
-    for (name, value) in &node.extensions {
-        let ext: String = name
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric())
-            .map(|c| c.to_ascii_lowercase())
-            .collect();
-        let Some(value) = value else {
-            return Err(format!("property `{name}` has a value that cannot be an extension attribute (a list?); list it in event.ignore-properties"));
-        };
-        if ext.is_empty() || attrs.contains_key(&ext) || from_property.contains_key(&ext) {
-            return Err(format!(
-                "property `{name}` cannot be an extension attribute ({ext:?} is empty or taken); list it in event.ignore-properties"
-            ));
-        }
-        from_property.insert(ext.clone(), name.clone());
-        attrs.insert(ext, raw(value.clone().into()));
-    }
+    let from_property = insert_extensions(node, &mut attrs)?;
     match (&node.data, node.has_data, m.data_format) {
         (None, false, _) => {}
         (None, true, _) => {
@@ -1177,9 +1193,71 @@ fn to_event(
     })
 }
 
+/// The stream (a string) and stream version (an integer from 1) of
+/// `node`; errors name the property.
+fn stream_and_version(p: &PropertyNames, node: &ClaimedNode) -> Result<(String, i64), String> {
+    let stream = match (&node.stream, &node.stream_text) {
+        (Some(s), _) => s.clone(),
+        (None, Some(t)) => {
+            return Err(format!(
+                "property `{}` must be a string, got {t:?}",
+                p.stream
+            ))
+        }
+        (None, None) => return Err(format!("property `{}` (the stream) is missing", p.stream)),
+    };
+    let version = match (node.version, &node.version_text) {
+        (Some(v), _) if v >= 1 => v,
+        (Some(v), _) => {
+            return Err(format!(
+                "property `{}` must be an integer from 1, got {v}",
+                p.stream_version
+            ))
+        }
+        (None, Some(t)) => {
+            return Err(format!(
+                "property `{}` must be an integer, got {t:?}",
+                p.stream_version
+            ))
+        }
+        (None, None) => return Err(format!("property `{}` is missing", p.stream_version)),
+    };
+    Ok((stream, version))
+}
+
+/// Each other property of `node` as an extension attribute of `attrs`
+/// (its name lowercased, letters and digits only). Returns which property
+/// each extension came from, for error messages.
+fn insert_extensions(
+    node: &ClaimedNode,
+    attrs: &mut BTreeMap<String, Box<RawValue>>,
+) -> Result<BTreeMap<String, String>, String> {
+    let raw = |v: serde_json::Value| serde_json::value::to_raw_value(&v).expect("JSON value");
+    let mut from_property: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in &node.extensions {
+        let ext: String = name
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        let Some(value) = value else {
+            return Err(format!("property `{name}` has a value that cannot be an extension attribute (a list?); list it in event.ignore-properties"));
+        };
+        if ext.is_empty() || attrs.contains_key(&ext) || from_property.contains_key(&ext) {
+            return Err(format!(
+                "property `{name}` cannot be an extension attribute ({ext:?} is empty or taken); list it in event.ignore-properties"
+            ));
+        }
+        from_property.insert(ext.clone(), name.clone());
+        attrs.insert(ext, raw(value.clone().into()));
+    }
+    Ok(from_property)
+}
+
 /// What one relay cycle did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct CycleReport {
+    /// Nodes claimed.
     pub claimed: usize,
     /// Stored (or found already stored) and marked delivered.
     pub relayed: u64,
@@ -1359,42 +1437,7 @@ impl Relay {
                 }
             }
         }
-        let mut store_error = None;
-        while !good.is_empty() {
-            let events: Vec<NewEvent> = good.iter().map(|(_, e)| e.clone()).collect();
-            let ctx = &inner.ctx;
-            let call =
-                crate::ingest::submit(&*ctx.store, &ctx.routes, &ctx.wake, &ctx.metrics, events);
-            let result = match tokio::time::timeout(ctx.db_timeout, call).await {
-                Ok(result) => result,
-                Err(_) => {
-                    store_error = Some(format!("no answer within {:?}", ctx.db_timeout));
-                    break;
-                }
-            };
-            match result {
-                Ok(_) => break,
-                Err(
-                    e @ (IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. }),
-                ) => {
-                    let index = match &e {
-                        IngestError::Conflict { index, .. }
-                        | IngestError::SequenceNotIncreasing { index, .. } => *index,
-                        IngestError::Store(_) => unreachable!(),
-                    };
-                    let (node, _) = good.remove(index);
-                    let reason = e
-                        .to_string()
-                        .replacen(&format!("event [{index}] "), "event ", 1);
-                    tracing::warn!(source = %inner.name, event_id = %node.event_id, %reason, "outbox node refused by the store");
-                    dead.push((node.event_id, reason));
-                }
-                Err(IngestError::Store(e)) => {
-                    store_error = Some(e.to_string());
-                    break;
-                }
-            }
-        }
+        let store_error = self.ingest(&mut good, &mut dead).await;
         let metrics = &inner.ctx.metrics;
         if !dead.is_empty() {
             let n = dead.len() as u64;
@@ -1435,6 +1478,55 @@ impl Relay {
             Some(e) => Err(OutboxError::Ingest(e)),
             None => Ok(report),
         }
+    }
+
+    /// Ingest the events of `good` in one store transaction. An event the
+    /// store refuses as a conflict moves its node to `dead` (with the
+    /// reason) and the rest are tried again. Returns the store's failure,
+    /// if any (`good` then holds the nodes to mark failed).
+    async fn ingest(
+        &self,
+        good: &mut Vec<(ClaimedNode, NewEvent)>,
+        dead: &mut Vec<(String, String)>,
+    ) -> Option<String> {
+        let inner = &self.inner;
+        let mut store_error = None;
+        while !good.is_empty() {
+            let events: Vec<NewEvent> = good.iter().map(|(_, e)| e.clone()).collect();
+            let ctx = &inner.ctx;
+            let call =
+                crate::ingest::submit(&*ctx.store, &ctx.routes, &ctx.wake, &ctx.metrics, events);
+            let result = match tokio::time::timeout(ctx.db_timeout, call).await {
+                Ok(result) => result,
+                Err(_) => {
+                    store_error = Some(format!("no answer within {:?}", ctx.db_timeout));
+                    break;
+                }
+            };
+            match result {
+                Ok(_) => break,
+                Err(
+                    e @ (IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. }),
+                ) => {
+                    let index = match &e {
+                        IngestError::Conflict { index, .. }
+                        | IngestError::SequenceNotIncreasing { index, .. } => *index,
+                        IngestError::Store(_) => unreachable!(),
+                    };
+                    let (node, _) = good.remove(index);
+                    let reason = e
+                        .to_string()
+                        .replacen(&format!("event [{index}] "), "event ", 1);
+                    tracing::warn!(source = %inner.name, event_id = %node.event_id, %reason, "outbox node refused by the store");
+                    dead.push((node.event_id, reason));
+                }
+                Err(IngestError::Store(e)) => {
+                    store_error = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        store_error
     }
 
     /// Retry delay after `attempts` attempts: base × 2^(attempts−1), capped,

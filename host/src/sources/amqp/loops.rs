@@ -1,7 +1,7 @@
 //! Routes kept apart: whether an `amqp` sink could publish onto a queue an
-//! `amqp` source consumes (DESIGN §1.3: ingress routes such as
-//! `documents.ingest.#` are kept apart from the routes outboxd publishes
-//! to, or outboxd would read back its own output).
+//! `amqp` source consumes (README, Sources, "Routes kept apart": ingress
+//! routes such as `documents.ingest.#` are kept apart from the routes
+//! outboxd publishes to, or outboxd would read back its own output).
 //!
 //! Owns the overlap test of AMQP topic patterns ([`topics_overlap`]) and
 //! the check of one sink manifest against one source ([`check_sink`]). A

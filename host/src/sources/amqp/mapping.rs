@@ -128,14 +128,19 @@ pub struct Mapping {
     pub event_source: String,
     /// Header holding the id when the message has no `message-id`.
     pub id_header: Option<String>,
+    /// Where the CloudEvents `type` is read from (the `type` key).
     pub type_from: Field,
+    /// Where the stream (`partitionkey`) is read from (the `stream` key).
     pub stream_from: Field,
 }
 
 /// One message as the broker delivered it.
 pub struct Message<'a> {
+    /// The routing key it was published with.
     pub routing_key: &'a str,
+    /// Its AMQP basic properties (`message-id`, `content-type`, headers).
     pub properties: &'a BasicProperties,
+    /// The body, byte for byte.
     pub body: &'a [u8],
 }
 
@@ -317,56 +322,11 @@ fn plain(
     headers: Option<&FieldTable>,
     content_type: Option<&str>,
 ) -> Result<NewEvent, Unmappable> {
-    let id = match message.properties.message_id().as_ref() {
-        Some(id) if !id.as_str().is_empty() => id.as_str().to_string(),
-        _ => match &mapping.id_header {
-            Some(name) => header_text(headers, name)
-                .map_err(unmappable)?
-                .filter(|id| !id.is_empty())
-                .ok_or_else(|| {
-                    unmappable(format!(
-                        "no event id: the message has no message-id property and no header {name:?}"
-                    ))
-                })?,
-            None => {
-                return Err(unmappable(
-                    "no event id: the message has no message-id property (set id-header to read it from a header)",
-                ))
-            }
-        },
-    };
+    let id = plain_id(mapping, message, headers)?;
     // The body as JSON, parsed once, when a field needs it.
     let mut body_json: Option<Value> = None;
-    let mut read = |field: &Field, attribute: &str| -> Result<String, Unmappable> {
-        let value = match field {
-            Field::RoutingKey => Some(message.routing_key.to_string()),
-            Field::Header(name) => header_text(headers, name).map_err(unmappable)?,
-            Field::Json(pointer) => {
-                if body_json.is_none() {
-                    body_json = Some(serde_json::from_slice(message.body).map_err(|e| {
-                        unmappable(format!(
-                            "body is not valid JSON ({e}), and the {attribute} is read from it at {pointer}"
-                        ))
-                    })?);
-                }
-                match body_json.as_ref().and_then(|b| b.pointer(pointer)) {
-                    Some(Value::String(s)) => Some(s.clone()),
-                    Some(Value::Number(n)) => Some(n.to_string()),
-                    Some(Value::Null) | None => None,
-                    Some(_) => {
-                        return Err(unmappable(format!(
-                        "the {attribute} at {pointer} in the JSON body is not a string or a number"
-                    )))
-                    }
-                }
-            }
-        };
-        value.filter(|v| !v.is_empty()).ok_or_else(|| {
-            unmappable(format!(
-                "no {attribute}: {} is missing or empty",
-                field.describe()
-            ))
-        })
+    let mut read = |field: &Field, attribute: &str| {
+        field_text(field, attribute, message, headers, &mut body_json)
     };
     let ty = read(&mapping.type_from, "type")?;
     let stream = read(&mapping.stream_from, "stream")?;
@@ -395,6 +355,72 @@ fn plain(
     })?;
     set_data(&mut event, content_type, message.body)?;
     Ok(event)
+}
+
+/// The event id of a plain message: its `message-id` property, else the
+/// `id-header` header; neither is refused (a generated id would make every
+/// redelivery a new event).
+fn plain_id(
+    mapping: &Mapping,
+    message: &Message,
+    headers: Option<&FieldTable>,
+) -> Result<String, Unmappable> {
+    match message.properties.message_id().as_ref() {
+        Some(id) if !id.as_str().is_empty() => Ok(id.as_str().to_string()),
+        _ => match &mapping.id_header {
+            Some(name) => header_text(headers, name)
+                .map_err(unmappable)?
+                .filter(|id| !id.is_empty())
+                .ok_or_else(|| {
+                    unmappable(format!(
+                        "no event id: the message has no message-id property and no header {name:?}"
+                    ))
+                }),
+            None => Err(unmappable(
+                "no event id: the message has no message-id property (set id-header to read it from a header)",
+            )),
+        },
+    }
+}
+
+/// The non-empty text of `field` in a plain message, for `attribute`
+/// (`type`, `stream`). `body_json` caches the body parsed as JSON.
+fn field_text(
+    field: &Field,
+    attribute: &str,
+    message: &Message,
+    headers: Option<&FieldTable>,
+    body_json: &mut Option<Value>,
+) -> Result<String, Unmappable> {
+    let value = match field {
+        Field::RoutingKey => Some(message.routing_key.to_string()),
+        Field::Header(name) => header_text(headers, name).map_err(unmappable)?,
+        Field::Json(pointer) => {
+            if body_json.is_none() {
+                *body_json = Some(serde_json::from_slice(message.body).map_err(|e| {
+                    unmappable(format!(
+                        "body is not valid JSON ({e}), and the {attribute} is read from it at {pointer}"
+                    ))
+                })?);
+            }
+            match body_json.as_ref().and_then(|b| b.pointer(pointer)) {
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::Number(n)) => Some(n.to_string()),
+                Some(Value::Null) | None => None,
+                Some(_) => {
+                    return Err(unmappable(format!(
+                        "the {attribute} at {pointer} in the JSON body is not a string or a number"
+                    )))
+                }
+            }
+        }
+    };
+    value.filter(|v| !v.is_empty()).ok_or_else(|| {
+        unmappable(format!(
+            "no {attribute}: {} is missing or empty",
+            field.describe()
+        ))
+    })
 }
 
 /// Validate attributes as HTTP ingest does (`specversion` 1.0 implied).

@@ -126,7 +126,9 @@ fn default_type() -> String {
 /// password.
 #[derive(Clone)]
 pub struct Credentials {
+    /// The user name, from `username-env`.
     pub username: String,
+    /// The password, from `password-env`; never logged.
     pub password: String,
 }
 
@@ -210,7 +212,7 @@ impl CouchdbConfig {
         if p.pending == p.published {
             return bad("paths.published", "must differ from paths.pending".into());
         }
-        if let Err(e) = super::entry::Template::parse(&self.event_type) {
+        if let Err(e) = super::template::Template::parse(&self.event_type) {
             return bad("event-type", e);
         }
         Ok(())

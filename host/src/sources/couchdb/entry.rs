@@ -18,6 +18,7 @@
 use serde_json::{json, Value};
 
 use super::config::CouchdbConfig;
+use super::template::{at_path, Template};
 use crate::event::{self, NewEvent};
 
 /// What one document revision holds for the relay.
@@ -33,11 +34,6 @@ pub struct DocumentOutbox {
     pub published: u64,
     /// The earliest `created_at` of a pending entry, Unix ms.
     pub oldest_pending_ms: Option<i64>,
-}
-
-/// The value at dotted `path` under `value`.
-pub fn at_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
-    path.split('.').try_fold(value, |v, key| v.get(key))
 }
 
 /// Read the outbox of `doc` (a document as CouchDB returns it, with `_id`).
@@ -136,25 +132,13 @@ fn entry_event(
             ))
         }
     };
-    let sequence = match field(&p.sequence) {
-        Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 => n,
-            _ => return malformed(format!("{} {v} is not a positive integer", p.sequence)),
-        },
-        None => return malformed(format!("{} is missing", p.sequence)),
+    let sequence = match entry_sequence(field(&p.sequence), &p.sequence) {
+        Ok(n) => n,
+        Err(reason) => return malformed(reason),
     };
-    let data = match field(&p.payload) {
-        None => return malformed(format!("{} is missing", p.payload)),
-        Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
-            Ok(v) => v,
-            Err(e) => {
-                return malformed(format!(
-                    "{} is a string that is not JSON text: {e}",
-                    p.payload
-                ))
-            }
-        },
-        Some(v) => v.clone(),
+    let data = match entry_data(field(&p.payload), &p.payload) {
+        Ok(v) => v,
+        Err(reason) => return malformed(reason),
     };
     let ty = match template.render(entry) {
         Ok(t) => t,
@@ -196,61 +180,25 @@ fn entry_event(
     }
 }
 
-/// The `event-type` template: literal text with `{field}` placeholders,
-/// each replaced by the entry's field of that name (a string or number).
-#[derive(Debug, Clone)]
-pub struct Template {
-    parts: Vec<(bool, String)>,
+/// An entry's `sequence` (at `path`): a positive integer.
+fn entry_sequence(value: Option<&Value>, path: &str) -> Result<u64, String> {
+    match value {
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(n),
+            _ => Err(format!("{path} {v} is not a positive integer")),
+        },
+        None => Err(format!("{path} is missing")),
+    }
 }
 
-impl Template {
-    /// Parse `text`. Errors say where it is wrong.
-    pub fn parse(text: &str) -> Result<Template, String> {
-        let mut parts = Vec::new();
-        let mut rest = text;
-        while let Some(start) = rest.find('{') {
-            if start > 0 {
-                parts.push((false, rest[..start].to_string()));
-            }
-            let after = &rest[start + 1..];
-            let end = after
-                .find('}')
-                .ok_or_else(|| format!("{text:?}: `{{` is never closed"))?;
-            let name = &after[..end];
-            if name.is_empty() || name.contains('{') {
-                return Err(format!("{text:?}: `{{{name}}}` is not a field name"));
-            }
-            parts.push((true, name.to_string()));
-            rest = &after[end + 1..];
-        }
-        if rest.contains('}') {
-            return Err(format!("{text:?}: `}}` without `{{`"));
-        }
-        if !rest.is_empty() {
-            parts.push((false, rest.to_string()));
-        }
-        if parts.is_empty() {
-            return Err("must not be empty".into());
-        }
-        Ok(Template { parts })
-    }
-
-    /// The text for `entry`; errors name a field that is missing or not a
-    /// string or number.
-    pub fn render(&self, entry: &Value) -> Result<String, String> {
-        let mut out = String::new();
-        for (field, text) in &self.parts {
-            if !field {
-                out.push_str(text);
-                continue;
-            }
-            match at_path(entry, text) {
-                Some(Value::String(s)) if !s.is_empty() => out.push_str(s),
-                Some(Value::Number(n)) => out.push_str(&n.to_string()),
-                _ => return Err(format!("field {text:?} is missing or not a string")),
-            }
-        }
-        Ok(out)
+/// An entry's `payload` (at `path`) as the event's data: any JSON value, a
+/// string being JSON text to parse.
+fn entry_data(value: Option<&Value>, path: &str) -> Result<Value, String> {
+    match value {
+        None => Err(format!("{path} is missing")),
+        Some(Value::String(text)) => serde_json::from_str::<Value>(text)
+            .map_err(|e| format!("{path} is a string that is not JSON text: {e}")),
+        Some(v) => Ok(v.clone()),
     }
 }
 
