@@ -266,90 +266,19 @@ impl NewEvent {
     pub fn from_json(raw: &RawValue) -> Result<NewEvent, EventError> {
         let attrs: BTreeMap<String, Box<RawValue>> =
             serde_json::from_str(raw.get()).map_err(|_| err("event", "must be a JSON object"))?;
-        let required = |name: &str| -> Result<&RawValue, EventError> {
-            attrs
-                .get(name)
-                .map(|v| &**v)
-                .ok_or_else(|| err(name, "is required"))
-        };
-        let optional_text = |name: &str| -> Result<Option<String>, EventError> {
-            match attrs.get(name) {
-                None => Ok(None),
-                Some(v) if v.get() == "null" => Ok(None),
-                Some(v) => text_attr(name, v, MAX_ATTRIBUTE_BYTES).map(Some),
-            }
-        };
-
         // The attribute table of the CloudEvents 1.0 spec ("Context
-        // Attributes"), rule by rule. The JSON format (json-format.md §2.2,
+        // Attributes"), rule by rule, in `required_attributes` and
+        // `optional_attributes`. The JSON format (json-format.md §2.2,
         // "Type System Mapping") carries String, URI, URI-reference and
         // Timestamp as JSON strings, Integer as a JSON number, Boolean as
         // true/false; `null` for an OPTIONAL attribute means absent.
-
-        // specversion: REQUIRED, String, non-empty; this is 1.0.
-        let specversion = text_attr("specversion", required("specversion")?, 16)?;
-        if specversion != "1.0" {
-            return Err(err(
-                "specversion",
-                format!("must be \"1.0\", got {specversion:?}"),
-            ));
-        }
-        // id: REQUIRED, String, non-empty ("REQUIRED Attributes").
-        let id = text_attr("id", required("id")?, MAX_ID_BYTES)?;
-        if id.is_empty() {
-            return Err(err("id", "must not be empty"));
-        }
-        // source: REQUIRED, URI-reference, non-empty ("REQUIRED
-        // Attributes"). A relative reference is allowed: no scheme needed.
-        let source = text_attr("source", required("source")?, MAX_ATTRIBUTE_BYTES)?;
-        if source.is_empty() {
-            return Err(err("source", "must not be empty"));
-        }
-        // type: REQUIRED, String, non-empty ("REQUIRED Attributes").
-        let ty = text_attr("type", required("type")?, MAX_ATTRIBUTE_BYTES)?;
-        if ty.is_empty() {
-            return Err(err("type", "must not be empty"));
-        }
-        // subject: OPTIONAL, String, non-empty when present ("OPTIONAL
-        // Attributes"), whatever the stream key is.
-        let subject = optional_text("subject")?;
-        if subject.as_deref() == Some("") {
-            return Err(err(
-                "subject",
-                "must not be empty when present (CloudEvents 1.0, subject); leave it out instead",
-            ));
-        }
-        // time: OPTIONAL, Timestamp, RFC 3339 ("Type System"): seconds, and
-        // `Z` or a `±hh:mm` offset with hours 00–23.
-        let time = optional_text("time")?;
-        if let Some(t) = &time {
-            time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
-                .map_err(|_| err("time", format!("must be an RFC 3339 timestamp, got {t:?}")))?;
-        }
-        // datacontenttype: OPTIONAL, String per RFC 2046, non-empty when
-        // present ("OPTIONAL Attributes").
-        let datacontenttype = optional_text("datacontenttype")?;
-        if let Some(ct) = &datacontenttype {
-            if ct.is_empty() {
-                return Err(err(
-                    "datacontenttype",
-                    "must not be empty when present (CloudEvents 1.0, datacontenttype); leave it out for JSON data",
-                ));
-            }
-            check_media_type(ct).map_err(|problem| err("datacontenttype", problem))?;
-        }
-        // dataschema: OPTIONAL, URI (absolute), non-empty when present
-        // ("OPTIONAL Attributes").
-        let dataschema = optional_text("dataschema")?;
-        if let Some(schema) = &dataschema {
-            if schema.is_empty() {
-                return Err(err(
-                    "dataschema",
-                    "must not be empty when present (CloudEvents 1.0, dataschema); leave it out instead",
-                ));
-            }
-            check_uri(schema).map_err(|problem| err("dataschema", problem))?;
-        }
+        let (id, source, ty) = required_attributes(&attrs)?;
+        let Optional {
+            subject,
+            time,
+            datacontenttype,
+            dataschema,
+        } = optional_attributes(&attrs)?;
 
         let OtherAttributes {
             partitionkey,
@@ -664,6 +593,116 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
         pi += 1;
     }
     pi == p.len()
+}
+
+/// The OPTIONAL context attributes of CloudEvents 1.0 that outboxd keeps
+/// as attributes of their own.
+struct Optional {
+    subject: Option<String>,
+    time: Option<String>,
+    datacontenttype: Option<String>,
+    dataschema: Option<String>,
+}
+
+/// Attribute `name` when present and not `null`, as text.
+fn optional_text(
+    attrs: &BTreeMap<String, Box<RawValue>>,
+    name: &str,
+) -> Result<Option<String>, EventError> {
+    match attrs.get(name) {
+        None => Ok(None),
+        Some(v) if v.get() == "null" => Ok(None),
+        Some(v) => text_attr(name, v, MAX_ATTRIBUTE_BYTES).map(Some),
+    }
+}
+
+/// `specversion`, then (`id`, `source`, `type`): the REQUIRED context
+/// attributes (CloudEvents 1.0, "REQUIRED Attributes").
+fn required_attributes(
+    attrs: &BTreeMap<String, Box<RawValue>>,
+) -> Result<(String, String, String), EventError> {
+    let required = |name: &str| -> Result<&RawValue, EventError> {
+        attrs
+            .get(name)
+            .map(|v| &**v)
+            .ok_or_else(|| err(name, "is required"))
+    };
+    // specversion: REQUIRED, String, non-empty; this is 1.0.
+    let specversion = text_attr("specversion", required("specversion")?, 16)?;
+    if specversion != "1.0" {
+        return Err(err(
+            "specversion",
+            format!("must be \"1.0\", got {specversion:?}"),
+        ));
+    }
+    // id: REQUIRED, String, non-empty ("REQUIRED Attributes").
+    let id = text_attr("id", required("id")?, MAX_ID_BYTES)?;
+    if id.is_empty() {
+        return Err(err("id", "must not be empty"));
+    }
+    // source: REQUIRED, URI-reference, non-empty ("REQUIRED
+    // Attributes"). A relative reference is allowed: no scheme needed.
+    let source = text_attr("source", required("source")?, MAX_ATTRIBUTE_BYTES)?;
+    if source.is_empty() {
+        return Err(err("source", "must not be empty"));
+    }
+    // type: REQUIRED, String, non-empty ("REQUIRED Attributes").
+    let ty = text_attr("type", required("type")?, MAX_ATTRIBUTE_BYTES)?;
+    if ty.is_empty() {
+        return Err(err("type", "must not be empty"));
+    }
+    Ok((id, source, ty))
+}
+
+/// `subject`, `time`, `datacontenttype`, `dataschema` (CloudEvents 1.0,
+/// "OPTIONAL Attributes": each non-empty when present).
+fn optional_attributes(attrs: &BTreeMap<String, Box<RawValue>>) -> Result<Optional, EventError> {
+    // subject: OPTIONAL, String, non-empty when present ("OPTIONAL
+    // Attributes"), whatever the stream key is.
+    let subject = optional_text(attrs, "subject")?;
+    if subject.as_deref() == Some("") {
+        return Err(err(
+            "subject",
+            "must not be empty when present (CloudEvents 1.0, subject); leave it out instead",
+        ));
+    }
+    // time: OPTIONAL, Timestamp, RFC 3339 ("Type System"): seconds, and
+    // `Z` or a `±hh:mm` offset with hours 00–23.
+    let time = optional_text(attrs, "time")?;
+    if let Some(t) = &time {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+            .map_err(|_| err("time", format!("must be an RFC 3339 timestamp, got {t:?}")))?;
+    }
+    // datacontenttype: OPTIONAL, String per RFC 2046, non-empty when
+    // present ("OPTIONAL Attributes").
+    let datacontenttype = optional_text(attrs, "datacontenttype")?;
+    if let Some(ct) = &datacontenttype {
+        if ct.is_empty() {
+            return Err(err(
+                "datacontenttype",
+                "must not be empty when present (CloudEvents 1.0, datacontenttype); leave it out for JSON data",
+            ));
+        }
+        check_media_type(ct).map_err(|problem| err("datacontenttype", problem))?;
+    }
+    // dataschema: OPTIONAL, URI (absolute), non-empty when present
+    // ("OPTIONAL Attributes").
+    let dataschema = optional_text(attrs, "dataschema")?;
+    if let Some(schema) = &dataschema {
+        if schema.is_empty() {
+            return Err(err(
+                "dataschema",
+                "must not be empty when present (CloudEvents 1.0, dataschema); leave it out instead",
+            ));
+        }
+        check_uri(schema).map_err(|problem| err("dataschema", problem))?;
+    }
+    Ok(Optional {
+        subject,
+        time,
+        datacontenttype,
+        dataschema,
+    })
 }
 
 #[cfg(test)]

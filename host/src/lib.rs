@@ -10,6 +10,8 @@
 //! [`config`] gathers every room's settings; [`ops`] and [`daemon`] sit on
 //! top. docs/architecture.md draws it.
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod daemon;
 pub mod delivery;

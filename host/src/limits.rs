@@ -6,7 +6,6 @@
 //! Owns: named constants only. Must never: read configuration, hold state,
 //! or import anything of ours — it is on the ground floor beside
 //! [`crate::config`], so every room may use it.
-#![allow(dead_code)]
 
 use std::time::Duration;
 

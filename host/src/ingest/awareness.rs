@@ -304,137 +304,9 @@ fn urn_encode(s: &str) -> String {
 /// service does not read, or any rule of the CloudEvents ingest (NUL
 /// characters, lengths) under the field's name.
 pub fn to_event(body: &[u8], new_id: impl FnOnce() -> String) -> Result<Mapped, EventError> {
-    let fields: std::collections::BTreeMap<String, Box<RawValue>> =
-        match serde_json::from_slice(body) {
-            Ok(fields) => fields,
-            // Not an object: say whether it is JSON at all.
-            Err(e) => {
-                return Err(match serde_json::from_slice::<serde_json::Value>(body) {
-                    Ok(_) => field_error("body", "must be a JSON object (the awareness payload)"),
-                    Err(_) => field_error("body", format!("is not valid JSON: {e}")),
-                })
-            }
-        };
-    if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(field_error(
-            unknown,
-            format!(
-                "is not a field of the awareness payload (accepted: {})",
-                FIELDS.join(", ")
-            ),
-        ));
-    }
-    let value = |name: &str| -> Option<serde_json::Value> {
-        fields
-            .get(name)
-            .and_then(|raw| serde_json::from_str(raw.get()).ok())
-            .filter(|v: &serde_json::Value| !v.is_null())
-    };
-    // A string field: absent or null → None; another JSON type → 400.
-    let text = |name: &str| -> Result<Option<String>, EventError> {
-        match value(name) {
-            None => Ok(None),
-            Some(serde_json::Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(field_error(
-                name,
-                format!("must be a string, got {}", json_type(&other)),
-            )),
-        }
-    };
-    // Required as the service requires them (`!body?.id || !body?.schemaId`).
-    let required = |name: &str, what: &str| -> Result<String, EventError> {
-        match text(name)? {
-            Some(s) if !s.is_empty() => Ok(s),
-            _ => Err(field_error(
-                name,
-                format!(
-                    "is required ({what}; the service answers \"id and schemaId are required\")"
-                ),
-            )),
-        }
-    };
-    let packet = required("id", "the packet's MetaEnvelope id")?;
-    let schema_id = required("schemaId", "the ontology id")?;
-    let (event_id, generated_id) = match text("eventId")? {
-        Some(id) if id.is_empty() => {
-            return Err(field_error(
-                "eventId",
-                "must not be empty when given; leave it out to have one generated",
-            ))
-        }
-        Some(id) => (id, false),
-        None => (new_id(), true),
-    };
-    let w3id = text("w3id")?;
-    let evault_public_key = text("evaultPublicKey")?;
-    let requesting_platform = text("requestingPlatform")?;
-    let operation = text("operation")?;
-    if let Some(op) = &operation {
-        if !OPERATIONS.contains(&op.as_str()) {
-            return Err(field_error(
-                "operation",
-                format!("must be one of {}, got {op:?}", OPERATIONS.join(", ")),
-            ));
-        }
-    }
-    let occurred_at = text("occurredAt")?;
-    if let Some(t) = &occurred_at {
-        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).map_err(
-            |_| {
-                field_error(
-                    "occurredAt",
-                    format!("must be an ISO 8601 / RFC 3339 timestamp such as \"2026-12-01T10:00:00.000Z\", got {t:?}"),
-                )
-            },
-        )?;
-    }
-    let stream_version = stream_version(value("streamVersion"))?;
-    let data = object_data(fields.get("data").map(|raw| &**raw))?;
-
-    let source = match &w3id {
-        Some(w) => format!("urn:{TYPE_PREFIX}:{}", urn_encode(w)),
-        None => format!("urn:{TYPE_PREFIX}"),
-    };
-    let ty = format!(
-        "{TYPE_PREFIX}.{schema_id}.{}",
-        operation.as_deref().unwrap_or(DEFAULT_OPERATION)
-    );
-    let mut ce = serde_json::Map::new();
-    ce.insert("specversion".into(), json!("1.0"));
-    ce.insert("id".into(), json!(event_id));
-    ce.insert("source".into(), json!(source));
-    ce.insert("type".into(), json!(ty));
-    ce.insert("partitionkey".into(), json!(packet));
-    ce.insert("datacontenttype".into(), json!("application/json"));
-    if let Some(v) = stream_version {
-        ce.insert("sequence".into(), v);
-    }
-    if let Some(t) = occurred_at {
-        ce.insert("time".into(), json!(t));
-    }
-    ce.insert("schemaid".into(), json!(schema_id));
-    for (name, v) in [
-        ("w3id", w3id),
-        ("evaultpublickey", evault_public_key),
-        ("operation", operation),
-        ("requestingplatform", requesting_platform),
-    ] {
-        if let Some(v) = v {
-            ce.insert(name.into(), json!(v));
-        }
-    }
-    // The data goes in as its own JSON text, so it is stored as given
-    // (key order and all); the attributes around it are ours.
-    let mut text =
-        serde_json::to_string(&serde_json::Value::Object(ce)).expect("a JSON map serialises");
-    if let Some(data) = data {
-        text.pop(); // the closing brace
-        text.push_str(",\"data\":");
-        text.push_str(&data);
-        text.push('}');
-    }
-    let raw: Box<RawValue> = RawValue::from_string(text)
-        .map_err(|e| field_error("body", format!("is not valid JSON: {e}")))?;
+    let fields = body_fields(body)?;
+    let packet = Packet::read(&fields, new_id)?;
+    let raw = packet.cloudevent()?;
     let event = NewEvent::from_json(&raw).map_err(|e| EventError {
         field: awareness_field(&e.field)
             .map(str::to_string)
@@ -448,8 +320,183 @@ pub fn to_event(body: &[u8], new_id: impl FnOnce() -> String) -> Result<Mapped, 
     })?;
     Ok(Mapped {
         event,
-        generated_id,
+        generated_id: packet.generated_id,
     })
+}
+
+/// The body's fields, each as its raw JSON. Errors: a body that is not a
+/// JSON object (saying whether it is JSON at all), or a field the service
+/// does not read.
+fn body_fields(
+    body: &[u8],
+) -> Result<std::collections::BTreeMap<String, Box<RawValue>>, EventError> {
+    let fields: std::collections::BTreeMap<String, Box<RawValue>> = serde_json::from_slice(body)
+        .map_err(
+            |e| match serde_json::from_slice::<serde_json::Value>(body) {
+                Ok(_) => field_error("body", "must be a JSON object (the awareness payload)"),
+                Err(_) => field_error("body", format!("is not valid JSON: {e}")),
+            },
+        )?;
+    if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(field_error(
+            unknown,
+            format!(
+                "is not a field of the awareness payload (accepted: {})",
+                FIELDS.join(", ")
+            ),
+        ));
+    }
+    Ok(fields)
+}
+
+/// An awareness body, read and checked field by field.
+struct Packet {
+    packet: String,
+    schema_id: String,
+    event_id: String,
+    generated_id: bool,
+    w3id: Option<String>,
+    evault_public_key: Option<String>,
+    requesting_platform: Option<String>,
+    operation: Option<String>,
+    occurred_at: Option<String>,
+    stream_version: Option<serde_json::Value>,
+    data: Option<String>,
+}
+
+impl Packet {
+    /// Read `fields`; `new_id` gives the event id when the body has none.
+    /// Errors name the field.
+    fn read(
+        fields: &std::collections::BTreeMap<String, Box<RawValue>>,
+        new_id: impl FnOnce() -> String,
+    ) -> Result<Packet, EventError> {
+        let value = |name: &str| -> Option<serde_json::Value> {
+            fields
+                .get(name)
+                .and_then(|raw| serde_json::from_str(raw.get()).ok())
+                .filter(|v: &serde_json::Value| !v.is_null())
+        };
+        // A string field: absent or null → None; another JSON type → 400.
+        let text = |name: &str| -> Result<Option<String>, EventError> {
+            match value(name) {
+                None => Ok(None),
+                Some(serde_json::Value::String(s)) => Ok(Some(s)),
+                Some(other) => Err(field_error(
+                    name,
+                    format!("must be a string, got {}", json_type(&other)),
+                )),
+            }
+        };
+        // Required as the service requires them (`!body?.id || !body?.schemaId`).
+        let required = |name: &str, what: &str| -> Result<String, EventError> {
+            match text(name)? {
+                Some(s) if !s.is_empty() => Ok(s),
+                _ => Err(field_error(
+                    name,
+                    format!(
+                        "is required ({what}; the service answers \"id and schemaId are required\")"
+                    ),
+                )),
+            }
+        };
+        let packet = required("id", "the packet's MetaEnvelope id")?;
+        let schema_id = required("schemaId", "the ontology id")?;
+        let (event_id, generated_id) = match text("eventId")? {
+            Some(id) if id.is_empty() => {
+                return Err(field_error(
+                    "eventId",
+                    "must not be empty when given; leave it out to have one generated",
+                ))
+            }
+            Some(id) => (id, false),
+            None => (new_id(), true),
+        };
+        let w3id = text("w3id")?;
+        let evault_public_key = text("evaultPublicKey")?;
+        let requesting_platform = text("requestingPlatform")?;
+        let operation = text("operation")?;
+        if let Some(op) = &operation {
+            if !OPERATIONS.contains(&op.as_str()) {
+                return Err(field_error(
+                    "operation",
+                    format!("must be one of {}, got {op:?}", OPERATIONS.join(", ")),
+                ));
+            }
+        }
+        let occurred_at = text("occurredAt")?;
+        if let Some(t) = &occurred_at {
+            crate::rfc3339::parse_ms(t).map_err(|_| {
+                field_error(
+                    "occurredAt",
+                    format!("must be an ISO 8601 / RFC 3339 timestamp such as \"2026-12-01T10:00:00.000Z\", got {t:?}"),
+                )
+            })?;
+        }
+        Ok(Packet {
+            packet,
+            schema_id,
+            event_id,
+            generated_id,
+            w3id,
+            evault_public_key,
+            requesting_platform,
+            operation,
+            occurred_at,
+            stream_version: stream_version(value("streamVersion"))?,
+            data: object_data(fields.get("data").map(|raw| &**raw))?,
+        })
+    }
+
+    /// The CloudEvent (JSON format) the packet maps to, by the table in
+    /// docs/awareness-ingest.md. The data goes in as its own JSON text, so
+    /// it is stored as given (key order and all); the attributes around it
+    /// are ours.
+    fn cloudevent(&self) -> Result<Box<RawValue>, EventError> {
+        let source = match &self.w3id {
+            Some(w) => format!("urn:{TYPE_PREFIX}:{}", urn_encode(w)),
+            None => format!("urn:{TYPE_PREFIX}"),
+        };
+        let ty = format!(
+            "{TYPE_PREFIX}.{}.{}",
+            self.schema_id,
+            self.operation.as_deref().unwrap_or(DEFAULT_OPERATION)
+        );
+        let mut ce = serde_json::Map::new();
+        ce.insert("specversion".into(), json!("1.0"));
+        ce.insert("id".into(), json!(self.event_id));
+        ce.insert("source".into(), json!(source));
+        ce.insert("type".into(), json!(ty));
+        ce.insert("partitionkey".into(), json!(self.packet));
+        ce.insert("datacontenttype".into(), json!("application/json"));
+        if let Some(v) = &self.stream_version {
+            ce.insert("sequence".into(), v.clone());
+        }
+        if let Some(t) = &self.occurred_at {
+            ce.insert("time".into(), json!(t));
+        }
+        ce.insert("schemaid".into(), json!(self.schema_id));
+        for (name, v) in [
+            ("w3id", &self.w3id),
+            ("evaultpublickey", &self.evault_public_key),
+            ("operation", &self.operation),
+            ("requestingplatform", &self.requesting_platform),
+        ] {
+            if let Some(v) = v {
+                ce.insert(name.into(), json!(v));
+            }
+        }
+        let mut text =
+            serde_json::to_string(&serde_json::Value::Object(ce)).expect("a JSON map serialises");
+        if let Some(data) = &self.data {
+            text.pop(); // the closing brace
+            text.push_str(",\"data\":");
+            text.push_str(data);
+            text.push('}');
+        }
+        RawValue::from_string(text)
+            .map_err(|e| field_error("body", format!("is not valid JSON: {e}")))
+    }
 }
 
 /// `streamVersion`, the packet's version, as the event's `sequence`: a
