@@ -54,13 +54,7 @@ async fn healthy_sink_delivered_each_once(receiver: &Receiver, ids: &[String]) {
 /// A plugins folder with the webhook sink and `bad` running `component`.
 fn plugins_with(receiver: &Receiver, component: &str, manifest: &str) -> PluginsDir {
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", receiver);
     plugins.add_component("bad", &test_component(component), manifest);
     plugins
 }
@@ -362,13 +356,7 @@ async fn plugins_that_trap_fast_are_quarantined_after_the_configured_number_of_b
     init_logs();
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     // Each fails its batch before (or instead of) answering.
     let bad = ["inittrap", "wrongcount", "exitzero", "bigrandom"];
     for component in bad {

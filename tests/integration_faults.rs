@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::private_pg::PrivatePostgres;
-use common::{event, new_secret, PluginsDir, Receiver, TestDaemon};
+use common::{event, PluginsDir, Receiver, TestDaemon};
 use serde_json::json;
 
 const EVENTS: usize = 5_000;
@@ -25,13 +25,7 @@ async fn postgres_restarted_three_times_under_load_loses_nothing_and_keeps_order
     let pg = PrivatePostgres::init();
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let url = pg.url();
     let d = TestDaemon::start_with(plugins.path(), move |c| {
         c.database_url = Some(url);
@@ -189,13 +183,7 @@ async fn a_stream_head_locked_idle_in_transaction_does_not_wedge_the_loop() {
     let db = common::TestDb::new(common::Backend::Postgres).await;
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let url = db.url.clone();
     let d = TestDaemon::start_with(plugins.path(), move |c| {
         c.database_url = Some(url);
@@ -452,13 +440,7 @@ async fn disk_full_under_sqlite_answers_503_storage_full_and_resumes_once_space_
     };
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let data = dir.path().join("data");
     let d = TestDaemon::start_with(plugins.path(), move |c| c.data_dir = data).await;
     let pad: String = (0..PAD / 16)

@@ -63,13 +63,7 @@ impl Scene {
         init_logs();
         let receiver = Receiver::start().await;
         let plugins = PluginsDir::new();
-        plugins.add_webhook(
-            "webhook",
-            &receiver.url(),
-            &[receiver.origin()],
-            &new_secret(),
-            "",
-        );
+        plugins.add_webhook_to("webhook", &receiver);
         for (sink, component, manifest) in sinks {
             plugins.add_component(sink, &test_component(component), manifest);
         }

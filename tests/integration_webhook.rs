@@ -140,13 +140,7 @@ async fn a_400_dead_letters_the_delivery_with_the_status_in_its_reason() {
     let receiver = Receiver::start().await;
     receiver.script(400, &[], "schema mismatch: field x");
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let d = TestDaemon::start(plugins.path()).await;
 
     d.post_event(&event("x-1", "s", "t", json!({}))).await;
@@ -254,13 +248,7 @@ async fn bad_input_is_a_4xx_naming_the_field_and_stores_nothing() {
 async fn broken_plugins_are_refused_with_their_file_named_and_the_good_one_keeps_delivering() {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     // Not a component at all.
     plugins.write("garbage.wasm", b"this is not webassembly");
     plugins.write(
@@ -314,13 +302,7 @@ async fn retry_after_is_honoured_the_window_dead_letters_and_a_replay_delivers()
     let receiver = Receiver::start().await;
     receiver.script(503, &[("retry-after", "2")], "busy");
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     let manifest = plugins.path().join("webhook.toml");
     let text = std::fs::read_to_string(&manifest)
         .unwrap()
@@ -436,13 +418,7 @@ async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_do
 async fn a_builtin_discard_sink_acknowledges_every_event_without_sending_it() {
     let receiver = Receiver::start().await;
     let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "",
-    );
+    plugins.add_webhook_to("webhook", &receiver);
     plugins.write(
         "drain.toml",
         b"name = \"drain\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\nbuiltin = \"discard\"\n",
