@@ -53,6 +53,12 @@ pub const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);
 /// stays (a transaction left idle) is reported.
 pub const LOCKED_HEAD_CONFIRM: Duration = Duration::from_secs(2);
 
+/// How often, at most, a sink's claims look for a head left behind locked
+/// (one indexed `LIMIT 1` query): often enough to confirm one within
+/// [`LOCKED_HEAD_CONFIRM`], rare enough that a loop whose claims come back
+/// short (most claims at a low rate) does not pay a second query each.
+pub const LOCKED_HEAD_LOOK_EVERY: Duration = Duration::from_millis(500);
+
 // ---- plugin host ------------------------------------------------------
 
 /// Time kept back from a batch's deadline when the host waits on a broker's

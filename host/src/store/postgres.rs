@@ -100,6 +100,10 @@ pub struct PgStore {
     /// By sink, the head a claim with room for it last left behind because
     /// it is locked. [`Store::ping`] fails while one was seen recently.
     locked_heads: std::sync::Mutex<BTreeMap<String, LockedHead>>,
+    /// By sink, when a claim last looked for a locked head: at most once
+    /// per [`limits::LOCKED_HEAD_LOOK_EVERY`], so a loop whose claims come
+    /// back short does not send a second query with every claim.
+    looked: std::sync::Mutex<HashMap<String, std::time::Instant>>,
 }
 
 /// A stream's head left behind by claims because it is locked.
@@ -133,6 +137,7 @@ impl PgStore {
             url: url.to_string(),
             statement_timeout,
             locked_heads: Default::default(),
+            looked: Default::default(),
         })
     }
 
@@ -144,6 +149,16 @@ impl PgStore {
     async fn note_locked_head(&self, sink: &str, claimed: usize, limit: u32) {
         if claimed >= limit as usize {
             return;
+        }
+        {
+            let mut looked = self.looked.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            match looked.get(sink) {
+                Some(at) if now.duration_since(*at) < limits::LOCKED_HEAD_LOOK_EVERY => return,
+                _ => {
+                    looked.insert(sink.to_string(), now);
+                }
+            }
         }
         let overdue: Result<Option<(String, i64)>, sqlx::Error> = sqlx::query_as(OVERDUE_HEAD_SQL)
             .bind(sink)
