@@ -480,7 +480,6 @@ crate::sql_tx!(PgTx, Postgres);
 /// The PostgreSQL spelling of the shared templates ([`super::sql`]):
 /// delivery-table times are `timestamptz`, registry times Unix-ms bigints.
 static DIALECT: Dialect = Dialect {
-    name: "postgres",
     schema: "outboxd.",
     now_ms: "(extract(epoch FROM now()) * 1000)::bigint",
     now: "now()",

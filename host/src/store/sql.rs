@@ -21,8 +21,6 @@ use async_trait::async_trait;
 /// database stores a point in time).
 #[derive(Debug)]
 pub struct Dialect {
-    /// Name for logs and errors: `postgres`, `sqlite`.
-    pub name: &'static str,
     /// Prefix of outboxd's tables: `outboxd.` or empty.
     pub schema: &'static str,
     /// Database time in Unix milliseconds, as an SQL expression.

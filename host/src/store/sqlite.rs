@@ -78,7 +78,6 @@ impl SqliteStore {
 /// The SQLite spelling of the shared templates ([`super::sql`]). Times are
 /// Unix ms integers everywhere.
 static DIALECT: Dialect = Dialect {
-    name: "sqlite",
     schema: "",
     now_ms: NOW_MS,
     now: NOW_MS,
