@@ -42,11 +42,11 @@ PG_BASE = ADMIN.rsplit("/", 1)[0]
 
 SIZES = {
     # n, streams, claim backlogs, memory backlog, seconds of memory run
-    "ci": dict(awareness_n=1_000, awareness_rounds=1, dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
+    "ci": dict(webhook_n=1_000, webhook_rounds=1, sqlite_rounds=1, awareness_n=1_000, awareness_rounds=1, dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
                peer_timeout=60, latency_s=3),
-    "small": dict(awareness_n=5_000, awareness_rounds=3, dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
+    "small": dict(webhook_n=10_000, webhook_rounds=3, sqlite_rounds=1, awareness_n=5_000, awareness_rounds=3, dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
                   memory_s=15, peer_timeout=120, latency_s=10),
-    "full": dict(awareness_n=20_000, awareness_rounds=5, dest_events=20_000, dest_n=1_000, dest_fanout=1_000, source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
+    "full": dict(webhook_n=50_000, webhook_rounds=5, sqlite_rounds=2, awareness_n=20_000, awareness_rounds=5, dest_events=20_000, dest_n=1_000, dest_fanout=1_000, source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
                  plugin_n=20_000,
                  memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30),
 }
@@ -166,7 +166,8 @@ def build(ctx, args):
         return
     cargo = ["cargo", "build", "-p", "outboxd", "--bin", "outboxd", "--example", "bench_http",
              "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench",
-             "--example", "source_bench", "--example", "destinations_bench"]
+             "--example", "source_bench", "--example", "destinations_bench",
+             "--example", "raw_sqlite_ceiling", "--example", "webhook_bench"]
     if ctx.profile == "release":
         cargo.insert(2, "--release")
     sh(cargo, cwd=ROOT)
@@ -292,9 +293,14 @@ max-batch = 100
 class Outboxd:
     """P outboxd processes (replicas) on one fresh database."""
 
-    def __init__(self, ctx, procs, sink, tag, db=None):
-        self.ctx, self.sink = ctx, sink
-        if db:
+    def __init__(self, ctx, procs, sink, tag, db=None, store="postgres"):
+        self.ctx, self.sink, self.store = ctx, sink, store
+        if store == "sqlite":  # the embedded default: one process, its own file
+            folder = os.path.join(RUN, f"sqlite-{tag}")
+            shutil.rmtree(folder, ignore_errors=True)
+            os.makedirs(folder)
+            self.db, self.url = None, "sqlite://" + os.path.join(folder, "outboxd.db")
+        elif db:
             self.db, self.url = db
         else:
             self.db, self.url = new_db(tag)
@@ -327,6 +333,10 @@ class Outboxd:
         for p in self.procs:
             stop(p)
         self.procs = []
+        if self.store == "sqlite":
+            self.commits = None
+            shutil.rmtree(os.path.dirname(self.url[len("sqlite://"):]), ignore_errors=True)
+            return
         # Backends flush their counters when they exit.
         time.sleep(0.5)
         try:
@@ -354,14 +364,97 @@ def load(ctx, od, n=None, rate=0.0, latency=False, concurrency=None, done_db=Fal
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def outboxd_e2e(ctx, procs, sink="webhook", done_db=False, n=None):
-    od = Outboxd(ctx, procs, sink, f"{sink}{procs}")
+def cpu_ticks():
+    """(busy, total) clock ticks of the whole machine (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
+def proc_cpu_s(pid):
+    """User + system CPU seconds of process `pid` so far (/proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def scrape_claims(port):
+    """`outboxd_claims_total` of one process by fill (empty, short, full)."""
+    out = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("outboxd_claims_total{"):
+            labels, value = line.rsplit(" ", 1)
+            fill = labels.split('fill="', 1)[1].split('"', 1)[0]
+            out[fill] = out.get(fill, 0) + int(float(value))
+    return out
+
+
+class Watch:
+    """While a run lasts: the sessions of its PostgreSQL database by what
+    they wait for (`pg_stat_activity` every 0.25 s: `CPU` = active and
+    waiting for nothing, else `wait_event_type:wait_event`; idle sessions
+    left out), and the machine's busy CPU share (/proc/stat)."""
+
+    def __init__(self, db):
+        import threading
+        self.db, self.waits, self.samples = db, {}, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        q = ("SELECT CASE WHEN wait_event IS NULL THEN 'CPU' ELSE wait_event_type || ':' || wait_event END, count(*) "
+             f"FROM pg_stat_activity WHERE datname = '{self.db}' AND state <> 'idle' "
+             "AND pid <> pg_backend_pid() GROUP BY 1")
+        while not self.done.wait(0.25):
+            try:
+                out = subprocess.run(["psql", PG_BASE + "/postgres", "-XAtF", "\t", "-c", q],
+                                     capture_output=True, text=True, timeout=5).stdout
+            except subprocess.TimeoutExpired:
+                continue
+            self.samples += 1
+            for line in out.splitlines():
+                what, n = line.rsplit("\t", 1)
+                self.waits[what] = self.waits.get(what, 0) + int(n)
+
+    def start(self):
+        self.cpu0 = cpu_ticks()
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        busy, total = (a - b for a, b in zip(cpu_ticks(), self.cpu0))
+        top = sorted(self.waits.items(), key=lambda kv: -kv[1])[:6]
+        return dict(samples=self.samples, cpu_busy=round(busy / max(total, 1), 3),
+                    # mean sessions in each state over the samples
+                    sessions={k: round(v / max(self.samples, 1), 2) for k, v in top})
+
+
+def outboxd_e2e(ctx, procs, sink="webhook", done_db=False, n=None, store="postgres", watch=False):
+    od = Outboxd(ctx, procs, sink, f"{sink}{procs}{store[:2]}", store=store)
     try:
         od.migrate()
         od.start()
+        w = Watch(od.db).start() if watch else None
         r = load(ctx, od, n=n, done_db=done_db)
+        if w:
+            r["watch"] = w.stop()
+            r["watch"]["outboxd_cpu_s"] = round(sum(proc_cpu_s(p.pid) or 0 for p in od.procs), 1)
+            claims = [scrape_claims(port) for port in od.ports]
+            r["claims"] = {f: sum(c.get(f, 0) for c in claims) for f in ("empty", "short", "full")}
         r["processes"] = procs
         r["sink"] = sink
+        r["store"] = store
     finally:
         od.stop()
     if od.commits and not done_db:
@@ -379,11 +472,54 @@ def latency(ctx, sustained):
     try:
         od.migrate()
         od.start()
+        q = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+        before = int(psql(q))
         r = load(ctx, od, n=n, rate=rate, latency=True, concurrency=8)
+        r["checkpoints"] = int(psql(q)) - before
         r["rate_target"] = rate
         return r
     finally:
         od.stop()
+
+
+def sqlite_stage(ctx):
+    """The embedded default: the raw-SQLite ceiling of outboxd's SQLite
+    schema (host/examples/raw_sqlite_ceiling.rs, WAL, `synchronous` FULL as
+    outboxd runs it and NORMAL) and one `outboxd run` on its SQLite default
+    with the webhook sink, same receiver, same N; interleaved ceiling FULL,
+    outboxd, ceiling NORMAL, in rounds (small 1, full 2), medians."""
+    rounds = ctx.size.get("sqlite_rounds", 1)
+    runs = dict(full=[], normal=[], outboxd=[])
+    ceiling = lambda mode: json.loads(subprocess.run(
+        [ctx.example("raw_sqlite_ceiling"), "--n", str(ctx.size["n"]), "--streams", str(ctx.size["streams"]),
+         "--synchronous", mode, "--dir", RUN], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    for _ in range(rounds):
+        runs["full"].append(ceiling("full"))
+        runs["outboxd"].append(outboxd_e2e(ctx, 1, "webhook", store="sqlite"))
+        runs["normal"].append(ceiling("normal"))
+    med = lambda xs, key: sorted(x[key] for x in xs)[len(xs) // 2]
+    out = dict(rounds=rounds, runs=runs,
+               raw_full_pipeline_eps=med(runs["full"], "pipeline_eps"),
+               raw_normal_pipeline_eps=med(runs["normal"], "pipeline_eps"),
+               outboxd_e2e_eps=med(runs["outboxd"], "e2e_eps"),
+               outboxd_ingest_eps=med(runs["outboxd"], "ingest_eps"))
+    out["ratio"] = ratio(out["outboxd_e2e_eps"], out["raw_full_pipeline_eps"])
+    out["duplicates"] = sum(r.get("duplicates") or 0 for r in runs["outboxd"])
+    out["order_violations"] = sum(r.get("order_violations") or 0 for r in runs["outboxd"])
+    return out
+
+
+def webhook_cost(ctx):
+    """host/examples/webhook_bench.rs: the `webhook` plugin's own POSTs
+    (fresh instance per batch of 100, 32 in flight over the host's pooled
+    keep-alive client) against a native pooled hyper client sending the
+    same signed requests with as many in flight, to the same receiver,
+    alternating rounds."""
+    out = subprocess.run([ctx.example("webhook_bench"), "--url", ctx.receiver_url,
+                          "--events", str(ctx.size.get("webhook_n", 20_000)),
+                          "--rounds", str(ctx.size.get("webhook_rounds", 3))],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def claim_cost(ctx):
@@ -676,6 +812,16 @@ def summarise(ctx):
         s["wasm noop / wasm webhook (e2e)"] = ratio(ps["noop"]["e2e_eps"], ps["webhook"]["e2e_eps"])
         if 1 in raw:
             s["wasm noop / raw_pipeline_1"] = ratio(ps["noop"]["e2e_eps"], raw[1]["pipeline_eps"])
+    if 2 in od and 4 in od:
+        s["outboxd 4 processes / 2 processes (e2e)"] = ratio(od[4]["e2e_eps"], od[2]["e2e_eps"])
+    if ps:
+        s["wasm webhook / wasm noop (e2e)"] = ratio(ps["webhook"]["e2e_eps"], ps["noop"]["e2e_eps"])
+    sq = R.get("sqlite")
+    if sq:
+        s["outboxd on SQLite / raw-SQLite pipeline (synchronous=FULL)"] = sq["ratio"]
+    wc = R.get("webhook_cost")
+    if wc:
+        s["webhook plugin / native pooled client (requests/s)"] = round(wc["ratio"], 2)
     sc = R.get("source_cost")
     if sc:
         s["amqp source / lapin + sqlx consumer"] = sc["ratio"]
@@ -748,6 +894,21 @@ def markdown(ctx):
                        f"{fmt(ratio(o.get('e2e_eps'), r.get('pipeline_eps')), 2)} | "
                        f"{fmt(raw_commits(r), 3)} / {fmt(o.get('commits_per_event'), 2)} | {fmt(o.get('duplicates'))} | "
                        f"{fmt(o.get('order_violations'))} |")
+        watched = [od[p] for p in sorted(od) if od[p].get("watch")]
+        if watched:
+            out += ["", "What the outboxd runs waited on: the machine's busy CPU share over the run (/proc/stat; "
+                    "2 cores for outboxd, PostgreSQL, the receiver and the load generator), the outboxd "
+                    "processes' own CPU seconds, their claims by how full they came back "
+                    "(`outboxd_claims_total`), and the run database's non-idle PostgreSQL sessions by wait "
+                    "event (`pg_stat_activity` every 0.25 s; mean sessions per sample; `CPU` = active, waiting "
+                    "for nothing).", "",
+                    "| P | CPU busy | outboxd CPU s | claims full / short / empty | PostgreSQL sessions by wait |",
+                    "|---|---|---|---|---|"]
+            for o in watched:
+                w, c = o["watch"], o.get("claims", {})
+                waits = ", ".join(f"{k} {v}" for k, v in w["sessions"].items()) or "—"
+                out.append(f"| {o['processes']} | {w['cpu_busy']:.0%} | {fmt(w.get('outboxd_cpu_s'), 1)} | "
+                           f"{fmt(c.get('full'))} / {fmt(c.get('short'))} / {fmt(c.get('empty'))} | {waits} |")
     lat = R.get("latency")
     if lat:
         a, s2 = lat["latency_ms"]["ack_to_delivered"], lat["latency_ms"]["send_to_delivered"]
@@ -756,11 +917,16 @@ def markdown(ctx):
                 f"{lat['latency_ms']['achieved_ingest_eps']:,.0f}). *ack → delivered*: from the ingest answer "
                 "(after commit) to arrival at the receiver — a lower bound of commit → delivered; *send → "
                 "delivered* adds the ingest request itself (an upper bound).", "",
-                "| measure | p50 ms | p95 ms | p99 ms | max ms |", "|---|---|---|---|---|",
+                "| measure | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms |", "|---|---|---|---|---|---|",
                 f"| ack → delivered | {fmt(a['p50'], 1)} | {fmt(a['p95'], 1)} | {fmt(a['p99'], 1)} | "
-                f"{fmt(a['max'], 1)} |",
+                f"{fmt(a.get('p999'), 1)} | {fmt(a['max'], 1)} |",
                 f"| send → delivered | {fmt(s2['p50'], 1)} | {fmt(s2['p95'], 1)} | {fmt(s2['p99'], 1)} | "
-                f"{fmt(s2['max'], 1)} |"]
+                f"{fmt(s2.get('p999'), 1)} | {fmt(s2['max'], 1)} |"]
+        slow = lat["latency_ms"].get("slowest") or []
+        if slow:
+            out += ["", f"The slowest deliveries (ack → delivered, and when the ingest was acknowledged, s into "
+                    f"the run): " + ", ".join(f"{x['ms']:.0f} ms at {x['acked_at_s']:.1f} s" for x in slow[:8])
+                    + f". PostgreSQL checkpoints during the run: {lat.get('checkpoints', '—')}."]
     ps = R.get("plugin_share")
     if ps:
         out += ["", "## 4. The plugin's share", "",
@@ -778,6 +944,39 @@ def markdown(ctx):
         if 1 in raw:
             out.append(f"| raw-SQL pipeline (W=1, no sink) | {fmt(raw[1]['pipeline_eps'])} | "
                        f"{fmt(raw[1]['insert_eps'])} |")
+    sq = R.get("sqlite")
+    if sq:
+        o = sq["runs"]["outboxd"][0]
+        out += ["", "## 4f. The embedded default: SQLite", "",
+                "`host/examples/raw_sqlite_ceiling.rs`: outboxd's SQLite schema (its own migrations) driven by "
+                "plain SQL — one writer connection, WAL journal, batched multi-row inserts of events + deliveries "
+                "+ heads (one transaction per 100 events), claim as outboxd's store does (batch 100), a batched "
+                "fenced complete that advances the heads — against one `outboxd run` on its SQLite default "
+                "(`<data-dir>/outboxd.db`) with the WASM webhook sink to the same receiver, the same "
+                f"{o['n']:,} events over {o['streams']:,} streams; interleaved, medians of {sq['rounds']} "
+                "round(s). `synchronous = FULL` is outboxd's setting: every commit is fsynced, so an "
+                "acknowledged event survives power loss; `NORMAL` (in WAL mode) survives a crash of the process "
+                "but may lose the last commits on power loss.", "",
+                "| run | ev/s |", "|---|---|",
+                f"| raw-SQLite pipeline, WAL, synchronous = FULL | {fmt(sq['raw_full_pipeline_eps'])} |",
+                f"| raw-SQLite pipeline, WAL, synchronous = NORMAL | {fmt(sq['raw_normal_pipeline_eps'])} |",
+                f"| outboxd e2e on SQLite (WAL, FULL), webhook sink | {fmt(sq['outboxd_e2e_eps'])} "
+                f"(ingest {fmt(sq['outboxd_ingest_eps'])}) |",
+                f"| **outboxd / raw FULL** | **{fmt(sq['ratio'], 2)}** |", "",
+                f"Re-deliveries {sq['duplicates']}, order violations {sq['order_violations']}."]
+    wc = R.get("webhook_cost")
+    if wc:
+        out += ["", "## 4g. The webhook sink against a native pooled HTTP client", "",
+                "`host/examples/webhook_bench.rs`: the `webhook` plugin called as a delivery turn calls it "
+                f"(fresh instance, batches of {wc['batch']} events on {wc['batch']} streams, "
+                f"`max-concurrency = {wc['in_flight']}`, the host's pooled keep-alive client) against a native "
+                f"hyper-util pooled client sending the same signed requests, {wc['in_flight']} in flight, "
+                f"to the same receiver; {wc['requests']:,} requests per side, medians of {wc['rounds']} "
+                "alternating rounds; no store on either side.", "",
+                "| client | requests/s |", "|---|---|",
+                f"| native pooled client | {fmt(wc['native_rps'])} |",
+                f"| WASM webhook plugin | {fmt(wc['plugin_rps'])} |",
+                f"| **ratio** | **{wc['ratio']:.2f}** |"]
     dc = R.get("destinations_cost")
     if dc:
         out += ["", "## 4e. Destinations", "",
@@ -882,7 +1081,7 @@ def main():
     ap.add_argument("--ci", action="store_true", help="tiny sizes, debug build, no peers")
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,plugincost,source,awareness,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -914,7 +1113,7 @@ def main():
                 log(json.dumps(ctx.results["raw_sql"][-1]))
             if "outboxd" not in ctx.skip:
                 log(f"outboxd end to end, {w} process(es)")
-                ctx.results.setdefault("outboxd", []).append(outboxd_e2e(ctx, w))
+                ctx.results.setdefault("outboxd", []).append(outboxd_e2e(ctx, w, watch=True))
                 log(json.dumps(ctx.results["outboxd"][-1]))
         sustained = next((r["e2e_eps"] for r in ctx.results.get("outboxd", []) if r["processes"] == 1), None)
         if "latency" not in ctx.skip and sustained:
@@ -930,6 +1129,14 @@ def main():
             webhook = outboxd_e2e(ctx, 1, "webhook", done_db=True, n=n)
             ctx.results["plugin_share"] = dict(native=native, noop=noop, webhook=webhook)
             log(json.dumps(ctx.results["plugin_share"]))
+        if "sqlite" not in ctx.skip:
+            log("the embedded default: raw-SQLite ceiling and outboxd on SQLite")
+            ctx.results["sqlite"] = sqlite_stage(ctx)
+            log(json.dumps({k: v for k, v in ctx.results["sqlite"].items() if k != "runs"}))
+        if "webhookcost" not in ctx.skip:
+            log("webhook plugin against a native pooled HTTP client")
+            ctx.results["webhook_cost"] = webhook_cost(ctx)
+            log(json.dumps(ctx.results["webhook_cost"]))
         if "plugincost" not in ctx.skip:
             log("plugin call against a native sink")
             ctx.results["plugin_cost"] = plugin_cost(ctx)

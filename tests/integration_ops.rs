@@ -66,6 +66,17 @@ async fn a_fresh_daemon_shows_every_known_series_at_zero_on_its_first_scrape() {
             "deliveries_total{{sink=\"webhook\", outcome={outcome:?}}}"
         );
     }
+    for fill in outboxd::metrics::CLAIM_FILLS {
+        assert!(
+            sample(
+                &first,
+                "outboxd_claims_total",
+                &[("sink", "webhook"), ("fill", fill)]
+            )
+            .is_some(),
+            "claims_total{{sink=\"webhook\", fill={fill:?}}} on the first scrape"
+        );
+    }
     d.stop().await;
 }
 
@@ -189,6 +200,22 @@ async fn metrics_parse_and_move_as_events_flow() {
         .samples
         .iter()
         .any(|s| s.metric.starts_with("outboxd_delivery_latency_seconds")));
+    // Five events, batches of up to 100: their claims came back short.
+    let short = sample(
+        &after,
+        "outboxd_claims_total",
+        &[("sink", "webhook"), ("fill", "short")],
+    );
+    assert!(short >= Some(1.0), "claims_total short: {short:?}");
+    assert_eq!(
+        sample(
+            &after,
+            "outboxd_claims_total",
+            &[("sink", "webhook"), ("fill", "full")]
+        ),
+        Some(0.0),
+        "no claim came back full"
+    );
     d.stop().await;
 }
 

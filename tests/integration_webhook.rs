@@ -441,3 +441,57 @@ async fn a_builtin_discard_sink_acknowledges_every_event_without_sending_it() {
     assert!(eventually(Duration::from_secs(10), || receiver.count() == 5).await);
     d.stop().await;
 }
+
+/// How many of the requests arrived within `window` of the first.
+fn arrived_within(receiver: &Receiver, window: Duration) -> usize {
+    receiver.with_seen(|seen| {
+        let first = seen.iter().map(|r| r.at).min().expect("a request arrived");
+        seen.iter().filter(|r| r.at < first + window).count()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_batch_is_claimed_while_the_first_is_delivered_unless_batches_in_flight_is_one() {
+    // 100 events on 100 streams in one ingest, batches of 50 all sent at
+    // once, a receiver holding each answer 600 ms: with two batches in
+    // flight the second batch's requests arrive while the first's are
+    // still held; with one, only after.
+    init_logs();
+    for (in_flight, expect_overlap) in [(2, true), (1, false)] {
+        let (d, receiver, _plugins) = Harness::new()
+            // The harness's sinks take batches of up to 50.
+            .webhook("webhook", "max-concurrency = \"50\"\n")
+            .config(move |c| c.delivery.batches_in_flight = in_flight)
+            .start()
+            .await
+            .single();
+        receiver.set_delay(Duration::from_millis(600));
+        let batch: Vec<_> = (0..100)
+            .map(|i| event(&format!("b{i}"), &format!("s{i}"), "t", json!({ "i": i })))
+            .collect();
+        let answer = d.post_batch(&batch).await;
+        assert_eq!(
+            answer["events"].as_array().map(Vec::len),
+            Some(100),
+            "{answer}"
+        );
+        assert!(
+            eventually(Duration::from_secs(30), || receiver.count() >= 100).await,
+            "batches-in-flight = {in_flight}: every event delivered ({} arrived)",
+            receiver.count()
+        );
+        let early = arrived_within(&receiver, Duration::from_millis(300));
+        if expect_overlap {
+            assert!(
+                early > 50,
+                "two batches in flight: {early} requests within 300 ms of the first (one batch is 50)"
+            );
+        } else {
+            assert_eq!(
+                early, 50,
+                "one batch in flight: the second batch waits for the first"
+            );
+        }
+        d.stop().await;
+    }
+}

@@ -198,7 +198,7 @@ fn percentiles(mut v: Vec<f64>) -> Value {
     }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
-    json!({ "p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": v[v.len() - 1], "count": v.len() })
+    json!({ "p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "p999": at(0.999), "max": v[v.len() - 1], "count": v.len() })
 }
 
 async fn get_json(client: &reqwest::Client, url: &str) -> Value {
@@ -421,6 +421,8 @@ async fn load(a: LoadArgs) -> Value {
         let arrivals = arrivals.as_object().cloned().unwrap_or_default();
         let acks = acks.lock().unwrap();
         let (mut from_ack, mut from_send) = (Vec::new(), Vec::new());
+        // (ms ack → delivered, s since the first request at the ack)
+        let mut slow: Vec<(f64, f64)> = Vec::new();
         for (i, (ks, _)) in batches.iter().enumerate() {
             let (sent, acked) = acks[i];
             for k in ks {
@@ -428,15 +430,23 @@ async fn load(a: LoadArgs) -> Value {
                     .get(&format!("{}-{k}", a.run_id))
                     .and_then(Value::as_i64)
                 {
-                    from_ack.push(((at - acked) as f64 / 1e6).max(0.0));
+                    let ms = ((at - acked) as f64 / 1e6).max(0.0);
+                    from_ack.push(ms);
                     from_send.push((at - sent) as f64 / 1e6);
+                    slow.push((ms, secs(acked - t0)));
                 }
             }
         }
+        // The slowest deliveries and when they were acknowledged: a stall
+        // of the whole process shows as many at one moment, a lone late
+        // batch as one.
+        slow.sort_by(|x, y| y.0.total_cmp(&x.0));
+        slow.truncate(20);
         let achieved = a.n as f64 / secs(ingest_done - t0);
         out["latency_ms"] = json!({
             "ack_to_delivered": percentiles(from_ack),
             "send_to_delivered": percentiles(from_send),
+            "slowest": slow.iter().map(|(ms, at)| json!({ "ms": ms, "acked_at_s": at })).collect::<Vec<_>>(),
             "achieved_ingest_eps": achieved,
         });
     }

@@ -191,7 +191,21 @@ pub struct DeliveryConfig {
     /// 30 s.
     #[serde(with = "humantime_serde")]
     pub replica_timeout: Duration,
+    /// Batches one delivery key's loop keeps in flight at once, 1 to
+    /// [`MAX_BATCHES_IN_FLIGHT`]: after a claim that came back full the
+    /// next is claimed while the first is still being delivered, so the
+    /// sink's network time overlaps the store's commits. Order per stream
+    /// holds whatever the number: a stream's head is leased by one batch at
+    /// a time, as between replicas. A destination with `max-in-flight` runs
+    /// one batch at a time, so its cap holds. Default 2 (bench/README.md,
+    /// stage 4: the webhook sink end to end against the no-op sink).
+    pub batches_in_flight: u32,
 }
+
+/// The most batches a delivery key may keep in flight
+/// ([`DeliveryConfig::batches_in_flight`]): each holds up to a batch of
+/// leases and a plugin instance.
+pub const MAX_BATCHES_IN_FLIGHT: u32 = 8;
 
 impl Default for DeliveryConfig {
     fn default() -> Self {
@@ -203,6 +217,7 @@ impl Default for DeliveryConfig {
             quarantine_after_traps: 5,
             quarantine_backoff: Duration::from_secs(30),
             replica_timeout: Duration::from_secs(30),
+            batches_in_flight: 2,
         }
     }
 }
@@ -290,6 +305,12 @@ impl Config {
         }
         if self.delivery.db_timeout.is_zero() {
             return value("delivery.db-timeout", "must be greater than 0s");
+        }
+        if !(1..=MAX_BATCHES_IN_FLIGHT).contains(&self.delivery.batches_in_flight) {
+            return value(
+                "delivery.batches-in-flight",
+                &format!("must be from 1 to {MAX_BATCHES_IN_FLIGHT}"),
+            );
         }
         if !self.listen.ip().is_loopback() && self.admin.token.as_deref().unwrap_or("").is_empty() {
             return value(

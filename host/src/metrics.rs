@@ -28,6 +28,20 @@ pub const INGEST_OUTCOMES: [&str; 4] = ["stored", "duplicate", "conflict", "reje
 /// delivery loop starts ([`Metrics::sink_started`]).
 pub const DELIVERY_OUTCOMES: [&str; 5] = ["delivered", "retry", "dead", "lease_lost", "released"];
 
+/// Every `fill` label of `outboxd_claims_total`: a claim that found
+/// nothing due, one that came back with fewer deliveries than it asked for,
+/// and one that came back full. Created at 0 with [`DELIVERY_OUTCOMES`].
+pub const CLAIM_FILLS: [&str; 3] = ["empty", "short", "full"];
+
+/// Per sink and claim fill ([`CLAIM_FILLS`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkFillLabel {
+    /// The sink (plugin) name.
+    pub sink: String,
+    /// `empty`, `short` or `full`.
+    pub fill: String,
+}
+
 /// `outcome` of an ingested event: `stored`, `duplicate`, `conflict`,
 /// `rejected` (bad input).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -114,6 +128,10 @@ pub struct Metrics {
     pub events_ingested: Family<OutcomeLabel, Counter>,
     /// `outboxd_deliveries_total{sink, outcome}`.
     pub deliveries: Family<SinkOutcomeLabel, Counter>,
+    /// `outboxd_claims_total{sink, fill}`: claims made, by how full they
+    /// came back. Many `short` claims beside a backlog mean the workers
+    /// (replicas, batches in flight) outnumber the due stream heads.
+    pub claims: Family<SinkFillLabel, Counter>,
     /// `outboxd_delivery_latency_seconds{sink}`: ingest commit to acknowledged.
     pub delivery_latency: Family<SinkLabel, Histogram, fn() -> Histogram>,
     /// `outboxd_attempt_duration_seconds{sink}`: one plugin call.
@@ -181,6 +199,7 @@ impl Metrics {
         Metrics {
             events_ingested: Family::default(),
             deliveries: Family::default(),
+            claims: Family::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             attempt_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             queue_depth: Family::default(),
@@ -218,6 +237,11 @@ impl Metrics {
             "deliveries",
             "Delivery attempts finished, by sink and outcome",
             self.deliveries.clone(),
+        );
+        registry.register(
+            "claims",
+            "Claims of due deliveries, by sink and how full they came back",
+            self.claims.clone(),
         );
         registry.register(
             "delivery_latency_seconds",
@@ -342,6 +366,28 @@ impl Metrics {
                 outcome: outcome.to_string(),
             }));
         }
+        for fill in CLAIM_FILLS {
+            drop(self.claims.get_or_create(&SinkFillLabel {
+                sink: sink.to_string(),
+                fill: fill.to_string(),
+            }));
+        }
+    }
+
+    /// Count one claim of `sink` that asked for `limit` deliveries and got
+    /// `got`.
+    pub fn claimed(&self, sink: &str, got: usize, limit: u32) {
+        let fill = match got {
+            0 => "empty",
+            n if n < limit as usize => "short",
+            _ => "full",
+        };
+        self.claims
+            .get_or_create(&SinkFillLabel {
+                sink: sink.to_string(),
+                fill: fill.to_string(),
+            })
+            .inc();
     }
 
     /// Count an ingest outcome `n` times.

@@ -1,7 +1,8 @@
 //! One delivery key's loop: takes the [`Target`] the key is served by,
-//! runs a [`super::turn`] whenever work may be due, and decides how long to
-//! sleep between turns — at once after a full batch; otherwise until the
-//! next due time, a wake-up from ingest, a swap of the target, or the
+//! runs a [`super::turn`] whenever work may be due (more than one batch at
+//! once while claims come back full, `delivery.batches-in-flight`), and
+//! decides how long to sleep between turns — at once after a full batch;
+//! otherwise until the next due time, a wake-up from ingest, a swap of the target, or the
 //! maximum poll interval; longer while paused, quarantined or failing.
 //!
 //! Must never: hold a lease while sleeping (a rate-limited key takes its
@@ -9,7 +10,8 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{oneshot, watch};
 
 use super::quarantine::TrapCounter;
 use super::turn::{turn, TurnReport};
@@ -103,7 +105,7 @@ pub async fn run_sink(
             shared.heartbeats.turn(&sink, true);
             PAUSE_RECHECK
         } else {
-            state.run_turn(&shared, &target).await
+            state.run_turns(&shared, &target, &shutdown, &current).await
         };
         if sleep.is_zero() {
             continue;
@@ -174,18 +176,98 @@ impl LoopState {
             .filter(|left| !left.is_zero())
     }
 
-    /// Claim, deliver and finish one batch of `target`, bounded by the
-    /// turn deadline; returns how long to sleep before the next turn (zero:
-    /// go again at once).
-    async fn run_turn(&mut self, shared: &Shared, target: &Target) -> Duration {
-        let config = &shared.config;
+    /// Run turns of `target` until a claim comes back short, with up to
+    /// `delivery.batches-in-flight` batches going at once: after a claim
+    /// that came back full, the next batch is claimed while the earlier
+    /// ones are still being delivered. No turn starts once `shutdown` is
+    /// set, the target is swapped or the key paused; those in flight are
+    /// finished. Returns how long to sleep before the next turn (zero: go
+    /// again at once), as the last turn to finish asked.
+    async fn run_turns(
+        &mut self,
+        shared: &Shared,
+        target: &Target,
+        shutdown: &watch::Receiver<bool>,
+        current: &watch::Receiver<Option<Target>>,
+    ) -> Duration {
+        // A destination's in-flight cap counts deliveries: one batch at a
+        // time keeps it.
+        let depth = match target.max_in_flight {
+            Some(_) => 1,
+            None => shared.config.batches_in_flight.max(1) as usize,
+        };
+        let mut running = FuturesUnordered::new();
+        let mut claims = FuturesUnordered::new();
+        let mut sleep = Duration::ZERO;
+        let mut start = true;
+        loop {
+            if start
+                && running.len() < depth
+                && self
+                    .may_start(shared, target, shutdown, current, running.is_empty())
+                    .await
+            {
+                start = false;
+                let (limit, batch_size) = self.claim_size(shared, target).await;
+                let (full, claimed) = oneshot::channel();
+                let key = self.key.clone();
+                running.push(async move {
+                    let ran = bounded_turn(shared, target, &key, limit, full).await;
+                    (ran, batch_size)
+                });
+                claims.push(claimed);
+            }
+            if running.is_empty() {
+                return sleep;
+            }
+            tokio::select! {
+                Some(full) = claims.next() => start = matches!(full, Ok(true)),
+                Some((ran, batch_size)) = running.next() => {
+                    sleep = self.settle(shared, target, batch_size, ran).await;
+                    if !sleep.is_zero() || self.quarantine_left().is_some() {
+                        start = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether another turn may start now. The first of a round always may
+    /// (the loop checked pause and shutdown just before); a further one
+    /// only while nothing asks the loop to stop and look again.
+    async fn may_start(
+        &self,
+        shared: &Shared,
+        target: &Target,
+        shutdown: &watch::Receiver<bool>,
+        current: &watch::Receiver<Option<Target>>,
+        first: bool,
+    ) -> bool {
+        if first {
+            return true;
+        }
+        if *shutdown.borrow()
+            || current.has_changed().unwrap_or(true)
+            || self.quarantine_left().is_some()
+        {
+            return false;
+        }
+        let names = [self.key.as_str(), target.plugin.name()];
+        !shared
+            .paused
+            .any(&*shared.store, shared.config.db_timeout, &names)
+            .await
+    }
+
+    /// The next claim's size and the key's full batch size. A rate-limited
+    /// key takes its permits here, before it claims, so it never holds a
+    /// lease while it waits for one.
+    async fn claim_size(&mut self, shared: &Shared, target: &Target) -> (u32, u32) {
         let limits = &target.plugin.manifest().limits;
         let batch_size = target
             .max_in_flight
             .map_or(limits.max_batch, |cap| cap.min(limits.max_batch));
         self.batch_limit = self.batch_limit.min(batch_size);
-        // A rate-limited key takes its permits before it claims, so it
-        // never holds a lease while it waits for one.
         let limit = match target.rate.as_deref() {
             None => self.batch_limit,
             Some(rate) => match target::take_permits(rate, self.batch_limit) {
@@ -197,21 +279,23 @@ impl LoopState {
                 n => n,
             },
         };
-        // A turn may take the plugin's deadline plus its database calls;
-        // past this it is abandoned (its leases then expire and others
-        // take over).
-        let turn_deadline = limits.deadline + config.db_timeout * 3;
-        let ran = tokio::time::timeout(
-            turn_deadline,
-            turn(shared, target, &self.key, limit, config.lease),
-        )
-        .await;
+        (limit, batch_size)
+    }
+
+    /// Learn from a finished turn; the sleep before the next.
+    async fn settle(
+        &mut self,
+        shared: &Shared,
+        target: &Target,
+        batch_size: u32,
+        ran: Ran,
+    ) -> Duration {
         match ran {
             Ok(Ok(report)) => self.after_turn(shared, target, batch_size, report).await,
             Ok(Err(e)) => self.after_failure(shared, &e),
-            Err(_) => self.after_failure(
+            Err(deadline) => self.after_failure(
                 shared,
-                &format!("turn exceeded its deadline of {turn_deadline:?}; its leases will expire"),
+                &format!("turn exceeded its deadline of {deadline:?}; its leases will expire"),
             ),
         }
     }
@@ -305,4 +389,29 @@ impl LoopState {
         tracing::warn!(sink = %self.key, consecutive_failures = failures, "delivery turn failed: {error}");
         backoff
     }
+}
+
+/// What a turn bounded by its deadline came to: its report, the error
+/// of a database call, or the deadline it ran past.
+type Ran = Result<Result<TurnReport, String>, Duration>;
+
+/// Claim, deliver and finish one batch of at most `limit` deliveries of
+/// `target`, bounded by the turn deadline: the plugin's deadline plus its
+/// database calls; past it the turn is abandoned (its leases then expire
+/// and others take over).
+async fn bounded_turn(
+    shared: &Shared,
+    target: &Target,
+    key: &str,
+    limit: u32,
+    full: oneshot::Sender<bool>,
+) -> Ran {
+    let config = &shared.config;
+    let deadline = target.plugin.manifest().limits.deadline + config.db_timeout * 3;
+    tokio::time::timeout(
+        deadline,
+        turn(shared, target, key, limit, config.lease, Some(full)),
+    )
+    .await
+    .map_err(|_| deadline)
 }

@@ -34,12 +34,16 @@ pub(super) struct TurnReport {
 
 /// One turn: claim, deliver, finish. `Err` when a database call failed
 /// or timed out (the batch's leases then expire and it is tried again).
+/// `full`, when given, is told as soon as the claim returns whether it
+/// came back with all `batch_size` deliveries (dropped unsent when the
+/// claim fails), so the loop may claim the next batch meanwhile.
 pub(super) async fn turn(
     shared: &Shared,
     target: &Target,
     sink: &str,
     batch_size: u32,
     lease: Duration,
+    full: Option<tokio::sync::oneshot::Sender<bool>>,
 ) -> Result<TurnReport, String> {
     let plugin = &target.plugin;
     // Metrics are labelled by sink, so the label count stays bounded by the
@@ -55,6 +59,10 @@ pub(super) async fn turn(
     .await
     .map_err(|_| format!("claim timed out after {db_timeout:?}"))?
     .map_err(|e| format!("claim: {e}"))?;
+    shared.metrics.claimed(label, claimed.len(), batch_size);
+    if let Some(full) = full {
+        let _ = full.send(claimed.len() >= batch_size as usize);
+    }
     if claimed.is_empty() {
         return Ok(TurnReport::default());
     }

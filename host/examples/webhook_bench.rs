@@ -1,0 +1,257 @@
+//! Requests/s POSTed to a receiver: through the `webhook` plugin
+//! (WebAssembly guest → `wasi:http` → the host's pooled keep-alive client)
+//! against a native pooled client (hyper-util's, keep-alive, as the host's)
+//! sending the same signed requests with the same number in flight, in the
+//! same run, alternating rounds (the machine's speed drifts,
+//! docs/measurements.md), with the ratio.
+//!
+//! The plugin side calls `Plugin::deliver` directly with batches of
+//! `--batch` events (fresh instance, `init`, `deliver`, as the delivery loop
+//! does), without the store, so the figure is the sink's own cost over HTTP.
+//! Every event of a batch is on its own stream, so up to `--in-flight`
+//! requests run at once on both sides (the plugin's `max-concurrency`),
+//! batch after batch.
+//!
+//! ```sh
+//! scripts/build-plugins.sh
+//! cargo run --release -p outboxd --example bench_http -- receive --listen 127.0.0.1:18090 &
+//! cargo run --release -p outboxd --example webhook_bench -- --url http://127.0.0.1:18090 [--events 20000] [--rounds 3] [--batch 100] [--in-flight 32]
+//! ```
+//!
+//! Prints one line per round and, last, one JSON object: requests/s of
+//! each side (medians over the rounds) and `plugin / native`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use futures::stream::{self, StreamExt};
+use hmac::Mac as _;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use outboxd::plugin::bindings::{Event, Outcome};
+use outboxd::plugin::{self, Runtime};
+use serde_json::json;
+
+/// Payload bytes per event (docs/measurements.md measures with 256).
+const PAYLOAD: usize = 256;
+/// The signing secret both sides use (Standard Webhooks form).
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+struct Args {
+    url: String,
+    events: usize,
+    rounds: usize,
+    batch: usize,
+    in_flight: usize,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        url: String::new(),
+        events: 20_000,
+        rounds: 3,
+        batch: 100,
+        in_flight: 32,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let number = || -> usize {
+            value
+                .parse()
+                .unwrap_or_else(|_| panic!("{flag} needs a number"))
+        };
+        match flag.as_str() {
+            "--url" => a.url = value.trim_end_matches('/').to_string(),
+            "--events" => a.events = number(),
+            "--rounds" => a.rounds = number(),
+            "--batch" => a.batch = number(),
+            "--in-flight" => a.in_flight = number(),
+            other => panic!(
+                "unknown flag {other} (known: --url, --events, --rounds, --batch, --in-flight)"
+            ),
+        }
+    }
+    assert!(
+        !a.url.is_empty(),
+        "--url names the receiver (bench_http receive)"
+    );
+    a
+}
+
+fn load_plugin(url: &str, in_flight: usize) -> anyhow::Result<plugin::Plugin> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let wasm = root.join("target/plugins/webhook.wasm");
+    anyhow::ensure!(
+        wasm.is_file(),
+        "{} is missing: run scripts/build-plugins.sh first",
+        wasm.display()
+    );
+    let dir = tempfile::tempdir()?;
+    std::fs::copy(&wasm, dir.path().join("webhook.wasm"))?;
+    let manifest = format!(
+        "name = \"webhook\"\nversion = \"0.1.0\"\ncomponent = \"webhook.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n\
+         [limits]\ndeadline = \"30s\"\nmax-batch = 1000\n\
+         [capabilities]\nhttp = [{url:?}]\n\
+         [config]\nurl = \"{url}/webhook\"\nsecret = {SECRET:?}\nmax-concurrency = {in_flight}\n"
+    );
+    let path = dir.path().join("webhook.toml");
+    std::fs::write(&path, manifest)?;
+    let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let plugin = plugin::load_one(&runtime, &path)
+        .map_err(|f| anyhow::anyhow!("{}: {}", f.file.display(), f.reason))?;
+    // The component is compiled into memory; the folder may go.
+    drop(dir);
+    Ok(plugin)
+}
+
+fn event(round: usize, i: usize) -> Event {
+    let head = format!("{{\"k\":{i},\"pad\":\"\"}}");
+    let data = format!(
+        "{{\"k\":{i},\"pad\":\"{}\"}}",
+        "x".repeat(PAYLOAD - head.len())
+    );
+    Event {
+        id: format!("whbench-{round}-{i}"),
+        source: "https://bench.outboxd.invalid/webhook".into(),
+        type_: "bench.event".into(),
+        subject: None,
+        stream: format!("s{i}"),
+        sequence: round as u64 + 1,
+        time: "2026-11-30T01:02:03.456Z".into(),
+        datacontenttype: Some("application/json".into()),
+        dataschema: None,
+        data: data.into_bytes(),
+        extensions: Vec::new(),
+        attempt: 1,
+        ingested_at: "2026-11-30T01:02:03.456789Z".into(),
+    }
+}
+
+async fn through_plugin(
+    plugin: &plugin::Plugin,
+    events: &[Event],
+    batch: usize,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    for chunk in events.chunks(batch) {
+        let outcomes = plugin
+            .deliver(chunk)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if let Some(bad) = outcomes.iter().find(|o| !matches!(o, Outcome::Delivered)) {
+            anyhow::bail!("plugin did not deliver: {bad:?}");
+        }
+    }
+    Ok(started.elapsed())
+}
+
+type Native = Client<hyper_util::client::legacy::connect::HttpConnector, Full<bytes::Bytes>>;
+
+/// The same requests (CloudEvents binary headers, Standard Webhooks
+/// signature made per request) from a native pooled client, `in_flight` at
+/// a time, batch after batch.
+async fn native(
+    client: &Native,
+    url: &str,
+    events: &[Event],
+    batch: usize,
+    in_flight: usize,
+) -> anyhow::Result<Duration> {
+    let key =
+        base64::engine::general_purpose::STANDARD.decode(SECRET.trim_start_matches("whsec_"))?;
+    let started = Instant::now();
+    for chunk in events.chunks(batch) {
+        let sends = chunk.iter().map(|e| {
+            let key = key.clone();
+            async move {
+                let timestamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .as_secs();
+                let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key)?;
+                mac.update(format!("{}.{timestamp}.", e.id).as_bytes());
+                mac.update(&e.data);
+                let signature = format!(
+                    "v1,{}",
+                    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+                );
+                let request = http::Request::post(format!("{url}/webhook"))
+                    .header("ce-specversion", "1.0")
+                    .header("ce-id", &e.id)
+                    .header("ce-source", &e.source)
+                    .header("ce-type", &e.type_)
+                    .header("ce-time", &e.time)
+                    .header("ce-partitionkey", &e.stream)
+                    .header("ce-sequence", e.sequence.to_string())
+                    .header("content-type", "application/json")
+                    .header("user-agent", "outboxd-bench-native")
+                    .header("webhook-id", &e.id)
+                    .header("webhook-timestamp", timestamp.to_string())
+                    .header("webhook-signature", signature)
+                    .body(Full::new(bytes::Bytes::from(e.data.clone())))?;
+                let response = client.request(request).await?;
+                let status = response.status();
+                response.into_body().collect().await?;
+                anyhow::ensure!(status.is_success(), "receiver answered {status}");
+                anyhow::Ok(())
+            }
+        });
+        let mut answers = stream::iter(sends).buffer_unordered(in_flight);
+        while let Some(answer) = answers.next().await {
+            answer?;
+        }
+    }
+    Ok(started.elapsed())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = args();
+    let plugin = load_plugin(&args.url, args.in_flight)?;
+    let client: Native = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(64)
+        .build_http();
+    eprintln!(
+        "{} requests per side per round, {} rounds, batches of {}, {} in flight, {PAYLOAD}-byte bodies",
+        args.events, args.rounds, args.batch, args.in_flight
+    );
+    // Warm up both sides (connections, compiled code), uncounted.
+    let warm: Vec<Event> = (0..args.batch).map(|i| event(0, i)).collect();
+    through_plugin(&plugin, &warm, args.batch).await?;
+    native(&client, &args.url, &warm, args.batch, args.in_flight).await?;
+    let (mut plugin_rps, mut native_rps) = (Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        let events: Vec<Event> = (0..args.events).map(|i| event(round, i)).collect();
+        // Alternate which side goes first.
+        for side in [round % 2, (round + 1) % 2] {
+            if side == 0 {
+                let t = through_plugin(&plugin, &events, args.batch).await?;
+                plugin_rps.push(args.events as f64 / t.as_secs_f64());
+            } else {
+                let t = native(&client, &args.url, &events, args.batch, args.in_flight).await?;
+                native_rps.push(args.events as f64 / t.as_secs_f64());
+            }
+        }
+        eprintln!(
+            "round {round}: native {:.0} req/s, plugin {:.0} req/s",
+            native_rps[round - 1],
+            plugin_rps[round - 1]
+        );
+    }
+    let (p, n) = (median(plugin_rps), median(native_rps));
+    println!(
+        "{}",
+        json!({
+            "requests": args.events, "rounds": args.rounds, "batch": args.batch,
+            "in_flight": args.in_flight, "plugin_rps": p, "native_rps": n, "ratio": p / n,
+        })
+    );
+    Ok(())
+}
