@@ -947,7 +947,7 @@ def markdown(ctx):
     sq = R.get("sqlite")
     if sq:
         o = sq["runs"]["outboxd"][0]
-        out += ["", "## 4f. The embedded default: SQLite", "",
+        out += ["", "## 4h. The embedded default: SQLite", "",
                 "`host/examples/raw_sqlite_ceiling.rs`: outboxd's SQLite schema (its own migrations) driven by "
                 "plain SQL — one writer connection, WAL journal, batched multi-row inserts of events + deliveries "
                 "+ heads (one transaction per 100 events), claim as outboxd's store does (batch 100), a batched "
@@ -966,7 +966,7 @@ def markdown(ctx):
                 f"Re-deliveries {sq['duplicates']}, order violations {sq['order_violations']}."]
     wc = R.get("webhook_cost")
     if wc:
-        out += ["", "## 4g. The webhook sink against a native pooled HTTP client", "",
+        out += ["", "## 4i. The webhook sink against a native pooled HTTP client", "",
                 "`host/examples/webhook_bench.rs`: the `webhook` plugin called as a delivery turn calls it "
                 f"(fresh instance, batches of {wc['batch']} events on {wc['batch']} streams, "
                 f"`max-concurrency = {wc['in_flight']}`, the host's pooled keep-alive client) against a native "
@@ -1081,6 +1081,7 @@ def main():
     ap.add_argument("--ci", action="store_true", help="tiny sizes, debug build, no peers")
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
+    ap.add_argument("--out", help="stem of the results files in bench/results (default latest, --ci: ci)")
     ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
@@ -1172,7 +1173,7 @@ def main():
     ctx.results["meta"]["wall_s"] = round(time.time() - t_start)
     ctx.results["summary"] = summarise(ctx)
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
-    stem = "ci" if ctx.mode == "ci" else "latest"
+    stem = args.out or ("ci" if ctx.mode == "ci" else "latest")
     md = markdown(ctx)
     with open(os.path.join(BENCH, "results", f"{stem}.json"), "w") as f:
         json.dump(ctx.results, f, indent=2)
