@@ -206,16 +206,6 @@ fn start_neo4j() -> anyhow::Result<(String, Killed, tempfile::TempDir)> {
     Ok((format!("bolt://127.0.0.1:{port}"), child, home))
 }
 
-fn graph(uri: &str) -> anyhow::Result<Graph> {
-    let config = neo4rs::ConfigBuilder::default()
-        .uri(uri)
-        .user("neo4j")
-        .password("")
-        .max_connections(16)
-        .build()?;
-    Ok(Graph::connect(config)?)
-}
-
 fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", hex::encode(rand::random::<[u8; 5]>()))
 }
