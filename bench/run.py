@@ -33,6 +33,8 @@ import sys
 import time
 import urllib.request
 
+import sources
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 WORK = os.path.join(ROOT, ".bench")  # ignored: peers, logs, plugin folders
@@ -167,7 +169,8 @@ def build(ctx, args):
     cargo = ["cargo", "build", "-p", "outboxd", "--bin", "outboxd", "--example", "bench_http",
              "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench",
              "--example", "source_bench", "--example", "destinations_bench",
-             "--example", "raw_sqlite_ceiling", "--example", "webhook_bench"]
+             "--example", "raw_sqlite_ceiling", "--example", "webhook_bench",
+             "--example", "neo4j_bench", "--example", "couchdb_bench"]
     if ctx.profile == "release":
         cargo.insert(2, "--release")
     sh(cargo, cwd=ROOT)
@@ -837,6 +840,7 @@ def summarise(ctx):
         for row in pc["sizes"]:
             s[f"WASM / native sink per event, batch {row['batch']}"] = round(row["ratio"], 2)
         s["empty-batch call on-demand / pooling"] = round(pc["empty"]["ratio"], 2)
+    sources.summary(R, s)
     cc = R.get("claim_cost")
     if cc:
         for shape, v in cc["ratios"].items():
@@ -1015,6 +1019,7 @@ def markdown(ctx):
                 f"| `POST /v1/events` | {fmt(aw['ingest_eps']['cloudevents'])} | {fmt(aw['e2e_eps']['cloudevents'])} |",
                 f"| `POST /ingest` | {fmt(aw['ingest_eps']['awareness'])} | {fmt(aw['e2e_eps']['awareness'])} |",
                 f"| **ratio** | **{fmt(aw['ingest_eps']['ratio'], 2)}** | **{fmt(aw['e2e_eps']['ratio'], 2)}** |"]
+    out += sources.markdown(R)
     pc = R.get("plugin_cost")
     if pc:
         out += ["", "## 4b. The plugin call against a native sink", "",
@@ -1082,7 +1087,7 @@ def main():
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
     ap.add_argument("--out", help="stem of the results files in bench/results (default latest, --ci: ci)")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,neo4j,couchdb,debezium,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -1154,6 +1159,14 @@ def main():
             log("awareness POST /ingest against POST /v1/events, three sinks")
             ctx.results["awareness_ingest"] = awareness_ingest(ctx)
             log(json.dumps({k: v for k, v in ctx.results["awareness_ingest"].items() if k != "runs"}))
+        if "neo4j" not in ctx.skip:
+            log("neo4j source: 1 and 3 relays against plain neo4rs + sqlx; claim against backlog")
+            ctx.results["neo4j"] = sources.neo4j(ctx)
+            log(json.dumps(ctx.results["neo4j"]))
+        if "couchdb" not in ctx.skip:
+            log("couchdb source against plain reqwest + lapin")
+            ctx.results["couchdb"] = sources.couchdb(ctx)
+            log(json.dumps(ctx.results["couchdb"]))
         if "claim" not in ctx.skip:
             log(f"claim cost at {ctx.size['claim']}")
             ctx.results["claim_cost"] = claim_cost(ctx)

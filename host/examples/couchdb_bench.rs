@@ -15,7 +15,9 @@
 //! ```
 //!
 //! Needs RabbitMQ on 127.0.0.1:5672 and Node (it starts pouchdb-server from
-//! tests/couchdb on a free port with a data folder of its own).
+//! tests/couchdb on a free port with a data folder of its own). The last
+//! line on stdout is one JSON object with the medians' means, the ratio and
+//! the latency percentiles (read by bench/sources.py).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -474,6 +476,20 @@ async fn main() -> anyhow::Result<()> {
         pct(0.50),
         pct(0.99),
         latencies.len()
+    );
+    println!(
+        "{}",
+        json!({
+            "stage": "couchdb",
+            "docs": n,
+            "rounds": args.rounds,
+            "outboxd_entries_per_s": (mean(&ours) * 10.0).round() / 10.0,
+            "plain_entries_per_s": (mean(&base) * 10.0).round() / 10.0,
+            "ratio": (mean(&ours) / mean(&base) * 100.0).round() / 100.0,
+            "latency_docs": latencies.len(),
+            "save_to_marked_p50_ms": pct(0.50),
+            "save_to_marked_p99_ms": pct(0.99),
+        })
     );
 
     let _ = server.kill();
