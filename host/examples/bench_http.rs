@@ -73,7 +73,14 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-async fn record(State(seen): State<Shared>, headers: HeaderMap) -> StatusCode {
+/// Records one delivery. The body is read in full, as a real receiver
+/// does: an answer sent before the body arrived would make the server
+/// close the keep-alive connection under a sender still writing it.
+async fn record(
+    State(seen): State<Shared>,
+    headers: HeaderMap,
+    _body: axum::body::Bytes,
+) -> StatusCode {
     let at = now_ns();
     let id = header(&headers, "ce-id");
     let stream = header(&headers, "ce-partitionkey");

@@ -95,7 +95,7 @@ fn load_plugin(url: &str, in_flight: usize) -> anyhow::Result<plugin::Plugin> {
         "name = \"webhook\"\nversion = \"0.1.0\"\ncomponent = \"webhook.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n\
          [limits]\ndeadline = \"30s\"\nmax-batch = 1000\n\
          [capabilities]\nhttp = [{url:?}]\n\
-         [config]\nurl = \"{url}/webhook\"\nsecret = {SECRET:?}\nmax-concurrency = {in_flight}\n"
+         [config]\nurl = \"{url}/webhook\"\nsecret = {SECRET:?}\nmax-concurrency = \"{in_flight}\"\n"
     );
     let path = dir.path().join("webhook.toml");
     std::fs::write(&path, manifest)?;
@@ -214,6 +214,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = args();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let plugin = load_plugin(&args.url, args.in_flight)?;
     let client: Native = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(64)

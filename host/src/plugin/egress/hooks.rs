@@ -101,6 +101,10 @@ impl WasiHttpHooks for EgressHooks {
                         tracing::warn!(plugin = %plugin, uri = %uri, "outbound request refused: {refused}");
                         return Err(HttpError::HttpRequestDenied);
                     }
+                    let chain: Vec<String> = std::iter::once(e.to_string())
+                        .chain(causes(&e).map(|c| c.to_string()))
+                        .collect();
+                    tracing::debug!(plugin = %plugin, uri = %uri, "outbound request failed: {}", chain.join(": "));
                     return Err(classify(&e));
                 }
                 Ok(Ok(r)) => r,
