@@ -33,6 +33,8 @@ import sys
 import time
 import urllib.request
 
+import debezium
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 WORK = os.path.join(ROOT, ".bench")  # ignored: peers, logs, plugin folders
@@ -45,10 +47,10 @@ SIZES = {
     "ci": dict(awareness_n=1_000, awareness_rounds=1, dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
                peer_timeout=60, latency_s=3),
     "small": dict(awareness_n=5_000, awareness_rounds=3, dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
-                  memory_s=15, peer_timeout=120, latency_s=10),
+                  memory_s=15, peer_timeout=120, latency_s=10, dbz_n=10_000, dbz_streams=100),
     "full": dict(awareness_n=20_000, awareness_rounds=5, dest_events=20_000, dest_n=1_000, dest_fanout=1_000, source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
                  plugin_n=20_000,
-                 memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30),
+                 memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30, dbz_n=100_000, dbz_streams=1_000),
 }
 
 PEERS = [
@@ -166,7 +168,7 @@ def build(ctx, args):
         return
     cargo = ["cargo", "build", "-p", "outboxd", "--bin", "outboxd", "--example", "bench_http",
              "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench",
-             "--example", "source_bench", "--example", "destinations_bench"]
+             "--example", "source_bench", "--example", "destinations_bench", "--example", "outbox_load"]
     if ctx.profile == "release":
         cargo.insert(2, "--release")
     sh(cargo, cwd=ROOT)
@@ -691,6 +693,9 @@ def summarise(ctx):
         for row in pc["sizes"]:
             s[f"WASM / native sink per event, batch {row['batch']}"] = round(row["ratio"], 2)
         s["empty-batch call on-demand / pooling"] = round(pc["empty"]["ratio"], 2)
+    dz = R.get("debezium")
+    if dz and dz.get("ratio_eps"):
+        s["outboxd / Debezium (in-transaction outbox, events/s)"] = dz["ratio_eps"]
     cc = R.get("claim_cost")
     if cc:
         for shape, v in cc["ratios"].items():
@@ -868,6 +873,7 @@ def markdown(ctx):
                        f"{'' if p['complete'] else ' (stopped)'} | {fmt(p['duplicates'])} | "
                        f"{fmt(p['order_violations'])} | "
                        f"{fmt(ratio(od.get(1, {}).get('e2e_eps'), p.get('e2e_eps')), 2)} |")
+    out += debezium.markdown(R.get("debezium"))
     skipped = R["meta"].get("skipped")
     if skipped:
         out += ["", "Skipped in this run: " + ", ".join(skipped)]
@@ -882,7 +888,7 @@ def main():
     ap.add_argument("--ci", action="store_true", help="tiny sizes, debug build, no peers")
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,plugincost,source,awareness,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,plugincost,source,awareness,claim,memory,peers,debezium")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -890,6 +896,7 @@ def main():
     ctx = Ctx(args)
     if ctx.mode == "ci":
         ctx.skip.add("peers")
+        ctx.skip.add("debezium")
     os.makedirs(RUN, exist_ok=True)
     for f in os.listdir(RUN):
         if f.endswith(".log"):
@@ -959,6 +966,10 @@ def main():
                 log(f"peer {name} ({mode})")
                 ctx.results.setdefault("peers", []).append(peer(ctx, name, mode, runtime, script))
                 log(json.dumps(ctx.results["peers"][-1]))
+        if "debezium" not in ctx.skip:
+            log("Debezium against outboxd: in-transaction outbox, private logical-replication cluster")
+            ctx.results["debezium"] = debezium.stage(ctx, sys.modules[__name__])
+            log(json.dumps(ctx.results["debezium"]))
     finally:
         for p in list(started):
             stop(p)
