@@ -22,6 +22,7 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 
 public final class DebeziumPeer {
+
     /** Arguments: host port db user receiverUrl offsetsFile slotName. */
     public static void main(String[] args) throws Exception {
         if (args.length < 7) {
@@ -52,6 +53,7 @@ public final class DebeziumPeer {
         p.setProperty("poll.interval.ms", "1");
         p.setProperty("key.converter.schemas.enable", "false");
         p.setProperty("value.converter.schemas.enable", "false");
+        p.setProperty("header.converter.schemas.enable", "false");
         p.setProperty("transforms", "outbox");
         p.setProperty("transforms.outbox.type", "io.debezium.transforms.outbox.EventRouter");
         p.setProperty("transforms.outbox.table.expand.json.payload", "false");
@@ -85,9 +87,18 @@ public final class DebeziumPeer {
             committer.markBatchFinished();
         };
 
-        DebeziumEngine<ChangeEvent<String, String>> engine = DebeziumEngine.create(Json.class)
+        DebeziumEngine<ChangeEvent<String, String>> engine = DebeziumEngine.create(Json.class, Json.class, Json.class)
                 .using(p)
                 .notifying(consumer)
+                .using((success, message, error) -> {
+                    // The engine stopped (or never started): end the process so
+                    // the stage sees it instead of waiting on a silent JVM.
+                    System.err.println("engine stopped: " + success + " " + message);
+                    if (error != null) {
+                        error.printStackTrace();
+                    }
+                    Runtime.getRuntime().halt(success ? 0 : 1);
+                })
                 .build();
         ExecutorService ex = Executors.newSingleThreadExecutor();
         ex.execute(engine);
