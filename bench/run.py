@@ -34,6 +34,7 @@ import time
 import urllib.request
 
 import sources
+import debezium
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
@@ -47,10 +48,10 @@ SIZES = {
     "ci": dict(webhook_n=1_000, webhook_rounds=1, sqlite_rounds=1, awareness_n=1_000, awareness_rounds=1, dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
                peer_timeout=60, latency_s=3),
     "small": dict(webhook_n=10_000, webhook_rounds=3, sqlite_rounds=1, awareness_n=5_000, awareness_rounds=3, dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
-                  memory_s=15, peer_timeout=120, latency_s=10),
+                  memory_s=15, peer_timeout=120, latency_s=10, dbz_n=10_000, dbz_streams=100),
     "full": dict(webhook_n=50_000, webhook_rounds=5, sqlite_rounds=2, awareness_n=20_000, awareness_rounds=5, dest_events=20_000, dest_n=1_000, dest_fanout=1_000, source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
                  plugin_n=20_000,
-                 memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30),
+                 memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30, dbz_n=100_000, dbz_streams=1_000),
 }
 
 PEERS = [
@@ -170,7 +171,8 @@ def build(ctx, args):
              "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench",
              "--example", "source_bench", "--example", "destinations_bench",
              "--example", "raw_sqlite_ceiling", "--example", "webhook_bench",
-             "--example", "neo4j_bench", "--example", "couchdb_bench"]
+             "--example", "neo4j_bench", "--example", "couchdb_bench",
+             "--example", "outbox_load"]
     if ctx.profile == "release":
         cargo.insert(2, "--release")
     sh(cargo, cwd=ROOT)
@@ -841,6 +843,9 @@ def summarise(ctx):
             s[f"WASM / native sink per event, batch {row['batch']}"] = round(row["ratio"], 2)
         s["empty-batch call on-demand / pooling"] = round(pc["empty"]["ratio"], 2)
     sources.summary(R, s)
+    dz = R.get("debezium")
+    if dz and dz.get("ratio_eps"):
+        s["outboxd / Debezium (in-transaction outbox, events/s)"] = dz["ratio_eps"]
     cc = R.get("claim_cost")
     if cc:
         for shape, v in cc["ratios"].items():
@@ -1072,6 +1077,7 @@ def markdown(ctx):
                        f"{'' if p['complete'] else ' (stopped)'} | {fmt(p['duplicates'])} | "
                        f"{fmt(p['order_violations'])} | "
                        f"{fmt(ratio(od.get(1, {}).get('e2e_eps'), p.get('e2e_eps')), 2)} |")
+    out += debezium.markdown(R.get("debezium"))
     skipped = R["meta"].get("skipped")
     if skipped:
         out += ["", "Skipped in this run: " + ", ".join(skipped)]
@@ -1183,6 +1189,10 @@ def main():
                 log(f"peer {name} ({mode})")
                 ctx.results.setdefault("peers", []).append(peer(ctx, name, mode, runtime, script))
                 log(json.dumps(ctx.results["peers"][-1]))
+        if "debezium" not in ctx.skip:
+            log("Debezium against outboxd: in-transaction outbox, private logical-replication cluster")
+            ctx.results["debezium"] = debezium.stage(ctx, sys.modules[__name__])
+            log(json.dumps(ctx.results["debezium"]))
     finally:
         for p in list(started):
             stop(p)
