@@ -39,6 +39,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use outboxd::store::plan::take_runs;
+use outboxd::store::sqlite::{CLAIM_FOLLOWERS_SQL, CLAIM_HEADS_SQL};
 use serde_json::json;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, QueryBuilder, Sqlite, SqliteConnection};
@@ -153,14 +154,12 @@ async fn insert_batch(
 async fn claim_and_complete(conn: &mut SqliteConnection) -> Result<usize, sqlx::Error> {
     let mut tx = conn.begin().await?;
     let now = now_ms(&mut tx).await?;
-    let heads: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT stream, delivery_id FROM heads WHERE sink = ? AND due_at <= ? ORDER BY due_at LIMIT ?",
-    )
-    .bind(SINK)
-    .bind(now)
-    .bind(BATCH as i64)
-    .fetch_all(&mut *tx)
-    .await?;
+    let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
+        .bind(SINK)
+        .bind(now)
+        .bind(BATCH as i64)
+        .fetch_all(&mut *tx)
+        .await?;
     if heads.is_empty() {
         tx.commit().await?;
         return Ok(0);
@@ -168,19 +167,14 @@ async fn claim_and_complete(conn: &mut SqliteConnection) -> Result<usize, sqlx::
     let room = BATCH - heads.len();
     let mut followers = Vec::new();
     for (stream, head) in heads.iter().filter(|_| room > 0) {
-        let rows: Vec<(i64, bool)> = sqlx::query_as(
-            "SELECT id, (next_attempt_at <= ?1 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
-             FROM deliveries WHERE sink = ?2 AND stream = ?3 AND status = 'pending' \
-               AND sequence > (SELECT sequence FROM deliveries WHERE id = ?4) \
-             ORDER BY sequence LIMIT ?5",
-        )
-        .bind(now)
-        .bind(SINK)
-        .bind(stream)
-        .bind(head)
-        .bind(room as i64)
-        .fetch_all(&mut *tx)
-        .await?;
+        let rows: Vec<(i64, bool)> = sqlx::query_as(CLAIM_FOLLOWERS_SQL)
+            .bind(now)
+            .bind(SINK)
+            .bind(stream)
+            .bind(head)
+            .bind(room as i64)
+            .fetch_all(&mut *tx)
+            .await?;
         followers.extend(rows.into_iter().map(|(id, ok)| (id, stream.clone(), ok)));
     }
     let ids: Vec<i64> = take_runs(&heads, followers, BATCH)

@@ -32,6 +32,21 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite"
 /// Database time in Unix milliseconds.
 const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
+/// Claim step 1: due heads of one sink by due time (waiting and
+/// expired-lease work in one order, so neither starves the other). The one
+/// writer makes the claim exclusive. `?1` sink, `?2` now (ms), `?3` limit.
+pub const CLAIM_HEADS_SQL: &str =
+    "SELECT stream, delivery_id FROM heads WHERE sink = ?1 AND due_at <= ?2 ORDER BY due_at LIMIT ?3";
+
+/// Claim step 2, per claimed head: up to `?5` live deliveries behind head
+/// `?4` of stream `?3` of sink `?2`, in sequence order, with whether each
+/// may be taken at `?1` (ms): due and not leased.
+pub const CLAIM_FOLLOWERS_SQL: &str =
+    "SELECT id, (next_attempt_at <= ?1 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
+     FROM deliveries WHERE sink = ?2 AND stream = ?3 AND status = 'pending' \
+       AND sequence > (SELECT sequence FROM deliveries WHERE id = ?4) \
+     ORDER BY sequence LIMIT ?5";
+
 /// The SQLite store. Cheap to share behind an `Arc`.
 pub struct SqliteStore {
     writer: SqlitePool,
@@ -321,14 +336,12 @@ impl Store for SqliteStore {
         let now = now_ms(&mut tx.0).await?;
         // Due heads, by due time: waiting and expired-lease work in one order,
         // so neither starves the other.
-        let heads: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT stream, delivery_id FROM heads WHERE sink = ? AND due_at <= ? ORDER BY due_at LIMIT ?",
-        )
-        .bind(sink)
-        .bind(now)
-        .bind(limit as i64)
-        .fetch_all(&mut *tx.0)
-        .await?;
+        let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
+            .bind(sink)
+            .bind(now)
+            .bind(limit as i64)
+            .fetch_all(&mut *tx.0)
+            .await?;
         if heads.is_empty() {
             tx.0.commit().await?;
             return Ok(Vec::new());
@@ -435,19 +448,14 @@ async fn followers(
 ) -> Result<Vec<(i64, String, bool)>, StoreError> {
     let mut followers = Vec::new();
     for (stream, head) in heads.iter().filter(|_| room > 0) {
-        let rows: Vec<(i64, bool)> = sqlx::query_as(
-            "SELECT id, (next_attempt_at <= ?1 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)) \
-             FROM deliveries WHERE sink = ?2 AND stream = ?3 AND status = 'pending' \
-               AND sequence > (SELECT sequence FROM deliveries WHERE id = ?4) \
-             ORDER BY sequence LIMIT ?5",
-        )
-        .bind(now)
-        .bind(sink)
-        .bind(stream)
-        .bind(head)
-        .bind(room as i64)
-        .fetch_all(&mut *conn)
-        .await?;
+        let rows: Vec<(i64, bool)> = sqlx::query_as(CLAIM_FOLLOWERS_SQL)
+            .bind(now)
+            .bind(sink)
+            .bind(stream)
+            .bind(head)
+            .bind(room as i64)
+            .fetch_all(&mut *conn)
+            .await?;
         followers.extend(rows.into_iter().map(|(id, ok)| (id, stream.clone(), ok)));
     }
     Ok(followers)
