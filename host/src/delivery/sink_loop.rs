@@ -2,8 +2,9 @@
 //! runs a [`super::turn`] whenever work may be due (more than one batch at
 //! once while claims come back full, `delivery.batches-in-flight`), and
 //! decides how long to sleep between turns — at once after a full batch;
-//! otherwise until the next due time, a wake-up from ingest, a swap of the target, or the
-//! maximum poll interval; longer while paused, quarantined or failing.
+//! otherwise until the next due time, a wake-up from ingest, a swap of the
+//! target, or the maximum poll interval; longer while paused, quarantined
+//! or failing.
 //!
 //! Must never: hold a lease while sleeping (a rate-limited key takes its
 //! permits before it claims), or let a wake-up end a quarantine.
