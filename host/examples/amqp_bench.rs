@@ -19,7 +19,6 @@
 //! Declares a durable topic exchange and a durable queue of its own, so
 //! confirms wait for the disk as in production, and deletes them at the end.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lapin::options::{
@@ -30,8 +29,11 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
+use outboxd::plugin;
 use outboxd::plugin::bindings::{Event, Outcome};
-use outboxd::plugin::{self, Runtime};
+
+#[path = "common/mod.rs"]
+mod common;
 
 /// Payload bytes per event (docs/measurements.md measures with 256).
 const PAYLOAD: usize = 256;
@@ -171,29 +173,13 @@ fn rate(events: usize, took: Duration) -> f64 {
 
 /// The `amqp` plugin from `target/plugins/` with a manifest for this run.
 fn load_plugin(url: &str, exchange: &str) -> anyhow::Result<plugin::Plugin> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let wasm = root.join("target/plugins/amqp.wasm");
-    anyhow::ensure!(
-        wasm.is_file(),
-        "{} is missing: run scripts/build-plugins.sh first",
-        wasm.display()
-    );
-    let dir = tempfile::tempdir()?;
-    std::fs::copy(&wasm, dir.path().join("amqp.wasm"))?;
     let manifest = format!(
         "name = \"amqp\"\nversion = \"0.1.0\"\nwit = \"outboxd:sink@0.1.0\"\n\
          [limits]\ndeadline = \"30s\"\nmax-batch = 1000\n\
          [capabilities]\namqp = {{ url = {url:?}, exchanges = [{exchange:?}] }}\n\
          [config]\nexchange = {exchange:?}\nrouting-key = \"documents.{{operation}}.{{type}}\"\n"
     );
-    let path = dir.path().join("amqp.toml");
-    std::fs::write(&path, manifest)?;
-    let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let plugin = plugin::load_one(&runtime, &path)
-        .map_err(|f| anyhow::anyhow!("{}: {}", f.file.display(), f.reason))?;
-    // The component is compiled into memory; the folder may go.
-    drop(dir);
-    Ok(plugin)
+    common::load_plugin("amqp", &manifest)
 }
 
 fn event(round: usize, i: usize) -> Event {

@@ -35,19 +35,16 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use serde_json::{json, Value};
 
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i64
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{data, get_json, now_ns, percentiles};
 
 // ---------------------------------------------------------------- receiver
 
@@ -190,33 +187,6 @@ struct LoadArgs {
 enum Api {
     CloudEvents,
     Awareness,
-}
-
-/// 256 bytes of JSON data for event `k`.
-fn data(k: usize) -> Value {
-    let head = format!("{{\"k\":{k},\"pad\":\"\"}}");
-    let pad = "x".repeat(256 - head.len());
-    json!({ "k": k, "pad": pad })
-}
-
-fn percentiles(mut v: Vec<f64>) -> Value {
-    if v.is_empty() {
-        return Value::Null;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
-    json!({ "p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "p999": at(0.999), "max": v[v.len() - 1], "count": v.len() })
-}
-
-async fn get_json(client: &reqwest::Client, url: &str) -> Value {
-    client
-        .get(url)
-        .send()
-        .await
-        .expect("receiver answers")
-        .json()
-        .await
-        .expect("receiver JSON")
 }
 
 async fn load(a: LoadArgs) -> Value {

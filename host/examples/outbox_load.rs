@@ -28,44 +28,14 @@
 //! beyond calling `outboxd.enqueue`.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i64
-}
-
-/// 256 bytes of JSON payload for event `k`.
-fn payload(k: usize) -> Value {
-    let head = format!("{{\"k\":{k},\"pad\":\"\"}}");
-    let pad = "x".repeat(256usize.saturating_sub(head.len()));
-    json!({ "k": k, "pad": pad })
-}
-
-fn percentiles(mut v: Vec<f64>) -> Value {
-    if v.is_empty() {
-        return Value::Null;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
-    json!({ "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": at(1.0), "n": v.len() })
-}
-
-async fn get_json(client: &reqwest::Client, url: &str) -> Value {
-    client
-        .get(url)
-        .send()
-        .await
-        .expect("receiver answers")
-        .json()
-        .await
-        .expect("receiver JSON")
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{get_json, now_ns, percentiles};
 
 #[tokio::main]
 async fn main() {
@@ -129,7 +99,7 @@ async fn main() {
             for k in (0..n).filter(|k| (k % streams) % conns == c) {
                 let agg = format!("a{}", k % streams);
                 let id = format!("{run_id}-{k}");
-                let body = payload(k);
+                let body = common::data(k);
                 let mut tx = pool.begin().await.expect("begin");
                 sqlx::query("INSERT INTO orders (id, aggregate, amount) VALUES ($1, $2, $3)")
                     .bind(k as i64)

@@ -21,7 +21,6 @@
 //! Prints one line per round and, last, one JSON object: requests/s of
 //! each side (medians over the rounds) and `plugin / native`.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -30,9 +29,12 @@ use hmac::Mac as _;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use outboxd::plugin;
 use outboxd::plugin::bindings::{Event, Outcome};
-use outboxd::plugin::{self, Runtime};
 use serde_json::json;
+
+#[path = "common/mod.rs"]
+mod common;
 
 /// Payload bytes per event (docs/measurements.md measures with 256).
 const PAYLOAD: usize = 256;
@@ -82,29 +84,13 @@ fn args() -> Args {
 }
 
 fn load_plugin(url: &str, in_flight: usize) -> anyhow::Result<plugin::Plugin> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let wasm = root.join("target/plugins/webhook.wasm");
-    anyhow::ensure!(
-        wasm.is_file(),
-        "{} is missing: run scripts/build-plugins.sh first",
-        wasm.display()
-    );
-    let dir = tempfile::tempdir()?;
-    std::fs::copy(&wasm, dir.path().join("webhook.wasm"))?;
     let manifest = format!(
         "name = \"webhook\"\nversion = \"0.1.0\"\ncomponent = \"webhook.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n\
          [limits]\ndeadline = \"30s\"\nmax-batch = 1000\n\
          [capabilities]\nhttp = [{url:?}]\n\
          [config]\nurl = \"{url}/webhook\"\nsecret = {SECRET:?}\nmax-concurrency = \"{in_flight}\"\n"
     );
-    let path = dir.path().join("webhook.toml");
-    std::fs::write(&path, manifest)?;
-    let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let plugin = plugin::load_one(&runtime, &path)
-        .map_err(|f| anyhow::anyhow!("{}: {}", f.file.display(), f.reason))?;
-    // The component is compiled into memory; the folder may go.
-    drop(dir);
-    Ok(plugin)
+    common::load_plugin("webhook", &manifest)
 }
 
 fn event(round: usize, i: usize) -> Event {
