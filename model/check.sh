@@ -125,7 +125,7 @@ check no-fence           safety   fail:fence "$one" -DNO_FENCE
 check no-head-check      safety   fail:order "$one" -DNO_HEAD_CHECK
 check no-block-head      safety   fail:order "$one" -DBLOCK_A=1 -DNO_BLOCK_HEAD_CHECK
 check no-after-check     safety   fail:chain "$one" -DNO_AFTER_CHECK
-check no-stream-lock     liveness fail:cycle "$one" -DREPLAYS=0 -DNO_STREAM_LOCK
+check no-head-lock       liveness fail:cycle "$one" -DREPLAYS=0 -DNO_HEAD_LOCK
 # Not a mutant: without the documented waits (behind a blocking dead
 # letter, or behind an event the `after` sink dead-lettered) some event
 # would never end; this shows those waits are real, not vacuous.

@@ -20,9 +20,9 @@
  *   NO_FENCE        finish ignores the lease token
  *   NO_HEAD_CHECK   claim takes any pending delivery, not only the head
  *   NO_AFTER_CHECK  the chained sink ignores its `after` sink
- *   NO_STREAM_LOCK  finish moves/drops a head in two steps that an ingest
+ *   NO_HEAD_LOCK    finish moves/drops a head in two steps that an ingest
  *                   of the same stream can run between (PostgreSQL without
- *                   the stream row lock)
+ *                   the head row locks of finish and ingest)
  *   NO_BLOCK_HEAD_CHECK a blocking dead letter takes the head even when an
  *                   earlier delivery of its stream is still undelivered
  */
@@ -308,15 +308,15 @@ inline work() {
   :: atomic {
        fin(bs, bk, bi, h, o1, dh);
        if :: f != NONE -> fin(bs, bk, bi+1, f, o2, df) :: else -> skip fi;
-#ifndef NO_STREAM_LOCK
+#ifndef NO_HEAD_LOCK
        drop_head(bs, bk, bi, dh);
        if :: f != NONE -> drop_head(bs, bk, bi+1, df) :: else -> skip fi;
        bat[2*w] = NONE; bat[2*w+1] = NONE;
        CLEAR
 #endif
      }
-#ifdef NO_STREAM_LOCK
-     /* without the stream lock, an ingest may run between the head move
+#ifdef NO_HEAD_LOCK
+     /* without the head lock, an ingest may run between the head move
         and the deletion of a head left on a finished delivery */
      atomic {
        drop_head(bs, bk, bi, dh);

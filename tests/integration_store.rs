@@ -716,6 +716,13 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
             "move heads",
             format!("EXPLAIN {}", outboxd::store::postgres::MOVE_HEADS_SQL),
         ),
+        (
+            "lock finishing heads",
+            format!(
+                "EXPLAIN {}",
+                outboxd::store::postgres::LOCK_FINISHING_HEADS_SQL
+            ),
+        ),
     ];
     let head_ids: Vec<i64> = sqlx::query_scalar("SELECT delivery_id FROM outboxd.heads LIMIT 100")
         .fetch_all(&mut c)
@@ -726,6 +733,7 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
         let q = match what {
             "claim heads" => q.bind("x").bind(100i64),
             "claim runs" => q.bind("x").bind(&head_ids).bind(100i64),
+            "lock finishing heads" => q.bind(&head_ids),
             _ => q
                 .bind(&head_ids)
                 .bind(vec!["x".to_string(); head_ids.len()])
@@ -747,5 +755,112 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
             "{what} plan has a sequential scan:\n{plan}"
         );
     }
+    db.cleanup().await;
+}
+
+/// An ingest adding a stream's next delivery while a finish moves that
+/// stream's head, 400 times at once: every new delivery ends behind a head
+/// and is claimable. Without the head locks of finish and ingest (finish
+/// step 1, the head insert's `DO UPDATE … WHERE false`) the finish drops a
+/// head whose stream just got a delivery it could not see yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_an_ingest_racing_a_finish_never_leaves_a_delivery_without_a_head() {
+    const STREAMS: usize = 400;
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    let first: Vec<IngestItem> = (0..STREAMS)
+        .map(|i| item(&format!("a{i}"), &format!("s{i}"), json!({}), &["x"]))
+        .collect();
+    store.ingest(&first).await.unwrap();
+    let claimed = store
+        .claim("x", STREAMS as u32, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), STREAMS);
+    // Finish the heads in batches of 20 while each stream gets its second
+    // event, one ingest per stream, 16 at a time.
+    let finishes = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for chunk in claimed.chunks(20) {
+                let items: Vec<(i64, &str, &Finish)> = chunk
+                    .iter()
+                    .map(|c| (c.delivery_id, c.lease_token.as_str(), &Finish::Delivered))
+                    .collect();
+                let kept = store.finish_many(&items).await.unwrap();
+                assert!(kept.iter().all(|k| *k));
+            }
+        })
+    };
+    let mut ingests = Vec::new();
+    for lane in 0..16 {
+        let store = store.clone();
+        ingests.push(tokio::spawn(async move {
+            for i in (lane..STREAMS).step_by(16) {
+                let e = item(&format!("b{i}"), &format!("s{i}"), json!({}), &["x"]);
+                store.ingest(&[e]).await.unwrap();
+            }
+        }));
+    }
+    finishes.await.unwrap();
+    for t in ingests {
+        t.await.unwrap();
+    }
+    let mut got = BTreeSet::new();
+    loop {
+        let c = store
+            .claim("x", STREAMS as u32, Duration::from_secs(30))
+            .await
+            .unwrap();
+        if c.is_empty() {
+            break;
+        }
+        got.extend(c.into_iter().map(|c| c.event.event.id));
+    }
+    let want: BTreeSet<String> = (0..STREAMS).map(|i| format!("b{i}")).collect();
+    let stranded: Vec<&String> = want.difference(&got).collect();
+    assert!(
+        stranded.is_empty(),
+        "{} second events left without a head: {:?}",
+        stranded.len(),
+        &stranded[..stranded.len().min(10)]
+    );
+    db.cleanup().await;
+}
+
+/// A finish never waits on its stream's row: with another session holding
+/// that row locked (as an ingest of the stream does), a delivery of the
+/// stream is still finished, and its head moves on. Fifty destinations
+/// finishing on one stream therefore queue neither behind each other nor
+/// an ingest behind all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_finish_does_not_wait_for_its_streams_row() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    store
+        .ingest(&[
+            item("e1", "s", json!({}), &["x", "y"]),
+            item("e2", "s", json!({}), &["x", "y"]),
+        ])
+        .await
+        .unwrap();
+    let c = store.claim("x", 1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(c.len(), 1);
+    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = 's' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let finished = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.finish(c[0].delivery_id, &c[0].lease_token, &Finish::Delivered),
+    )
+    .await
+    .expect("the finish waited on the stream's row, held by another session");
+    assert!(finished.unwrap());
+    assert_eq!(claim_ids(&store, "x").await, vec!["e2".to_string()]);
+    tx.rollback().await.unwrap();
     db.cleanup().await;
 }

@@ -403,9 +403,6 @@ pub struct FinishPlan<'a> {
     pub dead: Vec<(Fenced<'a>, &'a str, bool)>,
     /// Given back untried, the attempt not charged.
     pub release: Vec<Fenced<'a>>,
-    /// Ids whose stream's head may move (delivered, dead): the streams a
-    /// backend with stream locks locks first, in byte order.
-    pub moving: Vec<i64>,
     /// Blocking dead letters: the backend asks which of them sit behind an
     /// undelivered earlier delivery *after* applying `delivered` and
     /// `retry`, and passes them to [`FinishPlan::settle`].
@@ -424,16 +421,12 @@ impl<'a> FinishPlan<'a> {
         for (id, token, finish) in items {
             let fenced = (*id, *token);
             match finish {
-                Finish::Delivered => {
-                    plan.delivered.push(fenced);
-                    plan.moving.push(*id);
-                }
+                Finish::Delivered => plan.delivered.push(fenced),
                 Finish::Retry { delay, reason } => {
                     plan.retry
                         .push((fenced, delay.as_millis() as i64, reason.as_str()))
                 }
                 Finish::Dead { blocks_stream, .. } => {
-                    plan.moving.push(*id);
                     if *blocks_stream {
                         plan.blocking.push(*id);
                     }

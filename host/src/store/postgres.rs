@@ -91,6 +91,14 @@ pub const MOVE_HEADS_SQL: &str = "UPDATE outboxd.heads h SET delivery_id = n.id,
                          ORDER BY sequence LIMIT 1) AS n \
      WHERE h.sink = m.sink AND h.stream = m.stream AND h.delivery_id = m.id";
 
+/// Finish step 1: lock the heads of the (sink, stream) pairs of `$1`
+/// (delivery ids), in (sink, stream) byte order — the order ingest's head
+/// insert takes them in — so a finish and an ingest never wait on each
+/// other in opposite orders.
+pub const LOCK_FINISHING_HEADS_SQL: &str = "SELECT 1 FROM outboxd.heads h \
+     WHERE (h.sink, h.stream) IN (SELECT sink, stream FROM outboxd.deliveries WHERE id = ANY($1)) \
+     ORDER BY h.sink COLLATE \"C\", h.stream COLLATE \"C\" FOR UPDATE";
+
 /// The PostgreSQL store.
 pub struct PgStore {
     pool: PgPool,
@@ -332,6 +340,14 @@ impl NewRows {
 /// Insert deliveries (parallel columns: event id, sink, stream, sequence);
 /// the first live delivery of each (sink, stream) becomes its head, later
 /// ones wait behind it. An existing (event, sink) delivery is left alone.
+///
+/// A head that already exists is locked, not changed (`DO UPDATE … WHERE
+/// false` locks every conflicting row: PostgreSQL, INSERT, "ON CONFLICT
+/// Clause"), in (sink, stream) byte order as [`finish_batch`] locks heads:
+/// a finish moving that head waits for this commit and then sees the new
+/// delivery, or has moved it first and this insert sees the move (a head
+/// dropped meanwhile is inserted anew). Only this (sink, stream) pair
+/// waits: finishes of other sinks on the same stream never do.
 async fn insert_deliveries(
     tx: &mut Transaction<'_, Postgres>,
     events: &[String],
@@ -346,9 +362,10 @@ async fn insert_deliveries(
         "WITH d AS (INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) \
                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) \
                     ON CONFLICT (event_id, sink) DO NOTHING RETURNING id, sink, stream, sequence) \
-         INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
-         SELECT DISTINCT ON (sink, stream) sink, stream, id, now() FROM d \
-         ORDER BY sink, stream, sequence ON CONFLICT (sink, stream) DO NOTHING",
+         INSERT INTO outboxd.heads AS h (sink, stream, delivery_id, due_at) \
+         SELECT DISTINCT ON (sink COLLATE \"C\", stream COLLATE \"C\") sink, stream, id, now() FROM d \
+         ORDER BY sink COLLATE \"C\", stream COLLATE \"C\", sequence \
+         ON CONFLICT (sink, stream) DO UPDATE SET due_at = h.due_at WHERE false",
     )
     .bind(events)
     .bind(sinks)
@@ -783,11 +800,14 @@ async fn take_leases(
 /// as [`FinishPlan`] orders them, set-based: at most nine statements
 /// whatever the batch size.
 ///
-/// 1. Lock the streams whose head may move (delivered, dead), in ingest's
-///    order (`COLLATE "C"`): a head moving must not interleave with an
+/// 1. Lock the heads of the batch's (sink, stream) pairs, in (sink,
+///    stream) byte order as ingest's head insert locks them
+///    ([`insert_deliveries`]): a head moving must not interleave with an
 ///    ingest adding the stream's next delivery (that ingest's head insert
 ///    would see the old head and do nothing, then the head would be
-///    dropped: the new delivery stranded).
+///    dropped: the new delivery stranded). Heads, not the streams' rows:
+///    fifty destinations finishing on one stream do not queue behind each
+///    other, nor an ingest behind all of them.
 /// 2. One fenced `UPDATE` per kind of outcome, matching (delivery, lease
 ///    token, pending); what it returns is what was kept.
 /// 3. Heads, as [`HeadChanges`] says.
@@ -797,16 +817,11 @@ async fn finish_batch(
     items: &[(i64, &str, &Finish)],
 ) -> Result<Vec<bool>, StoreError> {
     let mut plan = FinishPlan::new(items);
-    if !plan.moving.is_empty() {
-        sqlx::query(
-            "SELECT 1 FROM outboxd.streams WHERE stream IN \
-               (SELECT stream FROM outboxd.deliveries WHERE id = ANY($1)) \
-             ORDER BY stream COLLATE \"C\" FOR UPDATE",
-        )
-        .bind(&plan.moving)
+    let ids: Vec<i64> = items.iter().map(|(id, _, _)| *id).collect();
+    sqlx::query(LOCK_FINISHING_HEADS_SQL)
+        .bind(&ids)
         .execute(&mut *tx.0)
         .await?;
-    }
     let mut heads = HeadChanges::default();
     let set = "status = 'delivered', finished_at = now(), last_error = NULL";
     let kept = fenced_update(tx, set, "", fenced(&plan.delivered), None).await?;

@@ -213,10 +213,12 @@ fn dead_ids(sql: &dyn Sql, q: &mut Builder, filter: &DeadFilter, limit: u32) {
 
 /// Lock the rows of `streams` in byte order (`BTreeSet` order is byte
 /// order, PostgreSQL's `COLLATE "C"`), where the dialect locks: the one
-/// order every transaction that moves heads or adds deliveries takes them
-/// in (ingest, finish, routing, replay, purge, backfill), so two never
-/// wait on each other in opposite orders, and a head is never moved from a
-/// stale read while another transaction changes its stream.
+/// order every transaction that adds deliveries or resets heads takes them
+/// in (ingest, routing, replay, purge, backfill), so two never wait on
+/// each other in opposite orders. A finish locks only the heads it moves
+/// (`postgres::LOCK_FINISHING_HEADS_SQL`), which these transactions lock
+/// after their streams' rows ([`reset_head`], the head insert of
+/// ingest), so a head is never moved from a stale read.
 pub async fn lock_streams(
     sql: &dyn Sql,
     tx: &mut (dyn SqlTx + '_),
@@ -241,7 +243,9 @@ async fn wake(sql: &dyn Sql, tx: &mut (dyn SqlTx + '_), payload: &str) -> Result
 /// Point the head of (`key`, `stream`) at its earliest live delivery
 /// (after a replay or a backfill added one that may sit before the current
 /// head, or a purge removed a blocking one), unless [`plan::keep_head`]
-/// keeps it; with no live delivery, leave it as it is.
+/// keeps it; with no live delivery, leave it as it is. The head is read
+/// locked (where the dialect locks), so a finish moving it meanwhile is
+/// waited for and seen.
 pub async fn reset_head(
     sql: &dyn Sql,
     tx: &mut (dyn SqlTx + '_),
@@ -255,8 +259,8 @@ pub async fn reset_head(
             stmt(
                 sql,
                 &format!(
-                    "SELECT delivery_id, due_at = {} FROM {{s}}heads WHERE sink = $1 AND stream = $2",
-                    d.blocked_due
+                    "SELECT delivery_id, due_at = {} FROM {{s}}heads WHERE sink = $1 AND stream = $2{}",
+                    d.blocked_due, d.for_update
                 ),
                 &[Col::Int, Col::Bool],
             )
