@@ -191,6 +191,59 @@ async fn sixteen_concurrent_writers_get_gapless_sequences(backend: Backend) {
     db.cleanup().await;
 }
 
+/// One request larger than a multi-row statement holds (1,200 events over
+/// seven streams, two sinks each: 2,400 deliveries): every event and
+/// delivery is stored with its sequence, and each (sink, stream) gets one
+/// head, its first event — the claim takes the seven heads, then their runs
+/// in order.
+async fn a_request_of_1200_events_is_stored_whole_in_order(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let items: Vec<IngestItem> = (0..1200)
+        .map(|i| item(&format!("e{i}"), &format!("s{}", i % 7), json!({"i": i}), &["x", "y"]))
+        .collect();
+    let r = store.ingest(&items).await.unwrap();
+    for (i, got) in r.iter().enumerate() {
+        assert_eq!(got.sequence, (i / 7 + 1) as u64, "e{i}");
+    }
+    for i in [0, 499, 500, 1199] {
+        assert_eq!(deliveries(&store, &format!("e{i}")).await, 2, "e{i}");
+    }
+    for sink in ["x", "y"] {
+        let heads = store.claim(sink, 7, Duration::from_secs(30)).await.unwrap();
+        let ids: BTreeSet<String> = heads.iter().map(|c| c.event.event.id.clone()).collect();
+        let want: BTreeSet<String> = (0..7).map(|i| format!("e{i}")).collect();
+        assert_eq!(ids, want, "{sink}: the first event of each stream is its head");
+        for c in &heads {
+            assert!(store
+                .finish(c.delivery_id, &c.lease_token, &Finish::Delivered)
+                .await
+                .unwrap());
+        }
+        // Then the rest, batch after batch, each stream in order.
+        let mut last: std::collections::HashMap<String, u64> = Default::default();
+        let mut delivered = heads.len();
+        loop {
+            let run = store.claim(sink, 300, Duration::from_secs(30)).await.unwrap();
+            if run.is_empty() {
+                break;
+            }
+            for c in &run {
+                let prev = last.insert(c.event.event.stream.clone(), c.event.sequence);
+                assert!(prev.is_none_or(|p| p < c.event.sequence), "{sink}: in order");
+                assert!(c.event.sequence > 1, "{sink}: heads were delivered");
+                assert!(store
+                    .finish(c.delivery_id, &c.lease_token, &Finish::Delivered)
+                    .await
+                    .unwrap());
+            }
+            delivered += run.len();
+        }
+        assert_eq!(delivered, 1200, "{sink}: every delivery, once");
+    }
+    db.cleanup().await;
+}
+
 async fn producer_sequence_is_kept_and_must_not_go_backwards(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
@@ -593,6 +646,7 @@ both_stores!(
     event_and_deliveries_commit_together,
     same_id_same_content_is_a_duplicate_different_content_a_conflict,
     a_b_a_is_three_events,
+    a_request_of_1200_events_is_stored_whole_in_order,
     the_same_id_twice_in_one_request_is_a_duplicate_or_a_conflict,
     sixteen_concurrent_writers_get_gapless_sequences,
     producer_sequence_is_kept_and_must_not_go_backwards,
