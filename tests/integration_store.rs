@@ -200,7 +200,14 @@ async fn a_request_of_1200_events_is_stored_whole_in_order(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     let items: Vec<IngestItem> = (0..1200)
-        .map(|i| item(&format!("e{i}"), &format!("s{}", i % 7), json!({"i": i}), &["x", "y"]))
+        .map(|i| {
+            item(
+                &format!("e{i}"),
+                &format!("s{}", i % 7),
+                json!({"i": i}),
+                &["x", "y"],
+            )
+        })
         .collect();
     let r = store.ingest(&items).await.unwrap();
     for (i, got) in r.iter().enumerate() {
@@ -213,7 +220,10 @@ async fn a_request_of_1200_events_is_stored_whole_in_order(backend: Backend) {
         let heads = store.claim(sink, 7, Duration::from_secs(30)).await.unwrap();
         let ids: BTreeSet<String> = heads.iter().map(|c| c.event.event.id.clone()).collect();
         let want: BTreeSet<String> = (0..7).map(|i| format!("e{i}")).collect();
-        assert_eq!(ids, want, "{sink}: the first event of each stream is its head");
+        assert_eq!(
+            ids, want,
+            "{sink}: the first event of each stream is its head"
+        );
         for c in &heads {
             assert!(store
                 .finish(c.delivery_id, &c.lease_token, &Finish::Delivered)
@@ -224,13 +234,19 @@ async fn a_request_of_1200_events_is_stored_whole_in_order(backend: Backend) {
         let mut last: std::collections::HashMap<String, u64> = Default::default();
         let mut delivered = heads.len();
         loop {
-            let run = store.claim(sink, 300, Duration::from_secs(30)).await.unwrap();
+            let run = store
+                .claim(sink, 300, Duration::from_secs(30))
+                .await
+                .unwrap();
             if run.is_empty() {
                 break;
             }
             for c in &run {
                 let prev = last.insert(c.event.event.stream.clone(), c.event.sequence);
-                assert!(prev.is_none_or(|p| p < c.event.sequence), "{sink}: in order");
+                assert!(
+                    prev.is_none_or(|p| p < c.event.sequence),
+                    "{sink}: in order"
+                );
                 assert!(c.event.sequence > 1, "{sink}: heads were delivered");
                 assert!(store
                     .finish(c.delivery_id, &c.lease_token, &Finish::Delivered)

@@ -317,8 +317,9 @@ impl SqliteStore {
         }
         let heads: Vec<_> = first.into_iter().collect();
         for rows in heads.chunks(INGEST_ROWS) {
-            let mut q =
-                QueryBuilder::<Sqlite>::new("INSERT INTO heads (sink, stream, delivery_id, due_at) ");
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO heads (sink, stream, delivery_id, due_at) ",
+            );
             q.push_values(rows, |mut b, ((key, stream), (id, _))| {
                 b.push_bind(*key)
                     .push_bind(*stream)
