@@ -12,10 +12,12 @@
 //! - claims use `FOR UPDATE SKIP LOCKED` on the heads of streams, so
 //!   concurrent workers and replicas never take the same delivery; lease
 //!   expiry is `now()` of the database;
-//! - a finish that moves or drops a stream's head takes the stream's row
-//!   lock first, like ingest, so a head change and an ingest of the same
-//!   stream never interleave (otherwise the new delivery could be left
-//!   without a head, and delivered out of order or never);
+//! - a finish locks the heads of its batch first, and an ingest locks
+//!   every existing head it adds a delivery behind, both in (sink, stream)
+//!   byte order, so a head change and an ingest of the same (sink, stream)
+//!   never interleave (otherwise the new delivery could be left without a
+//!   head, and delivered out of order or never) — and finishes of other
+//!   sinks on the same stream wait for neither;
 //! - every connection carries a `statement_timeout`, so no call can hang.
 //!
 //! Must never: compute a time from the process clock, or hold a
