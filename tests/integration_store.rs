@@ -810,12 +810,12 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
                 .bind(vec!["hot".to_string(); head_ids.len()]),
         };
         let plan = q.fetch_all(&mut c).await.unwrap().join("\n");
-        // Moving a batch's heads joins its (up to max-batch) finished
-        // deliveries with the heads table, one row per live (sink,
-        // stream): at a few thousand heads hashing them all is cheaper than
-        // probing the primary key, and the planner says so; the deliveries
-        // must be reached by index whatever the size.
-        let forbidden = if what == "move heads" {
+        // Moving (and first locking) a batch's heads joins its (up to
+        // max-batch) finished deliveries with the heads table, one row per
+        // live (sink, stream): at a few thousand heads hashing them all is
+        // cheaper than probing the primary key, and the planner says so;
+        // the deliveries must be reached by index whatever the size.
+        let forbidden = if what == "move heads" || what == "lock finishing heads" {
             "Seq Scan on deliveries"
         } else {
             "Seq Scan"
