@@ -847,12 +847,12 @@ async fn postgres_an_ingest_racing_a_finish_never_leaves_a_delivery_without_a_he
         .await
         .unwrap();
     assert_eq!(claimed.len(), STREAMS);
-    // Finish the heads in batches of 20 while each stream gets its second
+    // Finish the heads in batches of 5 while each stream gets its second
     // event, one ingest per stream, 16 at a time.
     let finishes = {
         let store = store.clone();
         tokio::spawn(async move {
-            for chunk in claimed.chunks(20) {
+            for chunk in claimed.chunks(5) {
                 let items: Vec<(i64, &str, &Finish)> = chunk
                     .iter()
                     .map(|c| (c.delivery_id, c.lease_token.as_str(), &Finish::Delivered))
