@@ -248,7 +248,7 @@ impl SqliteStore {
         plan: &IngestPlan,
         now: i64,
     ) -> Result<(), StoreError> {
-        let mut sequences = std::collections::HashMap::new();
+        let mut sequences = HashMap::new();
         for rows in plan.events.chunks(INGEST_ROWS) {
             let mut q = QueryBuilder::<Sqlite>::new(
                 "INSERT INTO events (id, source, type, subject, time, datacontenttype, dataschema, stream, \
