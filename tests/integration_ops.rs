@@ -395,7 +395,9 @@ async fn the_admin_api_wants_its_token() {
 }
 
 /// A loop whose every claim fails keeps turning (health 200) but is not
-/// ready; when the claims work again, it is ready and delivers.
+/// ready; when the claims work again, it is ready and delivers. A claim
+/// locks and leases deliveries, so it needs UPDATE on them; an ingest only
+/// inserts them, so events are still taken while claims fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ready_is_503_while_every_claim_fails() {
     use sqlx::Connection;
@@ -422,7 +424,7 @@ async fn ready_is_503_while_every_claim_fails() {
     let (status, body) = d.get("/ready").await;
     assert_eq!(status, 200, "{body}");
 
-    sqlx::query(&format!("REVOKE UPDATE ON outboxd.heads FROM {role}"))
+    sqlx::query(&format!("REVOKE UPDATE ON outboxd.deliveries FROM {role}"))
         .execute(&mut admin)
         .await
         .unwrap();
@@ -443,7 +445,7 @@ async fn ready_is_503_while_every_claim_fails() {
     }
     assert_eq!(d.get("/health").await.0, 200, "the loop is still turning");
 
-    sqlx::query(&format!("GRANT UPDATE ON outboxd.heads TO {role}"))
+    sqlx::query(&format!("GRANT UPDATE ON outboxd.deliveries TO {role}"))
         .execute(&mut admin)
         .await
         .unwrap();
