@@ -406,12 +406,10 @@ impl Store for SqliteStore {
         let now = now_ms(&mut tx.0).await?;
         let mut plan = FinishPlan::new(items);
         let mut heads = HeadChanges::default();
-        for (id, token) in &plan.delivered {
-            let set = format!("status = 'delivered', finished_at = {now}, last_error = NULL");
-            heads
-                .moved
-                .extend(fenced(&mut tx.0, &set, None, *id, token).await?);
-        }
+        let set = format!("status = 'delivered', finished_at = {now}, last_error = NULL");
+        heads
+            .moved
+            .extend(fenced_many(&mut tx.0, &set, &plan.delivered).await?);
         for ((id, token), delay, reason) in &plan.retry {
             let set = format!("next_attempt_at = {}, last_error = ?", now + delay);
             heads
@@ -426,13 +424,11 @@ impl Store for SqliteStore {
             dead.extend(fenced(&mut tx.0, &set, Some(reason), *id, token).await?);
         }
         heads.add_dead(dead, &plan);
-        for (id, token) in &plan.release {
-            let set = "attempts = attempts - 1, \
-                       first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END";
-            heads
-                .waiting
-                .extend(fenced(&mut tx.0, set, None, *id, token).await?);
-        }
+        let set = "attempts = attempts - 1, \
+                   first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END";
+        heads
+            .waiting
+            .extend(fenced_many(&mut tx.0, set, &plan.release).await?);
         apply_heads(&mut tx.0, &heads).await?;
         tx.0.commit().await?;
         Ok(heads.kept(items))
@@ -561,34 +557,83 @@ async fn fenced(
     Ok(q.bind(id).bind(token).fetch_optional(&mut *conn).await?)
 }
 
+/// [`fenced`] without a bound reason for many deliveries at once: one
+/// statement per lease token (a claim leases its whole batch under one),
+/// at most [`FENCED_PER_STATEMENT`] ids each. Per delivery, the fence of
+/// [`fenced`] exactly; returns the rows it kept.
+async fn fenced_many(
+    conn: &mut SqliteConnection,
+    set: &str,
+    items: &[(i64, &str)],
+) -> Result<Vec<KeptRow>, StoreError> {
+    let mut by_token: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for (id, token) in items {
+        by_token.entry(token).or_default().push(*id);
+    }
+    let mut kept = Vec::with_capacity(items.len());
+    for (token, ids) in by_token {
+        for chunk in ids.chunks(FENCED_PER_STATEMENT) {
+            let mut q = QueryBuilder::<Sqlite>::new(format!(
+                "UPDATE deliveries SET {set}, lease_token = NULL, lease_expires_at = NULL \
+                 WHERE status = 'pending' AND lease_token = "
+            ));
+            q.push_bind(token).push(" AND id");
+            push_in(&mut q, chunk.iter().copied());
+            q.push(" RETURNING id, sink, stream");
+            kept.extend(q.build_query_as::<KeptRow>().fetch_all(&mut *conn).await?);
+        }
+    }
+    Ok(kept)
+}
+
+/// Ids a statement of [`fenced_many`] or [`move_heads`] names at most:
+/// far below SQLite's 32,766 bound parameters.
+const FENCED_PER_STATEMENT: usize = 500;
+
+/// Move each head on a `moved` delivery to its stream's first live
+/// delivery (possibly leased in the same batch, or now waiting to retry),
+/// due when its retry time and any lease have passed; delete the heads
+/// left on a finished delivery (no live one behind it). Two statements per
+/// sink and [`FENCED_PER_STATEMENT`] deliveries. A delivery belongs to one
+/// (sink, stream), so a head whose `delivery_id` is among the moved ids is
+/// exactly a head on a moved delivery.
+async fn move_heads(conn: &mut SqliteConnection, moved: &[KeptRow]) -> Result<(), StoreError> {
+    let mut by_sink: BTreeMap<&str, Vec<(i64, &str)>> = BTreeMap::new();
+    for (id, sink, stream) in moved {
+        by_sink.entry(sink).or_default().push((*id, stream));
+    }
+    for (sink, rows) in by_sink {
+        for chunk in rows.chunks(FENCED_PER_STATEMENT) {
+            let ids = || chunk.iter().map(|(id, _)| *id);
+            let streams: BTreeSet<&str> = chunk.iter().map(|(_, stream)| *stream).collect();
+            let mut update = QueryBuilder::<Sqlite>::new(
+                "UPDATE heads SET (delivery_id, due_at) = ( \
+                   SELECT d.id, MAX(d.next_attempt_at, COALESCE(d.lease_expires_at, d.next_attempt_at)) \
+                   FROM deliveries d WHERE d.sink = heads.sink AND d.stream = heads.stream \
+                   AND d.status = 'pending' ORDER BY d.sequence LIMIT 1) \
+                 WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.sink = heads.sink \
+                   AND d.stream = heads.stream AND d.status = 'pending') AND sink = ",
+            );
+            update.push_bind(sink).push(" AND stream");
+            push_in(&mut update, streams.iter().copied());
+            update.push(" AND delivery_id");
+            push_in(&mut update, ids());
+            update.build().execute(&mut *conn).await?;
+            let mut delete = QueryBuilder::<Sqlite>::new("DELETE FROM heads WHERE sink = ");
+            delete.push_bind(sink).push(" AND stream");
+            push_in(&mut delete, streams.iter().copied());
+            delete.push(" AND delivery_id");
+            push_in(&mut delete, ids());
+            delete.build().execute(&mut *conn).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Apply a batch's [`HeadChanges`], in the order the protocol needs:
 /// moved heads, then blocking dead letters, then waiting heads.
 async fn apply_heads(conn: &mut SqliteConnection, heads: &HeadChanges) -> Result<(), StoreError> {
-    for (id, key, stream) in &heads.moved {
-        // The next live delivery of the stream (possibly leased in the same
-        // batch, or now waiting to retry) becomes the head; none: it goes.
-        let moved = sqlx::query(
-            "UPDATE heads SET (delivery_id, due_at) = ( \
-               SELECT id, MAX(next_attempt_at, COALESCE(lease_expires_at, next_attempt_at)) FROM deliveries \
-               WHERE sink = ?1 AND stream = ?2 AND status = 'pending' ORDER BY sequence LIMIT 1) \
-             WHERE sink = ?1 AND stream = ?2 AND delivery_id = ?3 \
-               AND EXISTS (SELECT 1 FROM deliveries WHERE sink = ?1 AND stream = ?2 AND status = 'pending')",
-        )
-        .bind(key)
-        .bind(stream)
-        .bind(id)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-        if moved == 0 {
-            sqlx::query("DELETE FROM heads WHERE sink = ? AND stream = ? AND delivery_id = ?")
-                .bind(key)
-                .bind(stream)
-                .bind(id)
-                .execute(&mut *conn)
-                .await?;
-        }
-    }
+    move_heads(conn, &heads.moved).await?;
     for (id, key, stream) in &heads.blocked {
         // The head stays on the dead letter, due never: the stream waits
         // for a replay or a purge.
