@@ -934,3 +934,88 @@ async fn postgres_a_finish_does_not_wait_for_its_streams_row() {
     tx.rollback().await.unwrap();
     db.cleanup().await;
 }
+
+/// However many delivery calls wait on the database, an ingest finds a
+/// connection: with 20 finishes (more than the pool's 16 connections)
+/// blocked on heads another session holds locked, an ingest of another
+/// stream is stored at once. Without the delivery loops' cap
+/// (`limits::PG_DELIVERY_CONNECTIONS`) the finishes hold every connection
+/// and the ingest waits for the pool until it gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_an_ingest_never_waits_behind_the_delivery_loops() {
+    use outboxd::limits::PG_DELIVERY_CONNECTIONS;
+    use sqlx::Connection;
+    const SINKS: usize = 20;
+    let db = TestDb::new(Backend::Postgres).await;
+    // Statements may wait a minute: the finishes stay blocked for as long
+    // as the test holds the heads.
+    let store: Arc<dyn Store> = Arc::new(
+        outboxd::store::postgres::PgStore::open(&db.url, Duration::from_secs(60))
+            .await
+            .unwrap(),
+    );
+    store.migrate().await.unwrap();
+    let sinks: Vec<String> = (0..SINKS).map(|i| format!("d{i}")).collect();
+    let names: Vec<&str> = sinks.iter().map(String::as_str).collect();
+    store
+        .ingest(&[item("e1", "s", json!({}), &names)])
+        .await
+        .unwrap();
+    let mut claims = Vec::new();
+    for sink in &sinks {
+        let mut c = store.claim(sink, 1, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(c.len(), 1, "{sink}");
+        claims.push(c.remove(0));
+    }
+    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outboxd.heads WHERE stream = 's' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let finishes: Vec<_> = claims
+        .into_iter()
+        .map(|c| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .finish(c.delivery_id, &c.lease_token, &Finish::Delivered)
+                    .await
+            })
+        })
+        .collect();
+    // Every finish that got a connection is now waiting on a head.
+    let mut watch = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut watch)
+        .await
+        .unwrap();
+        if waiting as usize >= PG_DELIVERY_CONNECTIONS {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "only {waiting} finishes reached the locked heads"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ingested = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.ingest(&[item("e2", "t", json!({}), &["d0"])]),
+    )
+    .await
+    .expect("the ingest waited behind the blocked finishes for a connection");
+    assert_eq!(ingested.unwrap().len(), 1);
+    tx.rollback().await.unwrap();
+    for f in finishes {
+        assert!(f.await.unwrap().unwrap(), "every finish kept its lease");
+    }
+    assert_eq!(claim_ids(&store, "d0").await, vec!["e2".to_string()]);
+    db.cleanup().await;
+}

@@ -27,6 +27,16 @@ pub const PG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// headroom.
 pub const PG_POOL_SIZE: u32 = 16;
 
+/// Connections of the pool the delivery loops' claims, finishes and
+/// due-time queries may hold at once; the other
+/// `PG_POOL_SIZE − PG_DELIVERY_CONNECTIONS` stay free for ingest, probes,
+/// sources and the admin API. Without the cap, 1,000 busy destinations'
+/// loops (one claim or finish each in the pool's queue) kept an ingest
+/// waiting past [`PG_ACQUIRE_TIMEOUT`] (`destinations_bench`, fan-out to
+/// 1,000, 2026-12-02); two per core of the machines measured still feed
+/// the loops.
+pub const PG_DELIVERY_CONNECTIONS: usize = 12;
+
 /// How long an SQLite statement waits for a lock held by another
 /// connection of the file (the readers against the one writer) before it
 /// fails as busy.

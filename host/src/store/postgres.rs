@@ -18,7 +18,10 @@
 //!   never interleave (otherwise the new delivery could be left without a
 //!   head, and delivered out of order or never) — and finishes of other
 //!   sinks on the same stream wait for neither;
-//! - every connection carries a `statement_timeout`, so no call can hang.
+//! - every connection carries a `statement_timeout`, so no call can hang;
+//! - the delivery loops' calls hold at most
+//!   [`limits::PG_DELIVERY_CONNECTIONS`] of the pool at once, so an ingest
+//!   never queues behind a thousand destinations' claims and finishes.
 //!
 //! Must never: compute a time from the process clock, or hold a
 //! transaction open across a plugin call.
@@ -114,6 +117,11 @@ pub struct PgStore {
     /// per [`limits::LOCKED_HEAD_LOOK_EVERY`], so a loop whose claims come
     /// back short does not send a second query with every claim.
     looked: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+    /// Turns of the delivery loops' calls (claim, finish, next due time):
+    /// [`limits::PG_DELIVERY_CONNECTIONS`] at once, first come first
+    /// served, so however many destinations are busy, the rest of the pool
+    /// is free for ingest and everything else.
+    delivery_turns: tokio::sync::Semaphore,
 }
 
 /// A stream's head left behind by claims because it is locked.
@@ -148,7 +156,14 @@ impl PgStore {
             statement_timeout,
             locked_heads: Default::default(),
             looked: Default::default(),
+            delivery_turns: tokio::sync::Semaphore::new(limits::PG_DELIVERY_CONNECTIONS),
         })
+    }
+
+    /// Wait for a turn of the delivery loops ([`PgStore::delivery_turns`]);
+    /// held until the returned permit drops. The semaphore is never closed.
+    async fn delivery_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.delivery_turns.acquire().await.ok()
     }
 
     /// After a claim of `sink` that took `claimed` of `limit`: when it had
@@ -624,6 +639,7 @@ impl Store for PgStore {
         lease: Duration,
         after: Option<&str>,
     ) -> Result<Vec<Claimed>, StoreError> {
+        let _turn = self.delivery_turn().await;
         let claimed = self.claim_once(sink, limit, lease, after).await?;
         self.note_locked_head(sink, claimed.len(), limit).await;
         Ok(claimed)
@@ -640,6 +656,7 @@ impl Store for PgStore {
     async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
         // One transaction (one commit, one fsync) and a fixed number of
         // statements for a whole batch, whatever its size.
+        let _turn = self.delivery_turn().await;
         let mut tx = PgTx(self.pool.begin().await?);
         let kept = finish_batch(self, &mut tx, items).await?;
         tx.0.commit().await?;
@@ -647,6 +664,7 @@ impl Store for PgStore {
     }
 
     async fn next_due_in(&self, sink: &str) -> Result<Option<Duration>, StoreError> {
+        let _turn = self.delivery_turn().await;
         let wait: Option<i64> = sqlx::query_scalar(
             "SELECT (extract(epoch FROM (MIN(due_at) - now())) * 1000)::bigint FROM outboxd.heads \
              WHERE sink = $1 AND due_at < 'infinity'",
