@@ -1211,4 +1211,14 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except subprocess.CalledProcessError as e:
+        # A stage's program failed: say what it said (its output is
+        # captured for the figures) before the traceback.
+        for name, text in (("stdout", e.stdout), ("stderr", e.stderr)):
+            if text:
+                text = text.decode(errors="replace") if isinstance(text, bytes) else text
+                tail = "\n".join(text.strip().splitlines()[-20:])
+                log(f"{os.path.basename(str(e.cmd[0]))} {name}, last lines:\n{tail}")
+        raise
