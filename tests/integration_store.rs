@@ -828,6 +828,31 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
     db.cleanup().await;
 }
 
+/// Another session holding the rows a `SELECT … FOR UPDATE` names locked,
+/// in an open transaction, until [`HeldLocks::release`] rolls it back (as
+/// an application's transaction left open, or an ingest of the stream).
+struct HeldLocks(sqlx::PgConnection);
+
+impl HeldLocks {
+    async fn take(url: &str, select_for_update: &str) -> HeldLocks {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::raw_sql("BEGIN").execute(&mut c).await.unwrap();
+        sqlx::query(select_for_update)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        HeldLocks(c)
+    }
+
+    async fn release(mut self) {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut self.0)
+            .await
+            .unwrap();
+    }
+}
+
 /// An ingest adding a stream's next delivery while a finish moves that
 /// stream's head, 400 times at once: every new delivery ends behind a head
 /// and is claimable. Without the head locks of finish and ingest (finish
@@ -905,7 +930,6 @@ async fn postgres_an_ingest_racing_a_finish_never_leaves_a_delivery_without_a_he
 /// an ingest behind all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_finish_does_not_wait_for_its_streams_row() {
-    use sqlx::Connection;
     let db = TestDb::new(Backend::Postgres).await;
     let store = db.store().await;
     store
@@ -917,12 +941,11 @@ async fn postgres_a_finish_does_not_wait_for_its_streams_row() {
         .unwrap();
     let c = store.claim("x", 1, Duration::from_secs(30)).await.unwrap();
     assert_eq!(c.len(), 1);
-    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let mut tx = other.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM outboxd.streams WHERE stream = 's' FOR UPDATE")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let held = HeldLocks::take(
+        &db.url,
+        "SELECT 1 FROM outboxd.streams WHERE stream = 's' FOR UPDATE",
+    )
+    .await;
     let finished = tokio::time::timeout(
         Duration::from_secs(5),
         store.finish(c[0].delivery_id, &c[0].lease_token, &Finish::Delivered),
@@ -931,7 +954,7 @@ async fn postgres_a_finish_does_not_wait_for_its_streams_row() {
     .expect("the finish waited on the stream's row, held by another session");
     assert!(finished.unwrap());
     assert_eq!(claim_ids(&store, "x").await, vec!["e2".to_string()]);
-    tx.rollback().await.unwrap();
+    held.release().await;
     db.cleanup().await;
 }
 
@@ -967,12 +990,11 @@ async fn postgres_an_ingest_never_waits_behind_the_delivery_loops() {
         assert_eq!(c.len(), 1, "{sink}");
         claims.push(c.remove(0));
     }
-    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let mut tx = other.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM outboxd.heads WHERE stream = 's' FOR UPDATE")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let held = HeldLocks::take(
+        &db.url,
+        "SELECT 1 FROM outboxd.heads WHERE stream = 's' FOR UPDATE",
+    )
+    .await;
     let finishes: Vec<_> = claims
         .into_iter()
         .map(|c| {
@@ -1012,7 +1034,7 @@ async fn postgres_an_ingest_never_waits_behind_the_delivery_loops() {
     .await
     .expect("the ingest waited behind the blocked finishes for a connection");
     assert_eq!(ingested.unwrap().len(), 1);
-    tx.rollback().await.unwrap();
+    held.release().await;
     for f in finishes {
         assert!(f.await.unwrap().unwrap(), "every finish kept its lease");
     }
