@@ -596,7 +596,8 @@ const FENCED_PER_STATEMENT: usize = 500;
 /// left on a finished delivery (no live one behind it). Two statements per
 /// sink and [`FENCED_PER_STATEMENT`] deliveries. A delivery belongs to one
 /// (sink, stream), so a head whose `delivery_id` is among the moved ids is
-/// exactly a head on a moved delivery.
+/// exactly a head on a moved delivery; the `stream IN` list only lets both
+/// statements find those heads by the primary key.
 async fn move_heads(conn: &mut SqliteConnection, moved: &[KeptRow]) -> Result<(), StoreError> {
     let mut by_sink: BTreeMap<&str, Vec<(i64, &str)>> = BTreeMap::new();
     for (id, sink, stream) in moved {
