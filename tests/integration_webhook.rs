@@ -495,3 +495,71 @@ async fn a_second_batch_is_claimed_while_the_first_is_delivered_unless_batches_i
         d.stop().await;
     }
 }
+
+/// A batch is finished while its loop waits on the store for something
+/// else. Two batches of 50 are in flight to a receiver holding each answer
+/// 2 s; while both are held, another session locks `outboxd.sink_state`
+/// (what the loop's pause read reads, at most once a second) and keeps it
+/// locked for 12 s. When the first batch ends, the loop's next pause read
+/// waits on that lock (up to `delivery.db-timeout`, 20 s here). The second
+/// batch must still be finished — all 100 deliveries `delivered` — while
+/// the lock is held: a turn run inside the loop's own future stands still
+/// while the loop waits, and a turn in its finish holds its heads locked,
+/// so an ingest of those streams would wait on it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_batch_is_finished_while_its_loop_waits_on_the_store() {
+    use sqlx::Connection;
+    init_logs();
+    let db = TestDb::new(Backend::Postgres).await;
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook(
+        "webhook",
+        &receiver.url(),
+        &[receiver.origin()],
+        &new_secret(),
+        "max-concurrency = \"50\"\n",
+    );
+    let url = db.url.clone();
+    let d = TestDaemon::start_with(plugins.path(), move |c| {
+        c.database_url = Some(url);
+        c.delivery.batches_in_flight = 2;
+        c.delivery.db_timeout = Duration::from_secs(20);
+    })
+    .await;
+    receiver.set_delay(Duration::from_secs(2));
+    let batch: Vec<_> = (0..100)
+        .map(|i| event(&format!("h{i}"), &format!("s{i}"), "t", json!({ "i": i })))
+        .collect();
+    d.post_batch(&batch).await;
+    assert!(
+        eventually(Duration::from_secs(10), || receiver.count() >= 100).await,
+        "both batches reach the receiver ({} requests)",
+        receiver.count()
+    );
+    let mut lock = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; LOCK TABLE outboxd.sink_state IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let locked = std::time::Instant::now();
+    let mut watch = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut delivered = 0i64;
+    while locked.elapsed() < Duration::from_secs(10) && delivered < 100 {
+        delivered = sqlx::query_scalar(
+            "SELECT count(*) FROM outboxd.deliveries WHERE status = 'delivered'",
+        )
+        .fetch_one(&mut watch)
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let waited = locked.elapsed();
+    sqlx::raw_sql("ROLLBACK").execute(&mut lock).await.unwrap();
+    assert_eq!(
+        delivered, 100,
+        "both batches finished while the loop's pause read waited on the lock \
+         ({delivered} of 100 delivered after {waited:?})"
+    );
+    d.stop().await;
+}

@@ -7,12 +7,15 @@
 //! or failing.
 //!
 //! Must never: hold a lease while sleeping (a rate-limited key takes its
-//! permits before it claims), or let a wake-up end a quarantine.
+//! permits before it claims), let a wake-up end a quarantine, or leave a
+//! turn unpolled while the loop awaits something else (each turn is a
+//! task of its own: a finish in a turn holds heads locked).
 
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
 
 use super::quarantine::TrapCounter;
 use super::turn::{turn, TurnReport};
@@ -197,7 +200,12 @@ impl LoopState {
             Some(_) => 1,
             None => shared.config.batches_in_flight.max(1) as usize,
         };
-        let mut running = FuturesUnordered::new();
+        // Each turn is a task of its own: a turn inside a finish holds its
+        // heads locked (and a pool connection), so it must make progress
+        // whatever this loop awaits meanwhile (the pause read, a rate
+        // permit, the next due time), or an ingest of those heads waits
+        // on a turn nobody polls.
+        let mut running = JoinSet::new();
         let mut claims = FuturesUnordered::new();
         let mut sleep = Duration::ZERO;
         let mut start = true;
@@ -211,9 +219,9 @@ impl LoopState {
                 start = false;
                 let (limit, batch_size) = self.claim_size(shared, target).await;
                 let (full, claimed) = oneshot::channel();
-                let key = self.key.clone();
-                running.push(async move {
-                    let ran = bounded_turn(shared, target, &key, limit, full).await;
+                let (shared, target, key) = (shared.clone(), target.clone(), self.key.clone());
+                running.spawn(async move {
+                    let ran = bounded_turn(&shared, &target, &key, limit, full).await;
                     (ran, batch_size)
                 });
                 claims.push(claimed);
@@ -223,7 +231,10 @@ impl LoopState {
             }
             tokio::select! {
                 Some(full) = claims.next() => start = matches!(full, Ok(true)),
-                Some((ran, batch_size)) = running.next() => {
+                Some(joined) = running.join_next() => {
+                    let (ran, batch_size) = joined.unwrap_or_else(|e| {
+                        (Ok(Err(format!("delivery turn ended abnormally: {e}"))), 0)
+                    });
                     sleep = self.settle(shared, target, batch_size, ran).await;
                     if !sleep.is_zero() || self.quarantine_left().is_some() {
                         start = false;
