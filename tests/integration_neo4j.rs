@@ -262,6 +262,58 @@ async fn claim_pages_through_forty_one_event_streams_five_at_a_time() {
     assert_eq!(all, expected);
 }
 
+/// The streams a relay just finished get their next heads first
+/// (`Outbox::note_finished`), but a quarter of every claim stays with the
+/// lanes, so the other streams are reached while the finished ones still
+/// have a backlog: four hot streams of 40 versions, four cold streams of
+/// one, claims of 4. Every cold node is claimed within 8 claims while each
+/// hot stream still has versions pending, and each stream's versions come
+/// in order. Were the finished streams' heads given every place, the hot
+/// streams would keep all 4 until they ran dry.
+#[tokio::test]
+async fn finished_streams_go_first_yet_every_other_stream_is_reached() {
+    let label = unique_label();
+    let r = outbox(&config(&label)).await;
+    let (hot, cold) = (["A1", "A2", "A3", "A4"], ["Z1", "Z2", "Z3", "Z4"]);
+    let mut nodes: Vec<(&str, i64)> = Vec::new();
+    for s in hot {
+        nodes.extend((1..=40).map(|v| (s, v)));
+    }
+    nodes.extend(cold.iter().map(|s| (*s, 1)));
+    add_nodes(r.graph(), &label, &nodes).await;
+    let mut claimed: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for _ in 0..8 {
+        let batch = r.claim(4).await.unwrap();
+        assert!(!batch.is_empty(), "a claim came back empty: {claimed:?}");
+        let token = batch[0].lease_token.clone();
+        let ids: Vec<String> = batch.iter().map(|n| n.event_id.clone()).collect();
+        let n = ids.len() as u64;
+        assert_eq!(r.finish_delivered(&token, ids).await.unwrap(), n);
+        for n in &batch {
+            let stream = n.stream.clone().unwrap();
+            claimed.entry(stream).or_default().push(n.version.unwrap());
+        }
+        r.note_finished(batch.iter().filter_map(|n| n.stream.clone()));
+    }
+    for s in cold {
+        assert_eq!(
+            claimed.get(s),
+            Some(&vec![1]),
+            "cold stream {s}: {claimed:?}"
+        );
+    }
+    for s in hot {
+        let versions = &claimed[s];
+        let n = versions.len() as i64;
+        assert!(n < 40, "hot stream {s} is not drained yet: {claimed:?}");
+        assert_eq!(
+            *versions,
+            (1..=n).collect::<Vec<_>>(),
+            "stream {s} in order"
+        );
+    }
+}
+
 /// `relays` relays claim `limit` at a time, in rounds (each relay holding
 /// its claim open for `hold`), until a round in which none found anything;
 /// returns every claim.
@@ -422,7 +474,7 @@ async fn every_relay_query_is_index_backed() {
         );
         checked.insert(name, plan);
     }
-    assert_eq!(checked.len(), 10, "{checked:?}");
+    assert_eq!(checked.len(), 11, "{checked:?}");
 }
 
 #[tokio::test]

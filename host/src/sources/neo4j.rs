@@ -495,6 +495,12 @@ pub struct Queries {
     pub indexes: Vec<String>,
     /// One per lane: `$after` cursor, `$page` size.
     pub shortlist: [(&'static str, String); 3],
+    /// The head of each of `$streams` (string stream values): its live node
+    /// of the least version, one seek of the `(stream, status, version)`
+    /// index per live status, and whether it is due. Asked for the streams
+    /// whose head this relay just finished, so their next node is found
+    /// without paging the lanes (see [`Outbox::shortlist`]).
+    pub successors: String,
     /// Takes the shortlisted nodes (`$ids`) still eligible and at their
     /// stream's head: `inflight` under `$token` for `$lease_ms`, attempts + 1.
     pub claim: String,
@@ -526,6 +532,7 @@ impl Queries {
             .map(|(lane, q)| (format!("shortlist {lane}"), q.clone()))
             .collect();
         all.extend([
+            ("successors".to_string(), self.successors.clone()),
             ("claim".to_string(), self.claim.clone()),
             (
                 "finish delivered".to_string(),
@@ -608,6 +615,23 @@ impl Queries {
               OR (n.{status} = 'failed' AND coalesce(n.{next_at} <= datetime(), true)) \
               OR (n.{status} = 'inflight' AND coalesce(n.{expires} <= datetime(), true)))"
         );
+        let seek = |status_value: &str| {
+            format!(
+                "WITH s MATCH (n:{l}) USING INDEX n:{l}({stream}, {status}, {version}) \
+                 WHERE n.{stream} = s AND n.{status} = '{status_value}' AND n.{version} IS NOT NULL \
+                 RETURN n ORDER BY n.{version} ASC LIMIT 1"
+            )
+        };
+        let successors = format!(
+            "UNWIND $streams AS s \
+             CALL {{ {} UNION {} UNION {} }} \
+             WITH s, n ORDER BY n.{version} ASC \
+             WITH s, head(collect(n)) AS n WHERE n.{id} IS :: STRING NOT NULL \
+             RETURN n.{id} AS id, {eligible} AS due",
+            seek(PENDING),
+            seek(FAILED),
+            seek(INFLIGHT)
+        );
         let reserved = reserved_properties(config);
         let text = |prop: &Option<String>| match prop {
             Some(p) => format!("toStringOrNull(n.`{p}`)"),
@@ -673,6 +697,7 @@ impl Queries {
             missing_id,
             indexes,
             shortlist,
+            successors,
             claim,
             finish_delivered,
             finish_failed,
@@ -751,7 +776,15 @@ pub struct Outbox {
     queries: Queries,
     /// Keyset cursor per lane: the next cycle goes on after it.
     cursors: Mutex<[String; 3]>,
+    /// Streams whose head this relay finished (delivered or dead), oldest
+    /// first, at most [`SUCCESSORS_KEPT`]: their next node is the likely
+    /// next head.
+    successors: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// Most streams [`Outbox`] remembers as just finished; older ones are
+/// forgotten (the lanes find their heads again).
+const SUCCESSORS_KEPT: usize = 10_000;
 
 impl Outbox {
     /// A pool for `config` (validated) with `password`. Connects lazily.
@@ -775,6 +808,7 @@ impl Outbox {
             queries: Queries::new(config),
             config: config.clone(),
             cursors: Mutex::new(Default::default()),
+            successors: Mutex::new(Default::default()),
         })
     }
 
@@ -842,15 +876,36 @@ impl Outbox {
         Ok(())
     }
 
-    /// Read-only: up to `limit` event ids of due heads of streams, lane by
-    /// lane (pending, failed and due, expired leases), keyset-paged from
-    /// each lane's cursor, at most `max-pages` pages per lane.
+    /// Read-only: up to `limit` event ids of due heads of streams. First
+    /// the heads of the streams this relay last finished
+    /// ([`Outbox::note_finished`]; one index seek per stream and live
+    /// status), at most three quarters of `limit`; then lane by lane
+    /// (pending, failed and due, expired leases), keyset-paged from each
+    /// lane's cursor, at most `max-pages` pages per lane — one page when
+    /// the finished streams gave half of `limit` or more.
+    ///
+    /// Why both: a lane page finds one head per `pending ÷ streams` nodes
+    /// it reads (a page of 200 with 100 pending per stream holds about 2),
+    /// so a deep backlog relayed by lanes alone crawls (README,
+    /// Performance), while a finished stream's next head is one seek away.
+    /// The lanes keep a quarter of every claim and never skip a head they
+    /// had no room for (the cursor stops before it), so every stream is
+    /// still reached however busy the finished ones are. The claim
+    /// re-checks every id under its lock, so a stale id costs only its
+    /// seek.
     pub async fn shortlist(&self, limit: usize) -> Result<Vec<String>, OutboxError> {
         let mut found: Vec<String> = Vec::new();
         let mut seen = HashSet::new();
+        self.successor_heads(limit - limit / 4, &mut found, &mut seen)
+            .await?;
+        let pages = if found.len() >= limit / 2 {
+            1
+        } else {
+            self.config.max_pages
+        };
         for (lane, (_, text)) in self.queries.shortlist.iter().enumerate() {
             let mut after = self.cursors.lock().unwrap()[lane].clone();
-            for _ in 0..self.config.max_pages {
+            'pages: for _ in 0..pages {
                 if found.len() >= limit {
                     break;
                 }
@@ -867,11 +922,12 @@ impl Outbox {
                     let id: String = row.get("id").map_err(shape)?;
                     let due: Option<bool> = row.get("due").map_err(shape)?;
                     let head: Option<bool> = row.get("head").map_err(shape)?;
-                    if due.unwrap_or(false)
-                        && head.unwrap_or(false)
-                        && found.len() < limit
-                        && seen.insert(id.clone())
-                    {
+                    if due.unwrap_or(false) && head.unwrap_or(false) && !seen.contains(&id) {
+                        if found.len() >= limit {
+                            // No room: the next cycle starts at this head.
+                            break 'pages;
+                        }
+                        seen.insert(id.clone());
                         found.push(id.clone());
                     }
                     after = id;
@@ -884,6 +940,52 @@ impl Outbox {
             self.cursors.lock().unwrap()[lane] = after;
         }
         Ok(found)
+    }
+
+    /// Remember the streams of nodes this relay just finished (delivered
+    /// or dead): the next [`Outbox::shortlist`] seeks their next heads.
+    pub fn note_finished(&self, streams: impl IntoIterator<Item = String>) {
+        let mut kept = self.successors.lock().unwrap();
+        for stream in streams {
+            if !kept.contains(&stream) {
+                kept.push_back(stream);
+            }
+        }
+        while kept.len() > SUCCESSORS_KEPT {
+            kept.pop_front();
+        }
+    }
+
+    /// The due heads of up to `limit - found` remembered streams, oldest
+    /// first, added to `found` (each stream is asked once, then
+    /// forgotten).
+    async fn successor_heads(
+        &self,
+        limit: usize,
+        found: &mut Vec<String>,
+        seen: &mut HashSet<String>,
+    ) -> Result<(), OutboxError> {
+        let streams: Vec<String> = {
+            let mut kept = self.successors.lock().unwrap();
+            let n = limit.saturating_sub(found.len()).min(kept.len());
+            kept.drain(..n).collect()
+        };
+        if streams.is_empty() {
+            return Ok(());
+        }
+        let q = query(&self.queries.successors).param("streams", streams);
+        for row in self.rows("successors", q, true).await? {
+            let shape = |e: neo4rs::DeError| OutboxError::Shape {
+                what: "successors",
+                detail: e.to_string(),
+            };
+            let id: String = row.get("id").map_err(shape)?;
+            let due: Option<bool> = row.get("due").map_err(shape)?;
+            if due.unwrap_or(false) && found.len() < limit && seen.insert(id.clone()) {
+                found.push(id);
+            }
+        }
+        Ok(())
     }
 
     /// The lock-first claim of `ids` (shortlisted) in a write transaction
@@ -1402,7 +1504,10 @@ impl Relay {
                 .source_cycle_duration
                 .get_or_create(&label)
                 .observe(took.as_secs_f64());
-            if report.claimed >= inner.config.batch_size as usize {
+            // Anything claimed: the streams it finished likely have their
+            // next node due, so look again at once; only a cycle that found
+            // nothing waits the poll interval.
+            if report.claimed > 0 {
                 continue;
             }
             tokio::select! {
@@ -1426,6 +1531,7 @@ impl Relay {
         let Some(token) = claimed.first().map(|n| n.lease_token.clone()) else {
             return Ok(report);
         };
+        let streams: Vec<String> = claimed.iter().filter_map(|n| n.stream.clone()).collect();
         let mut dead: Vec<(String, String)> = Vec::new();
         let mut good: Vec<(ClaimedNode, NewEvent)> = Vec::new();
         for node in claimed {
@@ -1466,6 +1572,9 @@ impl Relay {
             let kept = outbox.finish_delivered(&token, ids).await?;
             report.relayed += kept;
             report.lease_lost += n - kept;
+            // Each claimed stream moved on (delivered or dead): its next
+            // node is likely due.
+            outbox.note_finished(streams);
         }
         metrics.source_entries(&inner.name, "relayed", report.relayed);
         metrics.source_entries(&inner.name, "failed", report.failed);
