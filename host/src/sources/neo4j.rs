@@ -208,7 +208,7 @@ pub struct Neo4jSourceConfig {
     /// Lease on claimed nodes (database clock). Default 60 s.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
-    /// Pause after a cycle that claimed less than a full batch. Default 1 s.
+    /// Pause after a cycle that claimed nothing. Default 1 s.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// First retry delay of a node whose relay failed; doubles per attempt
