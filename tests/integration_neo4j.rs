@@ -264,14 +264,21 @@ async fn claim_pages_through_forty_one_event_streams_five_at_a_time() {
 
 /// The streams a relay just finished get their next heads first
 /// (`Outbox::note_finished`), but a quarter of every claim stays with the
-/// lanes, so the other streams are reached while the finished ones still
-/// have a backlog: four hot streams of 40 versions, four cold streams of
-/// one, claims of 4. Every cold node is claimed within 8 claims while each
-/// hot stream still has versions pending, and each stream's versions come
-/// in order. Were the finished streams' heads given every place, the hot
-/// streams would keep all 4 until they ran dry.
+/// lanes (all of a claim of 1), so the other streams are reached while the
+/// finished ones still have a backlog: four hot streams of 40 versions,
+/// four cold streams of one, claims of 4, then claims of 1. Every cold node
+/// is claimed within 8 claims while each hot stream still has versions
+/// pending, and each stream's versions come in order. Were the finished
+/// streams' heads given every place, the hot streams would keep them all
+/// until they ran dry.
 #[tokio::test]
 async fn finished_streams_go_first_yet_every_other_stream_is_reached() {
+    for limit in [4, 1] {
+        finished_streams_scenario(limit).await;
+    }
+}
+
+async fn finished_streams_scenario(limit: usize) {
     let label = unique_label();
     let r = outbox(&config(&label)).await;
     let (hot, cold) = (["A1", "A2", "A3", "A4"], ["Z1", "Z2", "Z3", "Z4"]);
@@ -283,8 +290,11 @@ async fn finished_streams_go_first_yet_every_other_stream_is_reached() {
     add_nodes(r.graph(), &label, &nodes).await;
     let mut claimed: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for _ in 0..8 {
-        let batch = r.claim(4).await.unwrap();
-        assert!(!batch.is_empty(), "a claim came back empty: {claimed:?}");
+        let batch = r.claim(limit).await.unwrap();
+        assert!(
+            !batch.is_empty(),
+            "claims of {limit}: one came back empty: {claimed:?}"
+        );
         let token = batch[0].lease_token.clone();
         let ids: Vec<String> = batch.iter().map(|n| n.event_id.clone()).collect();
         let n = ids.len() as u64;
@@ -299,7 +309,7 @@ async fn finished_streams_go_first_yet_every_other_stream_is_reached() {
         assert_eq!(
             claimed.get(s),
             Some(&vec![1]),
-            "cold stream {s}: {claimed:?}"
+            "claims of {limit}, cold stream {s}: {claimed:?}"
         );
     }
     for s in hot {

@@ -779,7 +779,15 @@ pub struct Outbox {
     /// Streams whose head this relay finished (delivered or dead), oldest
     /// first, at most [`SUCCESSORS_KEPT`]: their next node is the likely
     /// next head.
-    successors: Mutex<std::collections::VecDeque<String>>,
+    successors: Mutex<Finished>,
+}
+
+/// The streams [`Outbox::note_finished`] remembers, oldest first, each
+/// once (the set mirrors the queue, so remembering one is O(1)).
+#[derive(Default)]
+struct Finished {
+    order: std::collections::VecDeque<String>,
+    kept: HashSet<String>,
 }
 
 /// Most streams [`Outbox`] remembers as just finished; older ones are
@@ -879,7 +887,7 @@ impl Outbox {
     /// Read-only: up to `limit` event ids of due heads of streams. First
     /// the heads of the streams this relay last finished
     /// ([`Outbox::note_finished`]; one index seek per stream and live
-    /// status), at most three quarters of `limit`; then lane by lane
+    /// status), leaving the lanes a quarter of `limit` (at least one); then lane by lane
     /// (pending, failed and due, expired leases), keyset-paged from each
     /// lane's cursor, at most `max-pages` pages per lane — one page when
     /// the finished streams gave half of `limit` or more.
@@ -888,7 +896,8 @@ impl Outbox {
     /// it reads (a page of 200 with 100 pending per stream holds about 2),
     /// so a deep backlog relayed by lanes alone crawls (README,
     /// Performance), while a finished stream's next head is one seek away.
-    /// The lanes keep a quarter of every claim and never skip a head they
+    /// The lanes keep a quarter of every claim (one of a claim of 1: the
+    /// finished streams then take no place) and never skip a head they
     /// had no room for (the cursor stops before it), so every stream is
     /// still reached however busy the finished ones are. The claim
     /// re-checks every id under its lock, so a stale id costs only its
@@ -896,9 +905,10 @@ impl Outbox {
     pub async fn shortlist(&self, limit: usize) -> Result<Vec<String>, OutboxError> {
         let mut found: Vec<String> = Vec::new();
         let mut seen = HashSet::new();
-        self.successor_heads(limit - limit / 4, &mut found, &mut seen)
+        let lanes_keep = (limit / 4).max(1);
+        self.successor_heads(limit.saturating_sub(lanes_keep), &mut found, &mut seen)
             .await?;
-        let pages = if found.len() >= limit / 2 {
+        let pages = if !found.is_empty() && found.len() >= limit / 2 {
             1
         } else {
             self.config.max_pages
@@ -945,14 +955,16 @@ impl Outbox {
     /// Remember the streams of nodes this relay just finished (delivered
     /// or dead): the next [`Outbox::shortlist`] seeks their next heads.
     pub fn note_finished(&self, streams: impl IntoIterator<Item = String>) {
-        let mut kept = self.successors.lock().unwrap();
+        let mut finished = self.successors.lock().unwrap();
         for stream in streams {
-            if !kept.contains(&stream) {
-                kept.push_back(stream);
+            if finished.kept.insert(stream.clone()) {
+                finished.order.push_back(stream);
             }
         }
-        while kept.len() > SUCCESSORS_KEPT {
-            kept.pop_front();
+        while finished.order.len() > SUCCESSORS_KEPT {
+            if let Some(old) = finished.order.pop_front() {
+                finished.kept.remove(&old);
+            }
         }
     }
 
@@ -966,9 +978,13 @@ impl Outbox {
         seen: &mut HashSet<String>,
     ) -> Result<(), OutboxError> {
         let streams: Vec<String> = {
-            let mut kept = self.successors.lock().unwrap();
-            let n = limit.saturating_sub(found.len()).min(kept.len());
-            kept.drain(..n).collect()
+            let mut finished = self.successors.lock().unwrap();
+            let n = limit.saturating_sub(found.len()).min(finished.order.len());
+            let taken: Vec<String> = finished.order.drain(..n).collect();
+            for stream in &taken {
+                finished.kept.remove(stream);
+            }
+            taken
         };
         if streams.is_empty() {
             return Ok(());
