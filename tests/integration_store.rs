@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Backend, TestDb};
+use common::{Backend, HeldLocks, TestDb};
 use outboxd::event::parse_one;
 use outboxd::store::{Finish, IngestError, IngestItem, Store};
 use serde_json::json;
@@ -826,31 +826,6 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
         );
     }
     db.cleanup().await;
-}
-
-/// Another session holding the rows a `SELECT … FOR UPDATE` names locked,
-/// in an open transaction, until [`HeldLocks::release`] rolls it back (as
-/// an application's transaction left open, or an ingest of the stream).
-struct HeldLocks(sqlx::PgConnection);
-
-impl HeldLocks {
-    async fn take(url: &str, select_for_update: &str) -> HeldLocks {
-        use sqlx::Connection;
-        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::raw_sql("BEGIN").execute(&mut c).await.unwrap();
-        sqlx::query(select_for_update)
-            .execute(&mut c)
-            .await
-            .unwrap();
-        HeldLocks(c)
-    }
-
-    async fn release(mut self) {
-        sqlx::raw_sql("ROLLBACK")
-            .execute(&mut self.0)
-            .await
-            .unwrap();
-    }
 }
 
 /// An ingest adding a stream's next delivery while a finish moves that

@@ -500,7 +500,7 @@ async fn a_second_batch_is_claimed_while_the_first_is_delivered_unless_batches_i
 /// else. Two batches of 50 are in flight to a receiver holding each answer
 /// 2 s; while both are held, another session locks `outboxd.sink_state`
 /// (what the loop's pause read reads, at most once a second) and keeps it
-/// locked for 12 s. When the first batch ends, the loop's next pause read
+/// locked for up to 10 s. When the first batch ends, the loop's next pause read
 /// waits on that lock (up to `delivery.db-timeout`, 20 s here). The second
 /// batch must still be finished — all 100 deliveries `delivered` — while
 /// the lock is held: a turn run inside the loop's own future stands still
@@ -537,11 +537,11 @@ async fn postgres_a_batch_is_finished_while_its_loop_waits_on_the_store() {
         "both batches reach the receiver ({} requests)",
         receiver.count()
     );
-    let mut lock = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::raw_sql("BEGIN; LOCK TABLE outboxd.sink_state IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut lock)
-        .await
-        .unwrap();
+    let held = HeldLocks::take(
+        &db.url,
+        "LOCK TABLE outboxd.sink_state IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
     let locked = std::time::Instant::now();
     let mut watch = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let mut delivered = 0i64;
@@ -555,7 +555,7 @@ async fn postgres_a_batch_is_finished_while_its_loop_waits_on_the_store() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let waited = locked.elapsed();
-    sqlx::raw_sql("ROLLBACK").execute(&mut lock).await.unwrap();
+    held.release().await;
     assert_eq!(
         delivered, 100,
         "both batches finished while the loop's pause read waited on the lock \

@@ -917,3 +917,28 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
         all[from..].join("\n")
     )
 }
+
+/// Another session holding locks in an open transaction — the rows a
+/// `SELECT … FOR UPDATE` names, or a table `LOCK TABLE` names — until
+/// [`HeldLocks::release`] rolls it back (as an application's transaction
+/// left open, or an ingest of the stream).
+pub struct HeldLocks(sqlx::PgConnection);
+
+impl HeldLocks {
+    /// Connect to `url`, begin, and run `statement`, which takes the locks.
+    pub async fn take(url: &str, statement: &str) -> HeldLocks {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::raw_sql("BEGIN").execute(&mut c).await.unwrap();
+        sqlx::raw_sql(statement).execute(&mut c).await.unwrap();
+        HeldLocks(c)
+    }
+
+    /// Roll the transaction back, freeing its locks.
+    pub async fn release(mut self) {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut self.0)
+            .await
+            .unwrap();
+    }
+}
