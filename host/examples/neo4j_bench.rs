@@ -406,7 +406,10 @@ async fn run_outboxd(
 }
 
 /// The plain program: read a batch of pending nodes, store them as events
-/// in one transaction, mark them delivered; until none is pending.
+/// in one transaction, mark them delivered; until none is pending. The read
+/// orders by both properties of the `(status, eventId)` index, so Neo4j
+/// reads the index in order and stops after the batch (ordered by
+/// `eventId` alone it reads every pending node and sorts them).
 async fn run_plain(uri: &str, nodes: usize, streams: usize) -> anyhow::Result<RelayRun> {
     let label = unique("Plain");
     let outbox = indexes(uri, &label).await?;
@@ -416,7 +419,7 @@ async fn run_plain(uri: &str, nodes: usize, streams: usize) -> anyhow::Result<Re
     let pool = sqlx::PgPool::connect(&url).await?;
     let read = format!(
         "MATCH (n:`{label}`) WHERE n.status = 'pending' AND n.eventId > '' \
-         WITH n ORDER BY n.eventId ASC LIMIT $limit \
+         WITH n ORDER BY n.status ASC, n.eventId ASC LIMIT $limit \
          RETURN n.eventId AS id, n.packetId AS stream, n.streamVersion AS version, \
            n.eventType AS type, n.payload AS payload"
     );

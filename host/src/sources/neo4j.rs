@@ -14,10 +14,12 @@
 //! read it, so a filter-then-set claim lets concurrent relays claim the same
 //! node. The claim therefore:
 //!
-//! 1. shortlists read-only, per lane (pending; failed and due; in flight
+//! 1. shortlists read-only the heads of streams (no earlier version of the
+//!    stream pending, failed or in flight): the next heads of the streams
+//!    it just finished, then per lane (pending; failed and due; in flight
 //!    with an expired lease), keyset-paged on the `(status, eventId)` index
-//!    (never `SKIP`), keeping only heads of streams (no earlier version of
-//!    the stream pending, failed or in flight);
+//!    (never `SKIP`), then, when the lanes meet nodes behind their heads,
+//!    stream by stream over the `(stream, status, version)` index;
 //! 2. in one write transaction over at most `batch-size` shortlisted nodes,
 //!    first writes a throwaway property on each (taking its write lock),
 //!    then re-checks eligibility and the predecessors, then sets `status =
@@ -33,8 +35,8 @@
 //!
 //! Must never: set a node's status without holding its lock and having
 //! re-read it, ingest version n+1 of a stream before version n, run a query
-//! that is not index-backed (the indexes are created at start), or log the
-//! password.
+//! that is not index-backed (the indexes are created at start) or that
+//! sorts what an index could give in order, or log the password.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -80,6 +82,10 @@ const OLDEST_EVERY: Duration = Duration::from_secs(5);
 /// (deadlock, lock timeout): explicit transactions are not retried by the
 /// driver.
 const CLAIM_RETRIES: u32 = 5;
+
+/// Streams found per walk query ([`Queries::walk`]): one index seek each,
+/// so a query of 16 costs about what one seek's round trip does.
+const WALK_STEPS: usize = 16;
 
 /// Property names of the outbox node. Each must be a plain identifier
 /// (letters, digits, `_`, not starting with a digit).
@@ -501,6 +507,10 @@ pub struct Queries {
     /// whose head this relay just finished, so their next node is found
     /// without paging the lanes (see [`Outbox::shortlist`]).
     pub successors: String,
+    /// The next [`WALK_STEPS`] stream values after `$after` (string), in
+    /// order, one index seek each: the streams the walk asks
+    /// [`Queries::successors`] about next (see [`Outbox::shortlist`]).
+    pub walk: String,
     /// Takes the shortlisted nodes (`$ids`) still eligible and at their
     /// stream's head: `inflight` under `$token` for `$lease_ms`, attempts + 1.
     pub claim: String,
@@ -533,6 +543,7 @@ impl Queries {
             .collect();
         all.extend([
             ("successors".to_string(), self.successors.clone()),
+            ("walk".to_string(), self.walk.clone()),
             ("claim".to_string(), self.claim.clone()),
             (
                 "finish delivered".to_string(),
@@ -586,10 +597,15 @@ impl Queries {
         let no_earlier = format!(
             "NOT EXISTS {{ MATCH (e:{l}) WHERE e.{stream} = n.{stream} AND e.{status} IN {live} AND e.{version} < n.{version} }}"
         );
+        // Every ORDER BY names the index's properties from the first one:
+        // Neo4j 5 reads the index in order only then (ordered by the last
+        // property alone, it reads every entry of the seek and sorts them,
+        // which is the whole lane at each page).
         let lane = |status_value: &str, due: &str| {
             format!(
-                "MATCH (n:{l}) WHERE n.{status} = '{status_value}' AND n.{id} > $after \
-                 WITH n ORDER BY n.{id} ASC LIMIT $page \
+                "MATCH (n:{l}) USING INDEX n:{l}({status}, {id}) \
+                 WHERE n.{status} = '{status_value}' AND n.{id} > $after \
+                 WITH n ORDER BY n.{status} ASC, n.{id} ASC LIMIT $page \
                  RETURN n.{id} AS id, {due} AS due, {no_earlier} AS head"
             )
         };
@@ -619,19 +635,39 @@ impl Queries {
             format!(
                 "WITH s MATCH (n:{l}) USING INDEX n:{l}({stream}, {status}, {version}) \
                  WHERE n.{stream} = s AND n.{status} = '{status_value}' AND n.{version} IS NOT NULL \
-                 RETURN n ORDER BY n.{version} ASC LIMIT 1"
+                 RETURN n ORDER BY n.{stream} ASC, n.{status} ASC, n.{version} ASC LIMIT 1"
             )
         };
+        // The least of the (at most three) seeks' nodes, without a sort.
         let successors = format!(
             "UNWIND $streams AS s \
              CALL {{ {} UNION {} UNION {} }} \
-             WITH s, n ORDER BY n.{version} ASC \
-             WITH s, head(collect(n)) AS n WHERE n.{id} IS :: STRING NOT NULL \
+             WITH s, collect(n) AS ns \
+             WITH reduce(m = null, x IN ns | CASE WHEN m IS NULL OR x.{version} < m.{version} THEN x ELSE m END) AS n \
+             WITH n WHERE n.{id} IS :: STRING NOT NULL \
              RETURN n.{id} AS id, {eligible} AS due",
             seek(PENDING),
             seek(FAILED),
             seek(INFLIGHT)
         );
+        // The next WALK_STEPS stream values after `$after`, in order: each
+        // step one seek of the (stream, status, version) index past the
+        // previous stream (its other nodes are not read), null once the
+        // streams run out (OPTIONAL MATCH keeps the row).
+        let mut walk = String::from("WITH $after AS s0");
+        for i in 1..=WALK_STEPS {
+            walk.push_str(&format!(
+                " CALL {{ WITH s{prev} OPTIONAL MATCH (n:{l}) USING INDEX n:{l}({stream}, {status}, {version}) \
+                 WHERE n.{stream} > s{prev} AND n.{status} IS NOT NULL AND n.{version} IS NOT NULL \
+                 WITH n ORDER BY n.{stream} ASC LIMIT 1 RETURN n.{stream} AS s{i} }}",
+                prev = i - 1,
+            ));
+        }
+        let steps: Vec<String> = (1..=WALK_STEPS).map(|i| format!("s{i}")).collect();
+        walk.push_str(&format!(
+            " RETURN [s IN [{}] WHERE s IS NOT NULL] AS streams",
+            steps.join(", ")
+        ));
         let reserved = reserved_properties(config);
         let text = |prop: &Option<String>| match prop {
             Some(p) => format!("toStringOrNull(n.`{p}`)"),
@@ -684,8 +720,9 @@ impl Queries {
              WITH n LIMIT $limit DETACH DELETE n RETURN count(*) AS deleted"
         );
         let oldest_pending = format!(
-            "MATCH (n:{l}) WHERE n.{status} = 'pending' AND n.{created} IS :: ZONED DATETIME NOT NULL \
-             WITH n ORDER BY n.{created} ASC LIMIT 1 \
+            "MATCH (n:{l}) USING INDEX n:{l}({status}, {created}) \
+             WHERE n.{status} = 'pending' AND n.{created} IS :: ZONED DATETIME NOT NULL \
+             WITH n ORDER BY n.{status} ASC, n.{created} ASC LIMIT 1 \
              RETURN duration.inSeconds(n.{created}, datetime()).milliseconds AS age_ms"
         );
         let missing_id = format!(
@@ -698,6 +735,7 @@ impl Queries {
             indexes,
             shortlist,
             successors,
+            walk,
             claim,
             finish_delivered,
             finish_failed,
@@ -776,6 +814,8 @@ pub struct Outbox {
     queries: Queries,
     /// Keyset cursor per lane: the next cycle goes on after it.
     cursors: Mutex<[String; 3]>,
+    /// The walk's cursor: the last stream value it asked about.
+    walked: Mutex<String>,
     /// Streams whose head this relay finished (delivered or dead), oldest
     /// first, at most [`SUCCESSORS_KEPT`]: their next node is the likely
     /// next head.
@@ -816,6 +856,7 @@ impl Outbox {
             queries: Queries::new(config),
             config: config.clone(),
             cursors: Mutex::new(Default::default()),
+            walked: Mutex::new(String::new()),
             successors: Mutex::new(Default::default()),
         })
     }
@@ -884,35 +925,56 @@ impl Outbox {
         Ok(())
     }
 
-    /// Read-only: up to `limit` event ids of due heads of streams. First
-    /// the heads of the streams this relay last finished
-    /// ([`Outbox::note_finished`]; one index seek per stream and live
-    /// status), leaving the lanes a quarter of `limit` (at least one); then lane by lane
-    /// (pending, failed and due, expired leases), keyset-paged from each
-    /// lane's cursor, at most `max-pages` pages per lane — one page when
-    /// the finished streams gave half of `limit` or more.
+    /// Read-only: up to `limit` event ids of due heads of streams, found
+    /// three ways, in this order:
     ///
-    /// Why both: a lane page finds one head per `pending ÷ streams` nodes
-    /// it reads (a page of 200 with 100 pending per stream holds about 2),
-    /// so a deep backlog relayed by lanes alone crawls (README,
-    /// Performance), while a finished stream's next head is one seek away.
-    /// The lanes keep a quarter of every claim (one of a claim of 1: the
-    /// finished streams then take no place) and never skip a head they
-    /// had no room for (the cursor stops before it), so every stream is
-    /// still reached however busy the finished ones are. The claim
-    /// re-checks every id under its lock, so a stale id costs only its
-    /// seek.
+    /// 1. the heads of the streams this relay last finished
+    ///    ([`Outbox::note_finished`]; one index seek per stream and live
+    ///    status), leaving the others a quarter of `limit` (at least one);
+    /// 2. the lanes (pending, failed and due, expired leases), keyset-paged
+    ///    from each lane's cursor, at most `max-pages` pages per lane — one
+    ///    page when the finished streams gave half of `limit` or more. A
+    ///    lane stops after a full page in which fewer than a quarter of the
+    ///    nodes were heads;
+    /// 3. when the lanes saw due nodes behind their stream's head and there
+    ///    is room left, the walk: stream by stream in stream order from its
+    ///    cursor ([`Queries::walk`], one seek per stream), each stream's
+    ///    head asked like the finished ones, until the claim is full or
+    ///    `2 × limit` streams were asked.
+    ///
+    /// Why all three: a lane page finds one head per `pending ÷ streams`
+    /// nodes it reads (about one in a page of 200 with 1,000 pending per
+    /// stream), so a deep backlog relayed by lanes alone crawls (README,
+    /// Performance), while a stream's head is one seek away once the
+    /// stream is known — from a finish or from the walk. The lanes still
+    /// find the streams the walk would reach late (few live streams among
+    /// many finished ones). The lanes keep a quarter of every claim (one of
+    /// a claim of 1: the finished streams then take no place) and never
+    /// skip a head they had no room for (the cursor stops before it), and
+    /// the walk goes round every stream, so every stream is reached however
+    /// busy the finished ones are. The claim re-checks every id under its
+    /// lock, so a stale id costs only its seek.
     pub async fn shortlist(&self, limit: usize) -> Result<Vec<String>, OutboxError> {
         let mut found: Vec<String> = Vec::new();
         let mut seen = HashSet::new();
         let lanes_keep = (limit / 4).max(1);
-        self.successor_heads(limit.saturating_sub(lanes_keep), &mut found, &mut seen)
+        let finished: Vec<String> = {
+            let mut finished = self.successors.lock().unwrap();
+            let n = limit.saturating_sub(lanes_keep).min(finished.order.len());
+            let taken: Vec<String> = finished.order.drain(..n).collect();
+            for stream in &taken {
+                finished.kept.remove(stream);
+            }
+            taken
+        };
+        self.heads_of(finished, limit, &mut found, &mut seen)
             .await?;
         let pages = if !found.is_empty() && found.len() >= limit / 2 {
             1
         } else {
             self.config.max_pages
         };
+        let mut behind = false;
         for (lane, (_, text)) in self.queries.shortlist.iter().enumerate() {
             let mut after = self.cursors.lock().unwrap()[lane].clone();
             'pages: for _ in 0..pages {
@@ -924,6 +986,7 @@ impl Outbox {
                     .param("page", self.config.page_size as i64);
                 let rows = self.rows("shortlist", q, true).await?;
                 let full = rows.len() >= self.config.page_size as usize;
+                let mut heads = 0;
                 for row in &rows {
                     let shape = |e: neo4rs::DeError| OutboxError::Shape {
                         what: "shortlist",
@@ -932,13 +995,18 @@ impl Outbox {
                     let id: String = row.get("id").map_err(shape)?;
                     let due: Option<bool> = row.get("due").map_err(shape)?;
                     let head: Option<bool> = row.get("head").map_err(shape)?;
-                    if due.unwrap_or(false) && head.unwrap_or(false) && !seen.contains(&id) {
-                        if found.len() >= limit {
-                            // No room: the next cycle starts at this head.
-                            break 'pages;
+                    match (due.unwrap_or(false), head.unwrap_or(false)) {
+                        (true, true) if !seen.contains(&id) => {
+                            if found.len() >= limit {
+                                // No room: the next cycle starts at this head.
+                                break 'pages;
+                            }
+                            heads += 1;
+                            seen.insert(id.clone());
+                            found.push(id.clone());
                         }
-                        seen.insert(id.clone());
-                        found.push(id.clone());
+                        (true, false) => behind = true,
+                        _ => {}
                     }
                     after = id;
                 }
@@ -946,8 +1014,16 @@ impl Outbox {
                     after = String::new();
                     break;
                 }
+                if heads * 4 < rows.len() {
+                    // Mostly nodes behind their heads: the walk finds
+                    // heads for less than the next page costs.
+                    break;
+                }
             }
             self.cursors.lock().unwrap()[lane] = after;
+        }
+        if behind {
+            self.walk(limit, &mut found, &mut seen).await?;
         }
         Ok(found)
     }
@@ -968,25 +1044,62 @@ impl Outbox {
         }
     }
 
-    /// The due heads of up to `limit - found` remembered streams, oldest
-    /// first, added to `found` (each stream is asked once, then
-    /// forgotten).
-    async fn successor_heads(
+    /// The walk of [`Outbox::shortlist`]: the streams after the walk's
+    /// cursor, never more at a time than there are places left in `found`
+    /// (up to `limit`), and their due heads, until `found` is full or
+    /// `2 × limit` streams were asked about (streams with nothing due: in
+    /// flight with another relay, finished, failed and waiting). Past the
+    /// last stream it goes on from the first, once per call.
+    async fn walk(
         &self,
         limit: usize,
         found: &mut Vec<String>,
         seen: &mut HashSet<String>,
     ) -> Result<(), OutboxError> {
-        let streams: Vec<String> = {
-            let mut finished = self.successors.lock().unwrap();
-            let n = limit.saturating_sub(found.len()).min(finished.order.len());
-            let taken: Vec<String> = finished.order.drain(..n).collect();
-            for stream in &taken {
-                finished.kept.remove(stream);
+        let mut after = self.walked.lock().unwrap().clone();
+        let mut wrapped = after.is_empty();
+        let most = limit.saturating_mul(2);
+        let mut asked = 0;
+        while found.len() < limit && asked < most {
+            let q = query(&self.queries.walk).param("after", after.clone());
+            let rows = self.rows("walk", q, true).await?;
+            let mut streams: Vec<String> = match rows.first() {
+                Some(row) => row.get("streams").map_err(|e| OutboxError::Shape {
+                    what: "walk",
+                    detail: e.to_string(),
+                })?,
+                None => Vec::new(),
+            };
+            let to_the_end = streams.len() < WALK_STEPS;
+            let read = streams.len();
+            streams.truncate((limit - found.len()).min(most - asked));
+            asked += streams.len();
+            after = match streams.last() {
+                Some(last) if !(to_the_end && streams.len() == read) => last.clone(),
+                _ => String::new(),
+            };
+            self.heads_of(streams, limit, found, seen).await?;
+            if after.is_empty() {
+                if wrapped {
+                    break;
+                }
+                wrapped = true;
             }
-            taken
-        };
-        if streams.is_empty() {
+        }
+        *self.walked.lock().unwrap() = after;
+        Ok(())
+    }
+
+    /// The due heads of `streams` ([`Queries::successors`]), added to
+    /// `found` while it holds fewer than `limit`.
+    async fn heads_of(
+        &self,
+        streams: Vec<String>,
+        limit: usize,
+        found: &mut Vec<String>,
+        seen: &mut HashSet<String>,
+    ) -> Result<(), OutboxError> {
+        if streams.is_empty() || found.len() >= limit {
             return Ok(());
         }
         let q = query(&self.queries.successors).param("streams", streams);
