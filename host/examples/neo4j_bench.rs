@@ -292,6 +292,32 @@ async fn new_db(tag: &str) -> anyhow::Result<(String, String)> {
     Ok((name, url))
 }
 
+/// Drop the databases an earlier run left behind when it was stopped
+/// before its clean-up (`outboxd_neo4jbench_*`); returns their names.
+async fn drop_stale_dbs() -> anyhow::Result<Vec<String>> {
+    let mut admin = sqlx::PgConnection::connect(&pg_admin()).await?;
+    let stale: Vec<String> = sqlx::query_scalar(
+        "SELECT datname::text FROM pg_database WHERE datname LIKE 'outboxd\\_neo4jbench\\_%'",
+    )
+    .fetch_all(&mut admin)
+    .await?;
+    for name in &stale {
+        drop_db(name).await;
+    }
+    Ok(stale)
+}
+
+/// The warnings and errors of relay `i`'s log (at most `most` lines), so a
+/// relay that struggled shows as more than a slow figure.
+fn log_trouble(dir: &Path, i: usize, most: usize) -> Vec<String> {
+    let log = std::fs::read_to_string(dir.join(format!("relay{i}.log"))).unwrap_or_default();
+    log.lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .take(most)
+        .map(str::to_string)
+        .collect()
+}
+
 async fn drop_db(name: &str) {
     if let Ok(mut admin) = sqlx::PgConnection::connect(&pg_admin()).await {
         let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -400,6 +426,16 @@ async fn run_outboxd(
     }
     .await;
     drop(children);
+    for i in 0..relays {
+        let trouble = log_trouble(dir.path(), i, 5);
+        if !trouble.is_empty() {
+            eprintln!(
+                "neo4j_bench: relay {i} of {relays} logged warnings or errors (first {}):\n{}",
+                trouble.len(),
+                trouble.join("\n")
+            );
+        }
+    }
     drop_db(&db).await;
     delete_label(outbox.graph(), &label).await;
     result
@@ -608,6 +644,14 @@ async fn main() -> anyhow::Result<()> {
         "{} is missing: build it (cargo build -p outboxd --bin outboxd) or pass --outboxd",
         bin.display()
     );
+    let stale = drop_stale_dbs().await?;
+    if !stale.is_empty() {
+        eprintln!(
+            "neo4j_bench: dropped {} database(s) an earlier run left: {}",
+            stale.len(),
+            stale.join(", ")
+        );
+    }
     let (uri, _neo4j) = match &a.bolt {
         Some(uri) => (uri.clone(), None),
         None => {
