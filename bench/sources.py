@@ -40,6 +40,10 @@ def _last_json(cmd, what, **kw):
     out = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if out.returncode != 0:
         raise RuntimeError(f"{what} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    # The example's own report lines (figures as they come, a relay's
+    # warnings, databases dropped) go to the bench log.
+    for line in out.stderr.strip().splitlines()[-200:]:
+        _log(line)
     for line in reversed(out.stdout.strip().splitlines()):
         if line.startswith("{"):
             return json.loads(line)
