@@ -507,7 +507,7 @@ pub struct Queries {
     /// whose head this relay just finished, so their next node is found
     /// without paging the lanes (see [`Outbox::shortlist`]).
     pub successors: String,
-    /// The next [`WALK_STEPS`] stream values after `$after` (string), in
+    /// The next 16 stream values after `$after` (string), in
     /// order, one index seek each: the streams the walk asks
     /// [`Queries::successors`] about next (see [`Outbox::shortlist`]).
     pub walk: String,
@@ -943,7 +943,7 @@ impl Outbox {
     ///    `2 × limit` streams were asked.
     ///
     /// Why all three: a lane page finds one head per `pending ÷ streams`
-    /// nodes it reads (about one in a page of 200 with 1,000 pending per
+    /// nodes it reads (one in five pages of 200 with 1,000 pending per
     /// stream), so a deep backlog relayed by lanes alone crawls (README,
     /// Performance), while a stream's head is one seek away once the
     /// stream is known — from a finish or from the walk. The lanes still
