@@ -563,3 +563,62 @@ async fn postgres_a_batch_is_finished_while_its_loop_waits_on_the_store() {
     );
     d.stop().await;
 }
+
+/// A pause read that waits on the store holds back one loop, not every
+/// loop of the process. Three sinks, each with its own receiver, deliver a
+/// first event; then another session locks `outboxd.sink_state` (what the
+/// pause read reads) and keeps it for up to 8 s. Once the cached answer is
+/// stale (1 s), a second event goes to all three sinks. The loop that reads
+/// the store first waits on the lock; the other two must deliver the event
+/// while the lock is held. With the read done under one shared lock, every
+/// loop would wait for it and none would deliver before the lock went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_pause_read_waiting_on_the_store_holds_back_one_loop_only() {
+    init_logs();
+    let db = TestDb::new(Backend::Postgres).await;
+    let receivers = [
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+    ];
+    let plugins = PluginsDir::new();
+    for (i, r) in receivers.iter().enumerate() {
+        plugins.add_webhook_to(&format!("webhook{i}"), r);
+    }
+    let url = db.url.clone();
+    let d = TestDaemon::start_with(plugins.path(), move |c| {
+        c.database_url = Some(url);
+        c.delivery.db_timeout = Duration::from_secs(20);
+    })
+    .await;
+    let arrived = |n: usize| receivers.iter().filter(|r| r.count() >= n).count();
+    d.post_event(&event("p1", "s", "t", json!({ "i": 1 })))
+        .await;
+    assert!(
+        eventually(Duration::from_secs(10), || arrived(1) == 3).await,
+        "the first event reaches every receiver ({} of 3)",
+        arrived(1)
+    );
+    let held = HeldLocks::take(
+        &db.url,
+        "LOCK TABLE outboxd.sink_state IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
+    let locked = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    d.post_event(&event("p2", "s", "t", json!({ "i": 2 })))
+        .await;
+    let two = eventually(Duration::from_secs(6), || arrived(2) >= 2).await;
+    let (seen, waited) = (arrived(2), locked.elapsed());
+    held.release().await;
+    assert!(
+        two,
+        "the second event reached {seen} of 3 receivers while the pause read waited on the lock ({waited:?})"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || arrived(2) == 3).await,
+        "after the lock, every receiver has the second event ({} of 3)",
+        arrived(2)
+    );
+    d.stop().await;
+}
