@@ -118,7 +118,7 @@ class WebhookReceiver:
             signature_ok = True
         except (WebhookVerificationError, ValueError) as exc:
             signature_ok = False
-            problems.append(f"signature: {exc}")
+            problems.append(f"signature: {exc} (body of {len(body)} bytes)")
         event_id = stream = sequence = None
         try:
             event = ce_http.from_http(ce_http.HTTPMessage(headers=headers, body=body), JSON_FORMAT)
@@ -153,6 +153,12 @@ class WebhookReceiver:
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
+                if len(body) < length:
+                    # The sender went away mid-body (a SIGKILL of the soak):
+                    # an incomplete message (RFC 9112 §8), never answered, so
+                    # neither recorded nor counted as delivered.
+                    self.close_connection = True
+                    return
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 status = receiver.handle(headers, body)
                 reply = json.dumps({"status": status}).encode()

@@ -229,6 +229,8 @@ def analyse(ledger, expected, by_stream):
         res["received"] += 1
         if not a.signature_ok:
             res["signature_failures"] += 1
+            if len(examples) < 5:
+                examples.append(f"{a.id}: {a.problems[:1]}")
             continue
         if a.problems:
             res["content_mismatches"] += 1
