@@ -8,7 +8,9 @@
 # Environment: MODEL_MEMLIM_MB (default 2000) caps each search's memory;
 # MODEL_KEEP=1 keeps the work folder (trails) and prints its path;
 # MODEL_FULL=1 adds the larger searches (three workers with replay, two
-# streams under liveness).
+# streams under liveness); MODEL_JOBS (default: the number of CPUs) is how
+# many searches run at once (each is one process; compiling its verifier
+# takes most of a small search's time).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,12 +29,12 @@ else
 fi
 failures=0
 
-# check NAME MODE EXPECT [-DNAME=VALUE ...]
+# run_check NAME MODE EXPECT [-DNAME=VALUE ...]
 #   MODE   safety (assertions, invalid end states) or liveness (never
 #          claim `nothing_lost`, weak fairness; assertions too)
 #   EXPECT pass, or fail:PROP (an assertion marked `prop: PROP` fails) or
 #          fail:cycle (an acceptance cycle: something is never delivered)
-check() {
+run_check() {
     local name="$1" mode="$2" expect="$3"
     shift 3
     local dir="$work/$name"
@@ -49,7 +51,7 @@ check() {
     fi
     local started=$SECONDS
     (cd "$dir" && spin "${defs[@]}" -a outboxd.pml >spin.out 2>&1 && gcc "${cflags[@]}" -o pan pan.c >gcc.out 2>&1) ||
-        { echo "FAIL $name: the model does not compile:"; cat "$dir/spin.out" "$dir/gcc.out" 2>/dev/null | tail -n 20; failures=$((failures + 1)); return; }
+        { echo "FAIL $name: the model does not compile:"; cat "$dir/spin.out" "$dir/gcc.out" 2>/dev/null | tail -n 20; return 1; }
     (cd "$dir" && "${run[@]}" >pan.out 2>&1) || true
     local took=$((SECONDS - started))
     local errors states
@@ -58,19 +60,19 @@ check() {
     local bounds="${*:-defaults}"
     if [[ -z "$errors" ]]; then
         echo "FAIL $name ($mode; $bounds): the search did not finish:"; tail -n 20 "$dir/pan.out"
-        failures=$((failures + 1)); return
+        return 1
     fi
     if [[ "$expect" == pass ]]; then
         if [[ "$errors" != 0 ]]; then
             echo "FAIL $name ($mode; $bounds): counterexample found:"
             grep -E '^pan:' "$dir/pan.out" | head -n 5
             (cd "$dir" && spin -t "${defs[@]}" outboxd.pml 2>&1 | tail -n 40)
-            failures=$((failures + 1)); return
+            return 1
         fi
         if grep -qE 'max search depth too small|out of memory|Search not completed' "$dir/pan.out"; then
             echo "FAIL $name ($mode; $bounds): the search was not exhaustive:"
             grep -E 'max search depth too small|out of memory|Search not completed' "$dir/pan.out" | head -n 3
-            failures=$((failures + 1)); return
+            return 1
         fi
         echo "ok   $name ($mode; $bounds): $states states, ${took}s"
         return
@@ -80,7 +82,7 @@ check() {
     local want="${expect#fail:}"
     if [[ "$errors" == 0 || ! -f "$dir/outboxd.pml.trail" ]]; then
         echo "FAIL $name ($mode; $bounds): the mutant was not caught (no counterexample)"
-        failures=$((failures + 1)); return
+        return 1
     fi
     local replay got=""
     replay="$(cd "$dir" && spin -t "${defs[@]}" outboxd.pml 2>&1 || true)"
@@ -94,11 +96,22 @@ check() {
     if [[ "$got" != "$want" ]]; then
         echo "FAIL $name ($mode; $bounds): expected a counterexample to '$want', got '${got:-none}':"
         grep -E '^pan:' "$dir/pan.out" | head -n 3
-        failures=$((failures + 1)); return
+        return 1
     fi
     local steps
     steps="$(sed -n 's/.*trail ends after \([0-9]*\) steps.*/\1/p' <<<"$replay" | head -n1)"
     echo "ok   $name ($mode; $bounds): counterexample to '$want' as expected (trail of ${steps:-?} steps), ${took}s"
+}
+
+# check NAME ...: run_check in the background, at most $jobs at once; its
+# report is printed, in the order the checks are listed, once all are done.
+jobs="${MODEL_JOBS:-$(nproc 2>/dev/null || echo 1)}"
+names=()
+check() {
+    local name="$1"
+    names+=("$name")
+    while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
+    (if run_check "$@" >"$work/$name.report" 2>&1; then echo 0; else echo 1; fi >"$work/$name.status") &
 }
 
 # Properties, exhaustively. Defaults (outboxd.pml): NS=2 streams, NE=2
@@ -130,6 +143,12 @@ check no-head-lock       liveness fail:cycle "$one" -DREPLAYS=0 -DNO_HEAD_LOCK
 # letter, or behind an event the `after` sink dead-lettered) some event
 # would never end; this shows those waits are real, not vacuous.
 check strict-liveness    liveness fail:cycle "$one" -DREPLAYS=0 -DBLOCK_A=1 -DSTRICT_LIVENESS
+
+wait
+for name in "${names[@]}"; do
+    cat "$work/$name.report"
+    [[ "$(cat "$work/$name.status" 2>/dev/null)" == 0 ]] || failures=$((failures + 1))
+done
 
 if ((failures > 0)); then
     echo "model/check.sh: $failures check(s) failed" >&2
