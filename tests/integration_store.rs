@@ -752,6 +752,100 @@ async fn postgres_in_transaction_enqueue_commits_and_rolls_back_with_the_applica
     db.cleanup().await;
 }
 
+/// The router gives a whole page its deliveries at once: each sink its
+/// events in stream order, each event marked routed with its content hash,
+/// an event no route takes included. Six events over three streams, routed
+/// by stream (`a` to sinks x and y, `b` to x) and type (`none` nowhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_the_router_routes_a_page_of_several_streams_and_sinks() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let enqueued = [
+        ("a1", "a", "t"),
+        ("b1", "b", "t"),
+        ("a2", "a", "t"),
+        ("n1", "n", "none"),
+        ("b2", "b", "t"),
+        ("a3", "a", "t"),
+    ];
+    for (id, stream, ty) in enqueued {
+        sqlx::query("SELECT outboxd.enqueue($1, 'shop', $2, $3, $4::jsonb)")
+            .bind(id)
+            .bind(ty)
+            .bind(stream)
+            .bind(format!("{{\"id\": \"{id}\"}}"))
+            .execute(&mut app)
+            .await
+            .unwrap();
+    }
+    let route = |e: &outboxd::event::NewEvent| -> Vec<String> {
+        match (e.ty.as_str(), e.stream.as_str()) {
+            ("none", _) => vec![],
+            (_, "a") => vec!["x".into(), "y".into()],
+            _ => vec!["x".into()],
+        }
+    };
+    assert_eq!(store.route_pending(&route, 100).await.unwrap(), 6);
+    assert_eq!(
+        store.route_pending(&route, 100).await.unwrap(),
+        0,
+        "every event of the page is marked routed, n1 too"
+    );
+    let (_, none) = store.event("n1").await.unwrap().unwrap();
+    assert!(none.is_empty(), "{none:?}");
+    for (sink, want) in [
+        (
+            "x",
+            vec![("a", vec!["a1", "a2", "a3"]), ("b", vec!["b1", "b2"])],
+        ),
+        ("y", vec![("a", vec!["a1", "a2", "a3"])]),
+    ] {
+        let claimed = store
+            .claim(sink, 10, Duration::from_secs(30))
+            .await
+            .unwrap();
+        for (stream, ids) in want {
+            let got: Vec<&str> = claimed
+                .iter()
+                .filter(|c| c.event.event.stream == stream)
+                .map(|c| c.event.event.id.as_str())
+                .collect();
+            assert_eq!(got, ids, "sink {sink}, stream {stream}");
+        }
+        assert_eq!(
+            claimed.len(),
+            if sink == "x" { 5 } else { 3 },
+            "sink {sink}: {:?}",
+            claimed
+                .iter()
+                .map(|c| &c.event.event.id)
+                .collect::<Vec<_>>()
+        );
+    }
+    // Each event's content hash was stored with the page (enqueue leaves it
+    // NULL), and an HTTP ingest of the same event is a duplicate, with other
+    // data a conflict.
+    let unhashed: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM outboxd.events WHERE content_hash IS NULL ORDER BY id")
+            .fetch_all(&mut app)
+            .await
+            .unwrap();
+    assert!(
+        unhashed.is_empty(),
+        "routed without a content hash: {unhashed:?}"
+    );
+    let same = r#"{"specversion":"1.0","id":"b2","source":"shop","type":"t","partitionkey":"b","datacontenttype":"application/json","data":{"id":"b2"}}"#;
+    assert!(store.ingest(&[raw_item(same, &["x"])]).await.unwrap()[0].duplicate);
+    let other = same.replace(r#"{"id":"b2"}"#, r#"{"id":"other"}"#);
+    assert!(matches!(
+        store.ingest(&[raw_item(&other, &["x"])]).await,
+        Err(IngestError::Conflict { .. })
+    ));
+    db.cleanup().await;
+}
+
 /// The claim's plan touches indexes only: no sequential scan over the
 /// deliveries or the heads, with a backlog of 50,000 (90% in one stream).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

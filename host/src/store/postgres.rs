@@ -691,25 +691,32 @@ impl Store for PgStore {
             .collect::<Result<Vec<_>, _>>()?;
         let streams: BTreeSet<String> = events.iter().map(|e| e.event.stream.clone()).collect();
         shared::lock_streams(self, &mut tx, &streams).await?;
-        let mut queued = false;
+        // The page's deliveries with one statement and its events marked
+        // routed with another, as ingest writes a request: two round trips
+        // per page, not two per event.
+        let (mut ids, mut hashes) = (Vec::new(), Vec::new());
+        let (mut d_events, mut d_sinks, mut d_streams, mut d_sequences) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for stored in &events {
-            let sinks = route(&stored.event);
-            let n = sinks.len();
-            insert_deliveries(
-                &mut tx.0,
-                &vec![stored.event.id.clone(); n],
-                &sinks,
-                &vec![stored.event.stream.clone(); n],
-                &vec![stored.sequence as i64; n],
-            )
-            .await?;
-            queued |= !sinks.is_empty();
-            sqlx::query("UPDATE outboxd.events SET routed = true, content_hash = $2 WHERE id = $1")
-                .bind(&stored.event.id)
-                .bind(stored.event.content_hash())
-                .execute(&mut *tx.0)
-                .await?;
+            for sink in route(&stored.event) {
+                d_events.push(stored.event.id.clone());
+                d_sinks.push(sink);
+                d_streams.push(stored.event.stream.clone());
+                d_sequences.push(stored.sequence as i64);
+            }
+            ids.push(stored.event.id.clone());
+            hashes.push(stored.event.content_hash());
         }
+        let queued = !d_events.is_empty();
+        insert_deliveries(&mut tx.0, &d_events, &d_sinks, &d_streams, &d_sequences).await?;
+        sqlx::query(
+            "UPDATE outboxd.events AS e SET routed = true, content_hash = u.hash \
+             FROM unnest($1::text[], $2::text[]) AS u(id, hash) WHERE e.id = u.id",
+        )
+        .bind(&ids)
+        .bind(&hashes)
+        .execute(&mut *tx.0)
+        .await?;
         if queued {
             sqlx::query("SELECT pg_notify($1, 'routed')")
                 .bind(WAKE_CHANNEL)
