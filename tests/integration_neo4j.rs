@@ -30,6 +30,11 @@ fn config(label: &str) -> Neo4jSourceConfig {
         batch_size: 100,
         page_size: 50,
         poll_interval: Duration::from_millis(100),
+        // The tests share one embedded server and run beside each other on
+        // a loaded machine: a query there once waited past the default 10 s
+        // (the driver's `ConnectionTimedOut`), failing a test that asserts
+        // nothing about time. 30 s still fails a query that hangs.
+        timeout: Duration::from_secs(30),
         ..Neo4jSourceConfig::default()
     }
 }
