@@ -22,11 +22,17 @@ command -v gcc >/dev/null 2>&1 ||
 mem="${MODEL_MEMLIM_MB:-2000}"
 depth=300000
 work="$(mktemp -d "${TMPDIR:-/tmp}/outboxd-model.XXXXXX")"
+# Searches still running when the script ends (a failure, a signal) are
+# stopped with it.
+kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
+stop_searches() { local p; for p in $(jobs -p); do kill_tree "$p"; done; }
 if [[ "${MODEL_KEEP:-0}" == 1 ]]; then
     echo "model/check.sh: work folder $work"
+    trap 'stop_searches' EXIT
 else
-    trap 'rm -rf "$work"' EXIT
+    trap 'stop_searches; rm -rf "$work"' EXIT
 fi
+trap 'exit 130' INT TERM
 failures=0
 
 # run_check NAME MODE EXPECT [-DNAME=VALUE ...]
@@ -106,6 +112,8 @@ run_check() {
 # check NAME ...: run_check in the background, at most $jobs at once; its
 # report is printed, in the order the checks are listed, once all are done.
 jobs="${MODEL_JOBS:-$(nproc 2>/dev/null || echo 1)}"
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] ||
+    { echo "model/check.sh: MODEL_JOBS must be a whole number of at least 1, not '$jobs'" >&2; exit 2; }
 names=()
 check() {
     local name="$1"

@@ -846,6 +846,41 @@ async fn postgres_the_router_routes_a_page_of_several_streams_and_sinks() {
     db.cleanup().await;
 }
 
+/// One router at a time: while another session (another replica's
+/// router) holds the router's advisory lock, a router routes nothing, so
+/// two replicas never commit pages of one stream out of order; once the
+/// lock is free it routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_one_router_routes_at_a_time() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    let held = HeldLocks::take(
+        &db.url,
+        &format!(
+            "SELECT pg_advisory_xact_lock({})",
+            outboxd::store::postgres::ROUTER_LOCK
+        ),
+    )
+    .await;
+    let mut app = {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&db.url).await.unwrap()
+    };
+    sqlx::query("SELECT outboxd.enqueue('r1', 'shop', 't', 'r', '{}'::jsonb)")
+        .execute(&mut app)
+        .await
+        .unwrap();
+    let route = |_: &outboxd::event::NewEvent| vec!["x".to_string()];
+    assert_eq!(store.route_pending(&route, 100).await.unwrap(), 0);
+    let (_, d) = store.event("r1").await.unwrap().unwrap();
+    assert!(d.is_empty(), "routed while another router held the lock");
+    held.release().await;
+    assert_eq!(store.route_pending(&route, 100).await.unwrap(), 1);
+    let (_, d) = store.event("r1").await.unwrap().unwrap();
+    assert_eq!(d.len(), 1);
+    db.cleanup().await;
+}
+
 /// The claim's plan touches indexes only: no sequential scan over the
 /// deliveries or the heads, with a backlog of 50,000 (90% in one stream).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -49,6 +49,12 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgre
 
 /// Channel of the wake-up notifications sent on ingest.
 pub const WAKE_CHANNEL: &str = "outboxd_wake";
+
+/// The transaction-level advisory lock key the router holds while it routes
+/// (`pg_try_advisory_xact_lock`), so that one replica routes at a time: the
+/// bytes of `outbox` (0x6f7574626f78).
+pub const ROUTER_LOCK: i64 = 0x6f75_7462_6f78;
+
 /// Attempts of an ingest transaction that lost a race (unique violation,
 /// deadlock, serialization failure) before giving up.
 const INGEST_ATTEMPTS: usize = 5;
@@ -677,6 +683,19 @@ impl Store for PgStore {
 
     async fn route_pending(&self, route: &RouteFn<'_>, limit: u32) -> Result<usize, StoreError> {
         let mut tx = PgTx(self.pool.begin().await?);
+        // One router at a time over the whole database: two replicas each
+        // routing a page of one stream could otherwise commit the later
+        // page first, and its event would become the stream's head ahead
+        // of the earlier ones. Held until this transaction ends, so also
+        // while a router that gave up on its timeout is still rolling back.
+        let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+            .bind(ROUTER_LOCK)
+            .fetch_one(&mut *tx.0)
+            .await?;
+        if !ours {
+            // Another replica is routing; it takes what this one would have.
+            return Ok(0);
+        }
         let rows = sqlx::query(&format!(
             "SELECT {} FROM outboxd.events WHERE NOT routed ORDER BY seq_id LIMIT $1 \
              FOR UPDATE SKIP LOCKED",
@@ -685,6 +704,10 @@ impl Store for PgStore {
         .bind(limit as i64)
         .fetch_all(&mut *tx.0)
         .await?;
+        if rows.is_empty() {
+            tx.0.commit().await?;
+            return Ok(0);
+        }
         let events = rows
             .iter()
             .map(super::event_from_row)
@@ -718,11 +741,12 @@ impl Store for PgStore {
         .execute(&mut *tx.0)
         .await?;
         if queued {
+            // A failed statement aborts the transaction: its error is the
+            // answer, not a commit that silently rolls back.
             sqlx::query("SELECT pg_notify($1, 'routed')")
                 .bind(WAKE_CHANNEL)
                 .execute(&mut *tx.0)
-                .await
-                .ok();
+                .await?;
         }
         tx.0.commit().await?;
         Ok(rows.len())
