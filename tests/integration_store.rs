@@ -17,6 +17,7 @@ fn item(id: &str, stream: &str, data: serde_json::Value, sinks: &[&str]) -> Inge
     IngestItem {
         event: parse_one(ev.to_string().as_bytes()).unwrap(),
         sinks: sinks.iter().map(|s| s.to_string()).collect(),
+        producer: None,
     }
 }
 
@@ -24,6 +25,7 @@ fn raw_item(text: &str, sinks: &[&str]) -> IngestItem {
     IngestItem {
         event: parse_one(text.as_bytes()).unwrap(),
         sinks: sinks.iter().map(|s| s.to_string()).collect(),
+        producer: None,
     }
 }
 

@@ -198,7 +198,7 @@ async fn retire_sink(config: &Config, sink: &str) -> anyhow::Result<ExitCode> {
 /// daemon answers, the fleet's registry in the database is shown instead,
 /// with the state `unknown`.
 async fn list_sinks(config: &Config) -> anyhow::Result<ExitCode> {
-    let sinks = match daemon_client::sinks(config.listen, config.admin.token.as_deref()).await {
+    let sinks = match daemon_client::sinks(&daemon_client::DaemonAt::of(config)).await {
         Ok(sinks) => sinks,
         Err(e) => {
             eprintln!("{e}; showing the sinks registered in the database, state unknown");
@@ -255,7 +255,7 @@ async fn list_registered_sinks(config: &Config) -> anyhow::Result<ExitCode> {
 /// `outboxd sources list`: source status lives in the daemon's process.
 pub async fn sources(config: &Config, command: SourcesCommand) -> anyhow::Result<ExitCode> {
     let SourcesCommand::List = command;
-    let sources = daemon_client::sources(config.listen, config.admin.token.as_deref()).await?;
+    let sources = daemon_client::sources(&daemon_client::DaemonAt::of(config)).await?;
     for s in sources {
         let age = match s["last_cycle_age_ms"].as_u64() {
             Some(ms) => format!("last cycle {ms} ms ago"),
@@ -289,8 +289,7 @@ pub async fn backfill(
         None => 0,
     };
     let (status, answer) = daemon_client::call(
-        config.listen,
-        config.admin.token.as_deref(),
+        &daemon_client::DaemonAt::of(config),
         http::Method::POST,
         "/v1/admin/backfill",
         Some(serde_json::json!({ "sink": sink, "since_ms": since_ms })),

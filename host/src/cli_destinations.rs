@@ -109,11 +109,21 @@ pub struct CreateArgs {
 /// Run `command` against the daemon the configuration points at.
 pub async fn run(config: &Config, command: DestinationsCommand) -> anyhow::Result<ExitCode> {
     let (method, path, body) = request(command)?;
+    ask(config, method, &path, body).await
+}
+
+/// `method path` with `body` on the daemon's admin API; its answer printed
+/// as JSON (exit 0) or its error on stderr (exit 1).
+pub async fn ask(
+    config: &Config,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<ExitCode> {
     let (status, answer) = outboxd::ops::daemon_client::call(
-        config.listen,
-        config.admin.token.as_deref(),
+        &outboxd::ops::daemon_client::DaemonAt::of(config),
         method,
-        &path,
+        path,
         body,
         Some(ADMIN_WRITE_TIMEOUT),
     )

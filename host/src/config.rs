@@ -70,6 +70,23 @@ pub struct Config {
     pub sources: std::collections::BTreeMap<String, crate::sources::SourceConfig>,
     /// Destinations (configured targets of sinks, kept in the database).
     pub destinations: DestinationsConfig,
+    /// Producer authentication of the HTTP ingest (`[producers]`).
+    pub producers: crate::auth::ProducersConfig,
+    /// TLS on the HTTP listener (`[tls]`). Unset: plain HTTP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::TlsConfig>,
+    /// `/metrics` (`[metrics]`).
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct MetricsConfig {
+    /// Whether `/metrics` needs the admin token (`Authorization: Bearer
+    /// <admin.token>`). Unset: off on a loopback listener, on beyond it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub require_token: Option<bool>,
 }
 
 /// Knobs of destinations (`[destinations]`).
@@ -153,6 +170,9 @@ impl Default for Config {
             admin: AdminConfig::default(),
             sources: Default::default(),
             destinations: DestinationsConfig::default(),
+            producers: Default::default(),
+            tls: None,
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -229,7 +249,11 @@ fn top_level_keys() -> Vec<String> {
         _ => Vec::new(),
     };
     // Optional keys are absent from the serialised default.
-    keys.extend(["database-url".to_string(), "routes".to_string()]);
+    keys.extend([
+        "database-url".to_string(),
+        "routes".to_string(),
+        "tls".to_string(),
+    ]);
     keys
 }
 
@@ -321,6 +345,23 @@ impl Config {
                 ),
             );
         }
+        if let Err((key, problem)) = self.producers.mode_for(self.listen) {
+            return value(&key, &problem);
+        }
+        if self.producers.rate_per_second == 0 {
+            return value("producers.rate-per-second", "must be greater than 0");
+        }
+        if let Some(tls) = &self.tls {
+            if let Err((key, problem)) = tls.validate() {
+                return value(&format!("tls.{key}"), &problem);
+            }
+        }
+        if self.metrics_require_token() && self.admin.token.as_deref().unwrap_or("").is_empty() {
+            return value(
+                "metrics.require-token",
+                "is on (the default beyond loopback) but admin.token is not set",
+            );
+        }
         if let Some(awareness) = &self.ingest.awareness {
             if let Err((key, problem)) = awareness.validate() {
                 return value(&format!("ingest.awareness.{key}"), &problem);
@@ -339,6 +380,14 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Whether `/metrics` needs the admin token: `metrics.require-token`,
+    /// else whether `listen` is beyond loopback.
+    pub fn metrics_require_token(&self) -> bool {
+        self.metrics
+            .require_token
+            .unwrap_or(!self.listen.ip().is_loopback())
     }
 
     /// The database URL in force: the configured one, else SQLite at

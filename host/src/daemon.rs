@@ -46,6 +46,9 @@ pub enum StartError {
     #[error("{0}")]
     /// A setting the loaded plugins cannot work with (what to change).
     Config(String),
+    #[error(transparent)]
+    /// The listener's certificate or key could not be loaded.
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// How to treat pending migrations at start.
@@ -154,6 +157,7 @@ impl Daemon {
             wake: wake.clone(),
         };
         tasks.extend(sync_destinations(&config, actions, &shutdown_rx));
+        let gate = producer_gate(&config, &store, &shutdown_rx, &mut tasks).await?;
         let ops = OpsState {
             store: store.clone(),
             plugins: registry.clone(),
@@ -161,6 +165,8 @@ impl Daemon {
             metrics,
             quarantines: shared.quarantines.clone(),
             admin_token: config.admin.token.clone(),
+            metrics_require_token: config.metrics_require_token(),
+            gate,
             amqp: runtime.amqp().clone(),
             routes,
             sources,
@@ -169,8 +175,8 @@ impl Daemon {
             fleet,
         };
         let app = http_app(&config, ops)?;
-        let (addr, server) = serve(config.listen, app, shutdown_rx).await?;
-        tasks.push(server);
+        let (addr, server) = serve(config.listen, config.tls.as_ref(), app, shutdown_rx).await?;
+        tasks.extend(server);
         tracing::info!(
             listen = %addr,
             store = %store::redact_url(&url),
@@ -386,6 +392,7 @@ fn http_app(config: &Config, ops: OpsState) -> Result<axum::Router, StartError> 
         limits: config.ingest.clone(),
         wake: ops.wake.clone(),
         metrics: ops.metrics.clone(),
+        gate: ops.gate.clone(),
     };
     let awareness = crate::ingest::awareness::router(&config.ingest, ingest.clone())
         .map_err(StartError::Config)?;
@@ -394,13 +401,51 @@ fn http_app(config: &Config, ops: OpsState) -> Result<axum::Router, StartError> 
         .merge(awareness))
 }
 
-/// Bind `listen` and serve `app` until `shutdown` turns true; the bound
-/// address and the server's task.
+/// The producer gate of the HTTP ingest, read from `store`, kept fresh
+/// every `destinations.refresh-interval` (its task pushed on `tasks`).
+/// Beyond loopback with anonymous posts allowed, a warning at every start.
+async fn producer_gate(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    shutdown: &watch::Receiver<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<Arc<crate::auth::Gate>, StartError> {
+    let mode = config
+        .producers
+        .mode_for(config.listen)
+        .map_err(|(key, problem)| {
+            StartError::Config(format!("configuration key `{key}`: {problem}"))
+        })?;
+    if mode == crate::auth::ProducerAuth::Optional && !config.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %config.listen,
+            "producers.auth = \"optional\" beyond loopback: anyone who reaches this port can post \
+             events without a token, and outboxd signs and delivers them; use it only on a trusted network"
+        );
+    }
+    let gate = crate::auth::Gate::load(
+        store.clone(),
+        mode,
+        config.producers.clone(),
+        (config.ingest.max_body_bytes, config.ingest.max_batch_items),
+    )
+    .await?;
+    tasks.push(
+        gate.clone()
+            .run(config.destinations.refresh_interval, shutdown.clone()),
+    );
+    Ok(gate)
+}
+
+/// Bind `listen` and serve `app` until `shutdown` turns true — over TLS
+/// when `tls` is set (its files watched for a renewed pair, [`crate::tls`]);
+/// the bound address and the server's tasks.
 async fn serve(
     listen: SocketAddr,
+    tls: Option<&crate::tls::TlsConfig>,
     app: axum::Router,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+) -> Result<(SocketAddr, Vec<JoinHandle<()>>), StartError> {
     let listen_error = |source| StartError::Listen {
         addr: listen,
         source,
@@ -409,6 +454,27 @@ async fn serve(
         .await
         .map_err(listen_error)?;
     let addr = listener.local_addr().map_err(listen_error)?;
+    if let Some(tls) = tls {
+        let serving =
+            axum_server::tls_rustls::RustlsConfig::from_config(crate::tls::server_config(tls)?);
+        let listener = listener.into_std().map_err(listen_error)?;
+        let server = axum_server::tls_rustls::from_tcp_rustls(listener, serving.clone())
+            .map_err(listen_error)?;
+        let handle = axum_server::Handle::new();
+        let stopper = handle.clone();
+        let mut stop = shutdown.clone();
+        let watcher = crate::tls::watch(tls.clone(), serving, shutdown);
+        let task = tokio::spawn(async move {
+            tokio::spawn(async move {
+                let _ = stop.wait_for(|s| *s).await;
+                stopper.graceful_shutdown(Some(TLS_CLOSE_GRACE));
+            });
+            if let Err(e) = server.handle(handle).serve(app.into_make_service()).await {
+                tracing::error!("HTTPS server failed: {e}");
+            }
+        });
+        return Ok((addr, vec![task, watcher]));
+    }
     let task = tokio::spawn(async move {
         let stop = async move {
             let _ = shutdown.wait_for(|s| *s).await;
@@ -420,5 +486,8 @@ async fn serve(
             tracing::error!("HTTP server failed: {e}");
         }
     });
-    Ok((addr, task))
+    Ok((addr, vec![task]))
 }
+
+/// How long open TLS connections may finish their requests at shutdown.
+const TLS_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);

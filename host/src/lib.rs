@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod config;
 pub mod daemon;
 pub mod delivery;
@@ -27,4 +28,5 @@ pub mod redact;
 pub mod rfc3339;
 pub mod sources;
 pub mod store;
+pub mod tls;
 pub mod wakeups;

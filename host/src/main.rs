@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 mod cli_admin;
 mod cli_destinations;
+mod cli_producers;
 
 use clap::{Args, Parser, Subcommand};
 use outboxd::config::{Config, LogFormat};
@@ -76,6 +77,13 @@ enum Command {
     Destinations {
         #[command(subcommand)]
         command: cli_destinations::DestinationsCommand,
+    },
+    /// Create, list, revoke or rotate producers (who may post events over
+    /// HTTP, each with its own token), through the running daemon (at
+    /// `listen`).
+    Producers {
+        #[command(subcommand)]
+        command: cli_producers::ProducersCommand,
     },
     /// Show the configured sources and their status, as the running daemon
     /// (at `listen`) reports them.
@@ -244,6 +252,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Backfill { sink, since } => cli_admin::backfill(&load()?, sink, since).await,
         Command::Config { command } => cli_admin::config(load()?, command),
         Command::Destinations { command } => cli_destinations::run(&load()?, command).await,
+        Command::Producers { command } => cli_producers::run(&load()?, command).await,
         Command::Plugin { command } => plugin(command, load).await,
     }
 }

@@ -116,6 +116,25 @@ pub struct SourceOutcomeLabel {
     pub outcome: String,
 }
 
+/// Per HTTP endpoint and refusal reason: which requests were refused
+/// before anything of them was stored (`crate::auth::Refusal::code`:
+/// `missing-token`, `invalid-token`, `scope`, `rate-limited`, …).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabel {
+    /// `events` (`POST /v1/events`), `awareness` (`POST /ingest`),
+    /// `admin` (`/v1/admin/`) or `metrics`.
+    pub endpoint: String,
+    /// The stable error code the answer carried.
+    pub reason: String,
+}
+
+/// Per producer (`crate::auth`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProducerLabel {
+    /// The producer's name.
+    pub producer: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms … ~9 h, ×2 per bucket.
     Histogram::new(exponential_buckets(0.001, 2.0, 25))
@@ -126,6 +145,13 @@ pub struct Metrics {
     registry: Registry,
     /// `outboxd_events_ingested_total{outcome}`.
     pub events_ingested: Family<OutcomeLabel, Counter>,
+    /// `outboxd_requests_refused_total{endpoint, reason}`: requests
+    /// refused for who sent them or how much (authentication, scope, rate),
+    /// nothing of them stored.
+    pub requests_refused: Family<RefusalLabel, Counter>,
+    /// `outboxd_producer_events_total{producer}`: events stored for each
+    /// authenticated producer (duplicates not counted).
+    pub producer_events: Family<ProducerLabel, Counter>,
     /// `outboxd_deliveries_total{sink, outcome}`.
     pub deliveries: Family<SinkOutcomeLabel, Counter>,
     /// `outboxd_claims_total{sink, fill}`: claims made, by how full they
@@ -198,6 +224,8 @@ impl Metrics {
     fn unregistered() -> Metrics {
         Metrics {
             events_ingested: Family::default(),
+            requests_refused: Family::default(),
+            producer_events: Family::default(),
             deliveries: Family::default(),
             claims: Family::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -232,6 +260,16 @@ impl Metrics {
             "events_ingested",
             "Events received by ingest, by outcome",
             self.events_ingested.clone(),
+        );
+        registry.register(
+            "requests_refused",
+            "HTTP requests refused before storing anything, by endpoint and reason",
+            self.requests_refused.clone(),
+        );
+        registry.register(
+            "producer_events",
+            "Events stored for each authenticated producer",
+            self.producer_events.clone(),
         );
         registry.register(
             "deliveries",
@@ -386,6 +424,17 @@ impl Metrics {
             .get_or_create(&SinkFillLabel {
                 sink: sink.to_string(),
                 fill: fill.to_string(),
+            })
+            .inc();
+    }
+
+    /// Count one request to `endpoint` refused with `reason` (see
+    /// [`RefusalLabel`]).
+    pub fn refused(&self, endpoint: &str, reason: &str) {
+        self.requests_refused
+            .get_or_create(&RefusalLabel {
+                endpoint: endpoint.to_string(),
+                reason: reason.to_string(),
             })
             .inc();
     }

@@ -133,7 +133,41 @@ fn secret_matches(state: &AwarenessState, headers: &HeaderMap) -> bool {
 }
 
 async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Body) -> Response {
-    if !secret_matches(state, headers) {
+    // A producer token (`Authorization: Bearer obx_…`) may stand in for
+    // the shared secret: checked by the same gate as `POST /v1/events`
+    // (a wrong one is refused, never tried as a secret). Any other
+    // `Authorization` a producer of the service sends is left alone.
+    let bearer_token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .is_some_and(|(scheme, token)| {
+            scheme.eq_ignore_ascii_case("bearer") && token.starts_with(crate::auth::token::PREFIX)
+        });
+    let principal = if bearer_token {
+        match state
+            .ingest
+            .gate
+            .authenticate(headers, crate::auth::gate::now_ms())
+        {
+            Ok(p) => p,
+            Err(refusal) => {
+                return super::http::gate_refusal(
+                    &state.ingest.metrics,
+                    "awareness",
+                    &refusal,
+                    None,
+                )
+            }
+        }
+    } else {
+        None
+    };
+    if principal.is_none() && !secret_matches(state, headers) {
+        state
+            .ingest
+            .metrics
+            .refused("awareness", "invalid-ingest-secret");
         // The service's answer (`IngestController`): 401 "invalid ingest
         // secret", for a missing header as for a wrong one.
         return error(
@@ -159,12 +193,28 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
     };
     let packet_id = mapped.event.stream.clone();
     let event_id = mapped.event.id.clone();
-    match super::submit(
+    let events = vec![mapped.event];
+    if let Some(principal) = &principal {
+        if let Err(refusal) = state
+            .ingest
+            .gate
+            .admit(principal, &events, bytes.len(), false)
+        {
+            return super::http::gate_refusal(
+                &state.ingest.metrics,
+                "awareness",
+                &refusal,
+                Some(&principal.name),
+            );
+        }
+    }
+    match super::submit_as(
         &*state.ingest.store,
         &state.ingest.routes,
         &state.ingest.wake,
         &state.ingest.metrics,
-        vec![mapped.event],
+        events,
+        principal.as_ref().map(|p| p.name.as_str()),
     )
     .await
     {

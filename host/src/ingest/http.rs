@@ -9,9 +9,17 @@
 //! invalid or conflicts, nothing of the request is stored and the error
 //! names the item (`[3].id`).
 //!
+//! Every request passes the producer gate first ([`crate::auth::Gate`]):
+//! who posts (401 `unauthorized`), then, once the body is parsed, whether
+//! each event is inside the producer's scope (403 `out-of-scope`, naming
+//! the event and attribute) and within its rate (429 `rate-limited` with
+//! `Retry-After`). Every refusal carries a stable `code` and is counted in
+//! `outboxd_requests_refused_total{endpoint="events"}`.
+//!
 //! Must never: answer before the commit, or with a 5xx for bad input (a
 //! store failure is 503: the producer should retry; its `cause` says
-//! `storage-full` when the database's disk is full).
+//! `storage-full` when the database's disk is full); store anything of a
+//! request the gate refused.
 
 use std::sync::Arc;
 
@@ -43,6 +51,8 @@ pub struct IngestState {
     pub wake: Arc<crate::wakeups::Wakeups>,
     /// The Prometheus registry.
     pub metrics: Arc<Metrics>,
+    /// Who may post: producer tokens, scopes and rates.
+    pub gate: Arc<crate::auth::Gate>,
 }
 
 /// The ingest and read routes.
@@ -53,18 +63,69 @@ pub fn router(state: IngestState) -> Router {
         .with_state(state)
 }
 
-/// An error answer, `{"error": "...", "field": "..."}` (the field at fault
-/// when there is one); the shape both ingest endpoints answer with.
+/// An error answer, `{"error": "...", "code": "...", "field": "..."}`
+/// (the field at fault when there is one; the code from [`code_for`]);
+/// the shape both ingest endpoints answer with.
 pub(crate) fn error(
     status: StatusCode,
     field: Option<&str>,
     message: impl Into<String>,
 ) -> Response {
-    let mut body = json!({ "error": message.into() });
+    let mut body = json!({ "error": message.into(), "code": code_for(status) });
     if let Some(field) = field {
         body["field"] = json!(field);
     }
     (status, Json(body)).into_response()
+}
+
+/// The stable error code of an ingest answer with `status` (the gate's
+/// refusals carry their own, [`crate::auth::Refusal::code`]).
+pub(crate) fn code_for(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "invalid-event",
+        401 => "unauthorized",
+        404 => "not-found",
+        409 => "conflict",
+        413 => "too-large",
+        415 => "unsupported-media-type",
+        429 => "rate-limited",
+        503 => "store-unavailable",
+        _ => "refused",
+    }
+}
+
+/// The answer to a request the producer gate refused (`endpoint` names
+/// the route in `outboxd_requests_refused_total`): its status, `{"error",
+/// "code", "field"}`, `WWW-Authenticate: Bearer` on 401 (RFC 6750 §3) and
+/// `Retry-After` on 429 (RFC 9110 §10.2.3).
+pub(crate) fn gate_refusal(
+    metrics: &Metrics,
+    endpoint: &str,
+    refusal: &crate::auth::Refusal,
+    producer: Option<&str>,
+) -> Response {
+    metrics.refused(endpoint, refusal.reason());
+    let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::FORBIDDEN);
+    let mut body = json!({ "error": refusal.message(producer), "code": refusal.code() });
+    if let Some(field) = refusal.field() {
+        body["field"] = json!(field);
+    }
+    let mut response = (status, Json(body)).into_response();
+    let headers = response.headers_mut();
+    match refusal {
+        crate::auth::Refusal::Unauthenticated(_) => {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        crate::auth::Refusal::RateLimited { retry_after, .. } => {
+            let secs = crate::auth::gate::retry_after_secs(*retry_after);
+            headers.insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
+        crate::auth::Refusal::OutOfScope { .. } => {}
+    }
+    response
 }
 
 /// 400 naming the attribute at fault.
@@ -73,7 +134,15 @@ pub(crate) fn bad_event(e: EventError) -> Response {
 }
 
 async fn post_events(State(state): State<IngestState>, headers: HeaderMap, body: Body) -> Response {
-    let response = post_events_inner(&state, headers, body).await;
+    // Who posts, before a byte of the body is read.
+    let principal = match state
+        .gate
+        .authenticate(&headers, crate::auth::gate::now_ms())
+    {
+        Ok(p) => p,
+        Err(refusal) => return gate_refusal(&state.metrics, "events", &refusal, None),
+    };
+    let response = post_events_inner(&state, headers, body, principal.as_ref()).await;
     let outcome = match response.status() {
         StatusCode::CONFLICT => Some("conflict"),
         s if s.is_client_error() => Some("rejected"),
@@ -85,7 +154,12 @@ async fn post_events(State(state): State<IngestState>, headers: HeaderMap, body:
     response
 }
 
-async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) -> Response {
+async fn post_events_inner(
+    state: &IngestState,
+    headers: HeaderMap,
+    body: Body,
+    principal: Option<&crate::auth::Principal>,
+) -> Response {
     let batch = match is_batch(&headers) {
         Ok(batch) => batch,
         Err(message) => {
@@ -134,16 +208,33 @@ async fn post_events_inner(state: &IngestState, headers: HeaderMap, body: Body) 
     if batch && events.is_empty() {
         return (StatusCode::OK, Json(json!({ "events": [] }))).into_response();
     }
-    match super::submit(
+    if let Some(principal) = principal {
+        if let Err(refusal) = state.gate.admit(principal, &events, bytes.len(), batch) {
+            return gate_refusal(&state.metrics, "events", &refusal, Some(&principal.name));
+        }
+    }
+    let producer = principal.map(|p| p.name.as_str());
+    match super::submit_as(
         &*state.store,
         &state.routes,
         &state.wake,
         &state.metrics,
         events,
+        producer,
     )
     .await
     {
         Ok(results) => {
+            if let Some(producer) = producer {
+                let stored = results.iter().filter(|r| !r.duplicate).count() as u64;
+                state
+                    .metrics
+                    .producer_events
+                    .get_or_create(&crate::metrics::ProducerLabel {
+                        producer: producer.to_string(),
+                    })
+                    .inc_by(stored);
+            }
             let created = results.iter().any(|r| !r.duplicate);
             let status = if created {
                 StatusCode::CREATED
@@ -202,8 +293,9 @@ fn refusal(e: IngestError, batch: bool) -> Response {
             } else {
                 attributes.join(",")
             };
-            let mut body =
-                json!({ "error": e.to_string(), "field": field, "attributes": attributes });
+            let mut body = json!({
+                "error": e.to_string(), "code": "conflict", "field": field, "attributes": attributes
+            });
             if !batch {
                 body["error"] = json!(e.to_string().replacen("event [0] ", "event ", 1));
             }
@@ -243,12 +335,35 @@ pub(crate) fn store_unavailable(e: &crate::store::StoreError) -> Response {
     } else {
         ("store", format!("store unavailable, nothing stored: {e}"))
     };
-    let body = json!({ "error": message, "cause": cause });
+    let body = json!({ "error": message, "code": "store-unavailable", "cause": cause });
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
-async fn get_event(State(state): State<IngestState>, Path(id): Path<String>) -> Response {
-    match state.store.event(&id).await {
+async fn get_event(
+    State(state): State<IngestState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    // The same gate as posting; a producer reads only the events it posted
+    // (another's is "not found", so ids are not probed across producers).
+    let principal = match state
+        .gate
+        .authenticate(&headers, crate::auth::gate::now_ms())
+    {
+        Ok(p) => p,
+        Err(refusal) => return gate_refusal(&state.metrics, "events", &refusal, None),
+    };
+    let producer = match state.store.event_producer(&id).await {
+        Ok(p) => p,
+        Err(e) => return store_unavailable(&e),
+    };
+    let hidden = principal.is_some_and(|p| producer.as_deref() != Some(p.name.as_str()));
+    let found = if hidden {
+        Ok(None)
+    } else {
+        state.store.event(&id).await
+    };
+    match found {
         Ok(None) => error(
             StatusCode::NOT_FOUND,
             Some("id"),
@@ -290,7 +405,8 @@ async fn get_event(State(state): State<IngestState>, Path(id): Path<String>) -> 
                 }
                 DataFormat::None => {}
             }
-            Json(json!({ "event": body, "deliveries": deliveries })).into_response()
+            Json(json!({ "event": body, "producer": producer, "deliveries": deliveries }))
+                .into_response()
         }
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,

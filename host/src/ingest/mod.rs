@@ -32,11 +32,28 @@ pub async fn submit(
     metrics: &Metrics,
     events: Vec<NewEvent>,
 ) -> Result<Vec<Ingested>, IngestError> {
+    submit_as(store, routes, wake, metrics, events, None).await
+}
+
+/// [`submit`] for events an authenticated producer posted: `producer`
+/// (its name, [`crate::auth`]) is stored with each event.
+pub async fn submit_as(
+    store: &dyn Store,
+    routes: &routes::Router,
+    wake: &crate::wakeups::Wakeups,
+    metrics: &Metrics,
+    events: Vec<NewEvent>,
+    producer: Option<&str>,
+) -> Result<Vec<Ingested>, IngestError> {
     let items: Vec<IngestItem> = events
         .into_iter()
         .map(|event| {
             let sinks = routes.sinks_for(&event);
-            IngestItem { event, sinks }
+            IngestItem {
+                event,
+                sinks,
+                producer: producer.map(str::to_string),
+            }
         })
         .collect();
     let results = store.ingest(&items).await?;

@@ -36,6 +36,10 @@ pub enum AdminError {
     /// what was looked for.
     #[error("{0}")]
     NotFound(String),
+    /// What the action would create exists already, or changed while it
+    /// ran (HTTP 409); the message says what.
+    #[error("{0}")]
+    Conflict(String),
     /// The database failed (HTTP 503).
     #[error("store: {0}")]
     Store(#[from] StoreError),
@@ -47,6 +51,7 @@ impl AdminError {
         match self {
             AdminError::Invalid { .. } => 400,
             AdminError::NotFound(_) => 404,
+            AdminError::Conflict(_) => 409,
             AdminError::Store(_) => 503,
         }
     }
@@ -89,6 +94,9 @@ pub struct EventView {
     pub ingested_at_ms: i64,
     /// Size of `data`, bytes.
     pub data_bytes: usize,
+    /// The authenticated producer that posted it (`None`: anonymous, a
+    /// source, or the in-transaction outbox).
+    pub producer: Option<String>,
     /// Its deliveries, by delivery key.
     pub deliveries: Vec<DeliveryInfo>,
 }
@@ -101,6 +109,7 @@ pub async fn show_event(store: &dyn Store, id: &str) -> Result<EventView, AdminE
         .event(id)
         .await?
         .ok_or_else(|| AdminError::NotFound(format!("no event with id {id:?}")))?;
+    let producer = store.event_producer(id).await?;
     let ev = stored.event;
     Ok(EventView {
         id: ev.id,
@@ -113,6 +122,7 @@ pub async fn show_event(store: &dyn Store, id: &str) -> Result<EventView, AdminE
         datacontenttype: ev.datacontenttype,
         ingested_at_ms: stored.ingested_at_ms,
         data_bytes: ev.data.len(),
+        producer,
         deliveries,
     })
 }

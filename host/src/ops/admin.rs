@@ -36,6 +36,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
         .route("/v1/admin/sinks/{sink}/retire", post(retire))
         .merge(super::destinations::routes())
+        .merge(super::producers::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
 }
@@ -50,24 +51,34 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// `None` when `headers` carry the admin token (or none is configured);
+/// else the 401 answer (`code` `unauthorized`).
+pub(crate) fn token_refusal(state: &OpsState, headers: &axum::http::HeaderMap) -> Option<Response> {
+    let token = state.admin_token.as_deref().filter(|t| !t.is_empty())?;
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => None,
+        _ => Some(
+            (
+                StatusCode::UNAUTHORIZED,
+                [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+                Json(json!({
+                    "error": "admin API: missing or wrong bearer token",
+                    "code": "unauthorized",
+                })),
+            )
+                .into_response(),
+        ),
+    }
+}
+
 async fn require_token(State(state): State<OpsState>, request: Request, next: Next) -> Response {
-    if let Some(token) = state.admin_token.as_deref().filter(|t| !t.is_empty()) {
-        let given = request
-            .headers()
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        match given {
-            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => {}
-            _ => {
-                return (
-                    StatusCode::UNAUTHORIZED,
-                    [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
-                    Json(json!({ "error": "admin API: missing or wrong bearer token" })),
-                )
-                    .into_response()
-            }
-        }
+    if let Some(refused) = token_refusal(&state, request.headers()) {
+        state.metrics.refused("admin", "admin-token");
+        return refused;
     }
     next.run(request).await
 }

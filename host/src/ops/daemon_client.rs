@@ -6,13 +6,18 @@
 //!
 //! Owns: one request to the daemon at the configured `listen`
 //! address (loopback when it listens on every address), with the admin
-//! token when one is configured, bounded by [`CLIENT_TIMEOUT`].
+//! token when one is configured, bounded by [`CLIENT_TIMEOUT`]; over TLS
+//! when the daemon serves TLS (`[tls]`), trusting exactly the certificate
+//! in its `cert-file` (the CLI runs beside the daemon and reads the same
+//! configuration, so the leaf is pinned rather than checked by name).
 //!
 //! Must never: change anything in the daemon except through [`call`], or
 //! make a read-only CLI command fail because no daemon answers (the caller
 //! says so and goes on).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
@@ -52,14 +57,34 @@ pub enum DaemonClientError {
     },
 }
 
+/// Where and how to reach the running daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonAt {
+    /// Its `listen` address.
+    pub listen: SocketAddr,
+    /// Its `admin.token`, sent as a bearer token.
+    pub token: Option<String>,
+    /// Its `tls.cert-file`, when it serves TLS: the one certificate
+    /// trusted.
+    pub tls_cert: Option<PathBuf>,
+}
+
+impl DaemonAt {
+    /// The daemon `config` describes.
+    pub fn of(config: &crate::config::Config) -> DaemonAt {
+        DaemonAt {
+            listen: config.listen,
+            token: config.admin.token.clone(),
+            tls_cert: config.tls.as_ref().map(|t| t.cert_file.clone()),
+        }
+    }
+}
+
 /// Every sink as the daemon listening on `listen` reports it
 /// (`/v1/admin/sinks`, field `sinks`: one
 /// [`crate::ops::actions::SinkView`] each, as JSON).
-pub async fn sinks(
-    listen: SocketAddr,
-    token: Option<&str>,
-) -> Result<Vec<serde_json::Value>, DaemonClientError> {
-    let (addr, body) = get(listen, SINKS_PATH, token).await?;
+pub async fn sinks(daemon: &DaemonAt) -> Result<Vec<serde_json::Value>, DaemonClientError> {
+    let (addr, body) = get(daemon, SINKS_PATH).await?;
     match body["sinks"].as_array() {
         Some(sinks) => Ok(sinks.clone()),
         None => Err(DaemonClientError::Body {
@@ -73,11 +98,8 @@ pub async fn sinks(
 /// Every configured source with its status, as the daemon listening on
 /// `listen` reports it (`/v1/admin/sources`, field `sources`: `name`,
 /// `kind`, `ok`, `last_error`, `last_cycle_age_ms`, `checks`).
-pub async fn sources(
-    listen: SocketAddr,
-    token: Option<&str>,
-) -> Result<Vec<serde_json::Value>, DaemonClientError> {
-    let (addr, body) = get(listen, SOURCES_PATH, token).await?;
+pub async fn sources(daemon: &DaemonAt) -> Result<Vec<serde_json::Value>, DaemonClientError> {
+    let (addr, body) = get(daemon, SOURCES_PATH).await?;
     match body["sources"].as_array() {
         Some(sources) => Ok(sources.clone()),
         None => Err(DaemonClientError::Body {
@@ -93,16 +115,15 @@ pub async fn sources(
 /// longer: `timeout` overrides it). Returns the status and the JSON body
 /// (`null` when there is none), whatever the status.
 pub async fn call(
-    listen: SocketAddr,
-    token: Option<&str>,
+    daemon: &DaemonAt,
     method: http::Method,
     path: &str,
     body: Option<serde_json::Value>,
     timeout: Option<Duration>,
 ) -> Result<(u16, serde_json::Value), DaemonClientError> {
-    let addr = loopback_for(listen);
+    let addr = loopback_for(daemon.listen);
     let limit = timeout.unwrap_or(CLIENT_TIMEOUT);
-    let (status, bytes) = tokio::time::timeout(limit, send(addr, method, path, token, body))
+    let (status, bytes) = tokio::time::timeout(limit, send(daemon, addr, method, path, body))
         .await
         .map_err(|_| DaemonClientError::Unreachable {
             addr,
@@ -114,23 +135,32 @@ pub async fn call(
     ))
 }
 
-/// One request to `addr`: its status and body bytes.
+/// One request to `daemon` at `addr`: its status and body bytes.
 async fn send(
+    daemon: &DaemonAt,
     addr: SocketAddr,
     method: http::Method,
     path: &str,
-    token: Option<&str>,
     body: Option<serde_json::Value>,
 ) -> Result<(u16, bytes::Bytes), DaemonClientError> {
     let unreachable = |reason: String| DaemonClientError::Unreachable { addr, reason };
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| unreachable(e.to_string()))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-    tokio::spawn(connection);
+    let mut sender = match &daemon.tls_cert {
+        None => handshake(stream).await,
+        Some(cert) => {
+            let connector = pinned_connector(cert).map_err(unreachable)?;
+            let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+            let stream = connector
+                .connect(name, stream)
+                .await
+                .map_err(|e| unreachable(format!("TLS: {e}")))?;
+            handshake(stream).await
+        }
+    }
+    .map_err(|e| unreachable(e.to_string()))?;
+    let token = daemon.token.as_deref();
     let mut request = http::Request::builder()
         .method(method)
         .uri(path)
@@ -157,6 +187,89 @@ async fn send(
     Ok((status, bytes))
 }
 
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// An HTTP/1.1 connection over `io`, its driver spawned.
+async fn handshake<T>(io: T) -> Result<Sender, hyper::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+/// A TLS connector (rustls, ring) that trusts exactly the first
+/// certificate of `cert_file`. Errors: the file cannot be read (named).
+fn pinned_connector(cert_file: &std::path::Path) -> Result<tokio_rustls::TlsConnector, String> {
+    use rustls::pki_types::pem::PemObject;
+    let cert = rustls::pki_types::CertificateDer::from_pem_file(cert_file)
+        .map_err(|e| format!("{}: {e}", cert_file.display()))?;
+    let provider = rustls::crypto::ring::default_provider();
+    let verifier = Arc::new(Pinned {
+        cert,
+        algorithms: provider.signature_verification_algorithms,
+    });
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// Trusts one certificate, byte for byte; the handshake's signatures are
+/// still checked against it (rustls' own verification of TLS 1.2 and 1.3
+/// signatures).
+#[derive(Debug)]
+struct Pinned {
+    cert: rustls::pki_types::CertificateDer<'static>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.cert.as_ref() {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
 /// The address to reach a daemon listening on `listen`: loopback when it
 /// listens on every address.
 fn loopback_for(listen: SocketAddr) -> SocketAddr {
@@ -177,14 +290,13 @@ const SOURCES_PATH: &str = "/v1/admin/sources";
 /// `GET path` on the daemon at `listen` (loopback when it listens on every
 /// address), bounded by [`CLIENT_TIMEOUT`]: the address asked and the body.
 async fn get(
-    listen: SocketAddr,
+    daemon: &DaemonAt,
     path: &'static str,
-    token: Option<&str>,
 ) -> Result<(SocketAddr, serde_json::Value), DaemonClientError> {
-    let addr = loopback_for(listen);
+    let addr = loopback_for(daemon.listen);
     let (status, bytes) = tokio::time::timeout(
         CLIENT_TIMEOUT,
-        send(addr, http::Method::GET, path, token, None),
+        send(daemon, addr, http::Method::GET, path, None),
     )
     .await
     .map_err(|_| DaemonClientError::Unreachable {

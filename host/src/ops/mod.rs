@@ -4,7 +4,8 @@
 //! has finished a turn within its stale limit), `/ready` (database answers,
 //! no migration pending, every loop fresh *and* succeeding, plugins
 //! loaded; with queue figures), `/metrics` (Prometheus text), and the
-//! admin API under `/v1/admin/` (bearer token when configured).
+//! admin API under `/v1/admin/` (bearer token when configured; `/metrics`
+//! too when `metrics.require-token` is on, the default beyond loopback).
 //!
 //! Must never: run an unbounded query on a probe path — counts are capped
 //! and every store call has a short timeout, so a huge backlog cannot make
@@ -14,6 +15,7 @@ pub mod actions;
 pub mod admin;
 pub mod daemon_client;
 pub mod destinations;
+pub mod producers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,6 +63,11 @@ pub struct OpsState {
     pub wake: Arc<crate::wakeups::Wakeups>,
     /// The sinks across every replica.
     pub fleet: Arc<crate::fleet::Fleet>,
+    /// Whether `/metrics` needs the admin token (`metrics.require-token`).
+    pub metrics_require_token: bool,
+    /// The producer gate of the HTTP ingest (the producer actions refresh
+    /// it after a change).
+    pub gate: Arc<crate::auth::Gate>,
 }
 
 impl OpsState {
@@ -281,7 +288,13 @@ async fn ready(State(state): State<OpsState>) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn metrics(State(state): State<OpsState>) -> Response {
+async fn metrics(State(state): State<OpsState>, headers: axum::http::HeaderMap) -> Response {
+    if state.metrics_require_token {
+        if let Some(refused) = admin::token_refusal(&state, &headers) {
+            state.metrics.refused("metrics", "admin-token");
+            return refused;
+        }
+    }
     let m = &state.metrics;
     for (sink, beat) in state.heartbeats.snapshot() {
         let label = SinkLabel { sink };

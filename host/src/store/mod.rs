@@ -38,6 +38,10 @@ pub struct IngestItem {
     pub event: NewEvent,
     /// Sinks that get a delivery (may be empty: stored, not delivered).
     pub sinks: Vec<String>,
+    /// The authenticated producer that posted it (`crate::auth`), stored
+    /// with the event; `None` for an anonymous post on loopback, a source
+    /// or the in-transaction outbox.
+    pub producer: Option<String>,
 }
 
 /// The answer for one ingested event.
@@ -251,6 +255,17 @@ pub struct BackfillPage {
 /// `/ready` and the admin views (figures past it are marked `capped`), so
 /// a huge backlog cannot make a probe slow.
 pub const STATS_COUNT_CAP: u64 = 100_000;
+
+/// A producer as stored: its name and the host's JSON record of it.
+#[derive(Debug, Clone)]
+pub struct ProducerRow {
+    /// Its name (unique).
+    pub name: String,
+    /// The host's record of it (`auth::Producer`), JSON text.
+    pub record: String,
+    /// 1 when created, one more on every write.
+    pub revision: i64,
+}
 
 /// One destination as stored (see `crate::destinations`): its name — the
 /// delivery key its deliveries are stored under — its sink, and the host's
@@ -571,6 +586,29 @@ pub trait Store: Send + Sync + 'static {
         mode: PutMode,
     ) -> Result<Option<i64>, StoreError> {
         shared::put_destination(self.sql(), name, sink, record, mode).await
+    }
+
+    /// Every producer (`crate::auth`), by name.
+    async fn producers(&self) -> Result<Vec<ProducerRow>, StoreError> {
+        shared::producers(self.sql()).await
+    }
+
+    /// Write producer `name`'s record as `mode` allows (as
+    /// [`Store::put_destination`]). Returns the new revision, or `None`
+    /// when `mode` refused.
+    async fn put_producer(
+        &self,
+        name: &str,
+        record: &str,
+        mode: PutMode,
+    ) -> Result<Option<i64>, StoreError> {
+        shared::put_producer(self.sql(), name, record, mode).await
+    }
+
+    /// The producer that posted event `id` (`None`: anonymous, a source,
+    /// the in-transaction outbox, or no such event).
+    async fn event_producer(&self, id: &str) -> Result<Option<String>, StoreError> {
+        shared::event_producer(self.sql(), id).await
     }
 
     /// Delete destination `name` and its health; its deliveries stay

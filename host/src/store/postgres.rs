@@ -280,6 +280,8 @@ struct NewRows {
     data_format: Vec<String>,
     content_hash: Vec<String>,
     routed: Vec<bool>,
+    /// The producer that posted each event (`None`: anonymous or a source).
+    producer: Vec<Option<String>>,
     /// Deliveries, as parallel columns: event id, sink, stream, sequence.
     d_event: Vec<String>,
     d_sink: Vec<String>,
@@ -288,7 +290,15 @@ struct NewRows {
 }
 
 impl NewRows {
-    fn push_event(&mut self, ev: &NewEvent, sequence: u64, hash: String, routed: bool) {
+    fn push_event(
+        &mut self,
+        ev: &NewEvent,
+        producer: Option<&str>,
+        sequence: u64,
+        hash: String,
+        routed: bool,
+    ) {
+        self.producer.push(producer.map(str::to_string));
         self.id.push(ev.id.clone());
         self.source.push(ev.source.clone());
         self.ty.push(ev.ty.clone());
@@ -322,14 +332,14 @@ impl NewRows {
         }
         sqlx::query(
             "INSERT INTO outboxd.events (id, source, type, subject, time, datacontenttype, dataschema, stream, \
-             sequence, producer_sequence, extensions, data, data_format, content_hash, routed) \
+             sequence, producer_sequence, extensions, data, data_format, content_hash, routed, producer) \
              SELECT id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
-                    producer_sequence, extensions, data, data_format, content_hash, routed \
+                    producer_sequence, extensions, data, data_format, content_hash, routed, producer \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
                          $8::text[], $9::bigint[], $10::bool[], $11::text[], $12::bytea[], $13::text[], \
-                         $14::text[], $15::bool[]) WITH ORDINALITY \
+                         $14::text[], $15::bool[], $16::text[]) WITH ORDINALITY \
                AS e(id, source, type, subject, time, datacontenttype, dataschema, stream, sequence, \
-                    producer_sequence, extensions, data, data_format, content_hash, routed, n) \
+                    producer_sequence, extensions, data, data_format, content_hash, routed, producer, n) \
              ORDER BY n",
         )
         .bind(&self.id)
@@ -347,6 +357,7 @@ impl NewRows {
         .bind(&self.data_format)
         .bind(&self.content_hash)
         .bind(&self.routed)
+        .bind(&self.producer)
         .execute(&mut **tx)
         .await?;
         insert_deliveries(
@@ -466,8 +477,14 @@ impl PgStore {
         let mut rows = NewRows::default();
         let mut sequences = HashMap::new();
         for row in &plan.events {
-            let ev = &items[row.index].event;
-            rows.push_event(ev, row.sequence, row.content_hash.clone(), row.routed);
+            let item = &items[row.index];
+            rows.push_event(
+                &item.event,
+                item.producer.as_deref(),
+                row.sequence,
+                row.content_hash.clone(),
+                row.routed,
+            );
             sequences.insert(row.index, row.sequence);
         }
         for (index, key) in &plan.deliveries {

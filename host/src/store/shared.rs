@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::plan::{self, RowState};
 use super::sql::{Arg, Col, Rows, Sql, SqlTx, Stmt, Val};
 use super::{
-    DeadFilter, DeadLetter, DeliveryInfo, DestinationRow, Purged, PutMode, QueueStats,
+    DeadFilter, DeadLetter, DeliveryInfo, DestinationRow, ProducerRow, Purged, PutMode, QueueStats,
     RegisteredSink, SinkIdentity, SinkQueue, SinkReplica, StoreError,
 };
 
@@ -528,6 +528,72 @@ pub async fn put_destination(
         .first()
         .and_then(|rows| rows.first())
         .map(|r| r[0].int()))
+}
+
+/// Every producer, by name.
+pub async fn producers(sql: &dyn Sql) -> Result<Vec<ProducerRow>, StoreError> {
+    use Col::*;
+    let rows = sql
+        .read(stmt(
+            sql,
+            "SELECT name, record, revision FROM {s}producers ORDER BY name",
+            &[Text, Text, Int],
+        ))
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ProducerRow {
+            name: r[0].text(),
+            record: r[1].text(),
+            revision: r[2].int(),
+        })
+        .collect())
+}
+
+/// Write producer `name`'s record as `mode` allows; the new revision, or
+/// `None` when `mode` refused.
+pub async fn put_producer(
+    sql: &dyn Sql,
+    name: &str,
+    record: &str,
+    mode: PutMode,
+) -> Result<Option<i64>, StoreError> {
+    const INSERT: &str = "INSERT INTO {s}producers (name, record, revision, updated_at) \
+                          VALUES ($1, $2, 1, {now_ms}) ON CONFLICT (name) DO ";
+    let template = match mode {
+        PutMode::Create => format!("{INSERT}NOTHING RETURNING revision"),
+        PutMode::Upsert => format!(
+            "{INSERT}UPDATE SET record = excluded.record, \
+             revision = {{s}}producers.revision + 1, updated_at = excluded.updated_at RETURNING revision"
+        ),
+        PutMode::Revision(_) => "UPDATE {s}producers SET record = $2, revision = revision + 1, \
+             updated_at = {now_ms} WHERE name = $1 AND revision = $3 RETURNING revision"
+            .to_string(),
+    };
+    let mut q = stmt(sql, &template, &[Col::Int]).arg(name).arg(record);
+    if let PutMode::Revision(r) = mode {
+        q = q.arg(r);
+    }
+    let rows = sql.write(vec![q]).await?;
+    Ok(rows
+        .first()
+        .and_then(|rows| rows.first())
+        .map(|r| r[0].int()))
+}
+
+/// The producer stored with event `id`, if any.
+pub async fn event_producer(sql: &dyn Sql, id: &str) -> Result<Option<String>, StoreError> {
+    let rows = sql
+        .read(
+            stmt(
+                sql,
+                "SELECT producer FROM {s}events WHERE id = $1",
+                &[Col::OptText],
+            )
+            .arg(id),
+        )
+        .await?;
+    Ok(rows.first().and_then(|r| r[0].opt_text()))
 }
 
 /// Delete destination `name` and its health; whether it existed.

@@ -252,7 +252,8 @@ impl SqliteStore {
         for rows in plan.events.chunks(INGEST_ROWS) {
             let mut q = QueryBuilder::<Sqlite>::new(
                 "INSERT INTO events (id, source, type, subject, time, datacontenttype, dataschema, stream, \
-                 sequence, producer_sequence, extensions, data, data_format, content_hash, ingested_at) ",
+                 sequence, producer_sequence, extensions, data, data_format, content_hash, ingested_at, \
+                 producer) ",
             );
             q.push_values(rows, |mut b, row| {
                 let ev = &items[row.index].event;
@@ -272,7 +273,8 @@ impl SqliteStore {
                     .push_bind(&ev.data)
                     .push_bind(ev.data_format.as_str())
                     .push_bind(&row.content_hash)
-                    .push_bind(now);
+                    .push_bind(now)
+                    .push_bind(&items[row.index].producer);
             });
             q.build().execute(&mut *conn).await?;
             sequences.extend(rows.iter().map(|row| (row.index, row.sequence as i64)));
