@@ -217,8 +217,9 @@ async fn hostile_requests_store_nothing_and_accepted_ones_name_their_producer(ba
     .await;
     assert_eq!(answer["field"], "source", "{answer}");
 
-    // Accepted, and attributed.
-    let (status, _, body) = post(&h, Some(&bearer(&billing)), &ok).await;
+    // Accepted (`Bearer` and the token may be several spaces apart, RFC
+    // 6750 §2.1), and attributed.
+    let (status, _, body) = post(&h, Some(&format!("Bearer  {billing}")), &ok).await;
     assert_eq!(status, 201, "{body}");
     let (status, _, body) = post(
         &h,
@@ -256,10 +257,34 @@ async fn hostile_requests_store_nothing_and_accepted_ones_name_their_producer(ba
     let replay = event("s2", "cart-1", "order.created", json!({}));
     refused(&h, &db, Some(&bearer(&shop)), &replay, 401, "unauthorized").await;
 
-    // A token past its expiry.
+    // A token past its expiry; it cannot be renewed by a rotation.
     let brief = producer(&h, json!({"name": "brief", "expires_in": "1ms"})).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     refused(&h, &db, Some(&bearer(&brief)), &replay, 401, "unauthorized").await;
+    let (status, body) = admin(
+        &h,
+        reqwest::Method::POST,
+        "/v1/admin/producers/brief/rotate",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("conflict")),
+        "{body}"
+    );
+    let (status, body) = admin(
+        &h,
+        reqwest::Method::POST,
+        "/v1/admin/producers",
+        Some(json!({"name": "zero", "expires_in": "0s"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (400, Some("expires_in")),
+        "{body}"
+    );
 
     // Rotation without grace: the old token is refused at once.
     let (status, body) = admin(

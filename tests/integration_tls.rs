@@ -93,6 +93,38 @@ async fn https_serves_http1_and_http2_and_puts_a_renewed_certificate_in_force() 
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // A refusal over HTTP/2 reaches the client whole, even with a body it
+    // never reads (an answer before the body would reset the stream).
+    let big = event(
+        "big",
+        "s",
+        "t",
+        serde_json::json!({"pad": "x".repeat(200_000)}),
+    )
+    .to_string();
+    let body_file = dir.path().join("big.json");
+    std::fs::write(&body_file, big).unwrap();
+    for _ in 0..5 {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--http2", "--cacert"])
+            .arg(dir.path().join("cert.pem"))
+            .args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
+            .args(["-H", "content-type: application/cloudevents+json"])
+            .args(["-H", "authorization: Bearer obx_000000000000_wrong"])
+            .arg("--data-binary")
+            .arg(format!("@{}", body_file.display()))
+            .arg(format!("{base}/v1/events"))
+            .output()
+            .expect("curl runs");
+        let answer = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(
+            answer,
+            "2 401",
+            "curl: {answer} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     // The CLI reaches its daemon over TLS, trusting the configured
     // certificate (and no other: a different one on disk is refused).
     let cli = |cert: &Path| {

@@ -82,6 +82,12 @@ impl Daemon {
     // order this module owns, read top to bottom — each step is one call
     // or the struct literal that call needs.
     pub async fn start(config: Config, migrations: Migrations) -> Result<Daemon, StartError> {
+        // The listener's certificate first: a broken pair stops the start
+        // before the database is touched.
+        let tls = match &config.tls {
+            Some(t) => Some((t.clone(), crate::tls::server_config(t)?)),
+            None => None,
+        };
         let url = config.effective_database_url();
         let store = open_store(&url, config.delivery.db_timeout, migrations).await?;
         let runtime = Runtime::new()
@@ -175,10 +181,18 @@ impl Daemon {
             fleet,
         };
         let app = http_app(&config, ops)?;
-        let (addr, server) = serve(config.listen, config.tls.as_ref(), app, shutdown_rx).await?;
+        let (addr, server) = serve(config.listen, tls, app, shutdown_rx).await?;
         tasks.extend(server);
+        if config.tls.is_none() && !config.listen.ip().is_loopback() {
+            tracing::warn!(
+                listen = %addr,
+                "plain HTTP beyond loopback: producer and admin tokens cross the network in the clear \
+                 unless a proxy in front terminates TLS; set [tls] cert-file and key-file otherwise"
+            );
+        }
         tracing::info!(
             listen = %addr,
+            tls = config.tls.is_some(),
             store = %store::redact_url(&url),
             plugins_dir = %config.plugins_dir.display(),
             sinks = ?registry.loaded(),
@@ -442,7 +456,7 @@ async fn producer_gate(
 /// the bound address and the server's tasks.
 async fn serve(
     listen: SocketAddr,
-    tls: Option<&crate::tls::TlsConfig>,
+    tls: Option<(crate::tls::TlsConfig, Arc<rustls::ServerConfig>)>,
     app: axum::Router,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, Vec<JoinHandle<()>>), StartError> {
@@ -454,16 +468,15 @@ async fn serve(
         .await
         .map_err(listen_error)?;
     let addr = listener.local_addr().map_err(listen_error)?;
-    if let Some(tls) = tls {
-        let serving =
-            axum_server::tls_rustls::RustlsConfig::from_config(crate::tls::server_config(tls)?);
+    if let Some((tls, config)) = tls {
+        let serving = axum_server::tls_rustls::RustlsConfig::from_config(config);
         let listener = listener.into_std().map_err(listen_error)?;
         let server = axum_server::tls_rustls::from_tcp_rustls(listener, serving.clone())
             .map_err(listen_error)?;
         let handle = axum_server::Handle::new();
         let stopper = handle.clone();
         let mut stop = shutdown.clone();
-        let watcher = crate::tls::watch(tls.clone(), serving, shutdown);
+        let watcher = crate::tls::watch(tls, serving, shutdown);
         let task = tokio::spawn(async move {
             tokio::spawn(async move {
                 let _ = stop.wait_for(|s| *s).await;

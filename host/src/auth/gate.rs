@@ -317,7 +317,8 @@ impl Gate {
             .ok()
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token)
+            // `"Bearer" 1*SP b64token` (RFC 6750 §2.1): one space or more.
+            .map(|(_, token)| token.trim_start_matches(' '))
         else {
             return refuse(Unauthenticated::Malformed);
         };

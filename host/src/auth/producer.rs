@@ -33,7 +33,8 @@ pub struct Scope {
 /// What a scope refused in one event: the attribute and its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutOfScope {
-    /// `source`, `type` or `partitionkey`.
+    /// `source`, `type` or `stream` (the ordering key: `partitionkey`,
+    /// else `subject`, else `source`).
     pub attribute: &'static str,
     /// The value the event carried.
     pub value: String,
@@ -57,7 +58,7 @@ impl Scope {
             return Err(refuse("type", &event.ty, &self.types));
         }
         if !self.streams.is_empty() && !self.streams.iter().any(|g| glob_match(g, &event.stream)) {
-            return Err(refuse("partitionkey", &event.stream, &self.streams));
+            return Err(refuse("stream", &event.stream, &self.streams));
         }
         Ok(())
     }

@@ -142,8 +142,12 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .is_some_and(|(scheme, token)| {
-            scheme.eq_ignore_ascii_case("bearer") && token.starts_with(crate::auth::token::PREFIX)
+            scheme.eq_ignore_ascii_case("bearer")
+                && token
+                    .trim_start_matches(' ')
+                    .starts_with(crate::auth::token::PREFIX)
         });
+    let limit = state.ingest.limits.max_body_bytes;
     let principal = if bearer_token {
         match state
             .ingest
@@ -152,12 +156,15 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
         {
             Ok(p) => p,
             Err(refusal) => {
+                // Read (and drop) the body first, as `POST /v1/events`
+                // does: an HTTP/2 answer before it resets the stream.
+                let _ = axum::body::to_bytes(body, limit).await;
                 return super::http::gate_refusal(
                     &state.ingest.metrics,
                     "awareness",
                     &refusal,
                     None,
-                )
+                );
             }
         }
     } else {
@@ -168,6 +175,7 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
             .ingest
             .metrics
             .refused("awareness", "invalid-ingest-secret");
+        let _ = axum::body::to_bytes(body, limit).await;
         // The service's answer (`IngestController`): 401 "invalid ingest
         // secret", for a missing header as for a wrong one.
         return error(
@@ -176,7 +184,6 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
             "invalid ingest secret",
         );
     }
-    let limit = state.ingest.limits.max_body_bytes;
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => {

@@ -134,13 +134,19 @@ pub(crate) fn bad_event(e: EventError) -> Response {
 }
 
 async fn post_events(State(state): State<IngestState>, headers: HeaderMap, body: Body) -> Response {
-    // Who posts, before a byte of the body is read.
+    // Who posts, before the body is parsed.
     let principal = match state
         .gate
         .authenticate(&headers, crate::auth::gate::now_ms())
     {
         Ok(p) => p,
-        Err(refusal) => return gate_refusal(&state.metrics, "events", &refusal, None),
+        Err(refusal) => {
+            // The body is read (up to the ingest limit) and dropped before
+            // the answer: an HTTP/2 server that answers first resets the
+            // stream, and clients such as curl then lose the 401.
+            let _ = axum::body::to_bytes(body, state.limits.max_body_bytes).await;
+            return gate_refusal(&state.metrics, "events", &refusal, None);
+        }
     };
     let response = post_events_inner(&state, headers, body, principal.as_ref()).await;
     let outcome = match response.status() {

@@ -84,11 +84,20 @@ impl OpsState {
 }
 
 /// An admin action's refusal as the admin API answers it: `status` and
-/// `{"error": message}`, with `"field"` naming the bad input when there is
-/// one.
+/// `{"error": message, "code": …}` (the code stable per status:
+/// `invalid`, `not-found`, `conflict`, `store-unavailable`, …), with
+/// `"field"` naming the bad input when there is one.
 pub(crate) fn refusal(status: u16, message: &str, field: Option<&str>) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-    let mut body = json!({ "error": message });
+    let code = match status.as_u16() {
+        400 => "invalid",
+        401 => "unauthorized",
+        404 => "not-found",
+        409 => "conflict",
+        503 => "store-unavailable",
+        _ => "refused",
+    };
+    let mut body = json!({ "error": message, "code": code });
     if let Some(field) = field {
         body["field"] = field.into();
     }

@@ -87,6 +87,12 @@ pub async fn create(
     if spec.bytes_per_second == Some(0) {
         return Err(invalid("bytes_per_second", "must be greater than 0"));
     }
+    if spec.expires_in.is_some_and(|d| d.is_zero()) {
+        return Err(invalid(
+            "expires_in",
+            "must be greater than 0s (leave it out for no expiry)",
+        ));
+    }
     let now = now_ms();
     let made = token::generate();
     let producer = Producer {
@@ -185,10 +191,12 @@ pub async fn revoke(store: &dyn Store, gate: &Gate, name: &str) -> Result<Value,
 }
 
 /// Give producer `name` a new token; the current one stays accepted for
-/// `grace` (zero: refused at once).
+/// `grace` (zero: refused at once). One previous token is kept: a second
+/// rotation ends the grace of the token before the first.
 ///
-/// Errors: no such producer, a revoked one ([`AdminError::Conflict`]: make
-/// a new producer), the store failed.
+/// Errors: no such producer, a revoked or expired one
+/// ([`AdminError::Conflict`]: make a new producer; a rotation keeps the
+/// expiry), the store failed.
 pub async fn rotate(
     store: &dyn Store,
     gate: &Gate,
@@ -200,6 +208,11 @@ pub async fn rotate(
         if p.revoked_at_ms.is_some() {
             return Err(AdminError::Conflict(format!(
                 "producer {name:?} is revoked; create a new producer instead"
+            )));
+        }
+        if p.expires_at_ms.is_some_and(|t| now >= t) {
+            return Err(AdminError::Conflict(format!(
+                "producer {name:?} has expired (a rotation keeps the expiry); create a new producer instead"
             )));
         }
         let made = token::generate();
