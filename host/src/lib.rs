@@ -4,14 +4,15 @@
 //! letters. Sinks are sandboxed WebAssembly components.
 //!
 //! Layering (data flows one way: producers → ingest → store ← delivery →
-//! plugin): the ground floor ([`event`], [`limits`], [`redact`],
-//! [`rfc3339`]) imports nothing of ours; [`store`] and [`plugin`] import
+//! plugin): the ground floor ([`backoff`], [`event`], [`limits`],
+//! [`redact`], [`rfc3339`]) imports nothing of ours; [`store`] and [`plugin`] import
 //! only the ground floor; [`delivery`] and [`ingest`] sit above them;
 //! [`config`] gathers every room's settings; [`ops`] and [`daemon`] sit on
 //! top. docs/architecture.md draws it.
 
 #![warn(missing_docs)]
 
+pub mod backoff;
 pub mod config;
 pub mod daemon;
 pub mod delivery;

@@ -56,6 +56,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{SourceConfig, SourceContext, StatusHandle};
+use crate::backoff::Backoff;
 use crate::event::NewEvent;
 use crate::metrics::SourceLabel;
 use crate::plugin::amqp::redact_url;
@@ -697,7 +698,8 @@ impl Session<'_> {
         poison: &mut Vec<Poison>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<(u64, u64)>, String> {
-        let mut delay = INGEST_RETRY_MIN;
+        let backoff = Backoff::doubling(INGEST_RETRY_MIN, INGEST_RETRY_MAX);
+        let mut failures = 0u32;
         let (mut stored, mut duplicate) = (0u64, 0u64);
         while !mapped.is_empty() {
             let events: Vec<NewEvent> = mapped.iter().map(|(_, e)| e.clone()).collect();
@@ -747,6 +749,8 @@ impl Session<'_> {
                     ));
                 }
                 Err(IngestError::Store(e)) => {
+                    let delay = backoff.delay(failures);
+                    failures += 1;
                     let error = format!(
                         "store unavailable, {} messages held unacknowledged: {e}",
                         held
@@ -762,7 +766,6 @@ impl Session<'_> {
                         _ = tokio::time::sleep(delay) => {}
                         _ = shutdown.wait_for(|s| *s) => return Ok(None),
                     }
-                    delay = (delay * 2).min(INGEST_RETRY_MAX);
                 }
             }
         }

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::backoff::Backoff;
 use crate::ingest::routes::Router as Routes;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -349,7 +350,8 @@ async fn supervise(
     status: StatusHandle,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut backoff = BACKOFF_INITIAL;
+    let backoff = Backoff::doubling(BACKOFF_INITIAL, BACKOFF_MAX);
+    let mut failures = 0u32;
     loop {
         if *shutdown.borrow() {
             return;
@@ -382,17 +384,17 @@ async fn supervise(
             Ok(()) => return, // shutdown
             Err(error) => {
                 if started.elapsed() >= BACKOFF_RESET_AFTER {
-                    backoff = BACKOFF_INITIAL;
+                    failures = 0;
                 }
-                tracing::warn!(source = %name, kind = config.kind(), retry_in = ?backoff, "source failed: {error}");
+                tracing::warn!(source = %name, kind = config.kind(), retry_in = ?backoff.delay(failures), "source failed: {error}");
                 status.error(error);
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.delay(failures)) => {}
             _ = shutdown.changed() => return,
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        failures = failures.saturating_add(1);
         status.restarted();
     }
 }

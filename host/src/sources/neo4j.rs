@@ -48,6 +48,7 @@ use serde_json::value::RawValue;
 use tokio::sync::watch;
 
 use super::{SourceContext, StatusHandle};
+use crate::backoff::Backoff;
 use crate::event::NewEvent;
 use crate::store::IngestError;
 
@@ -1786,11 +1787,8 @@ impl Relay {
     /// with up to 20% jitter.
     fn retry_delay(&self, attempts: i64) -> Duration {
         let c = &self.inner.config;
-        let exp = attempts.clamp(1, 30) as u32 - 1;
-        let d = c
-            .retry_base
-            .saturating_mul(1u32 << exp.min(20))
-            .min(c.retry_cap);
+        let step = attempts.clamp(1, i64::from(u32::MAX)) as u32 - 1;
+        let d = Backoff::doubling(c.retry_base, c.retry_cap).delay(step);
         d.mul_f64(1.0 + rand::random::<f64>() * 0.2)
             .min(c.retry_cap)
     }

@@ -18,6 +18,7 @@ use lapin::options::ConfirmSelectOptions;
 use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties};
 
+use crate::backoff::Backoff;
 use crate::limits::{
     AMQP_CONNECT_TIMEOUT as CONNECT_TIMEOUT, AMQP_RECONNECT_BACKOFF_MAX as RECONNECT_BACKOFF_MAX,
     AMQP_RECONNECT_BACKOFF_MIN as RECONNECT_BACKOFF_MIN,
@@ -287,9 +288,8 @@ impl Broker {
             Err(_) => format!("no connection within {CONNECT_TIMEOUT:?}"),
         };
         link.failures += 1;
-        let backoff = RECONNECT_BACKOFF_MIN
-            .saturating_mul(2u32.saturating_pow(link.failures.saturating_sub(1).min(16)))
-            .min(RECONNECT_BACKOFF_MAX);
+        let backoff = Backoff::doubling(RECONNECT_BACKOFF_MIN, RECONNECT_BACKOFF_MAX)
+            .delay(link.failures - 1);
         link.retry_at = Some(Instant::now() + backoff);
         link.last_error = Some(error.clone());
         self.record(&link);
