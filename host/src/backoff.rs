@@ -1,10 +1,12 @@
-//! Exponential backoff, once for the whole daemon: the delay after the
-//! n-th failure in a row is `first × factor^n`, never more than `max`.
+//! Exponential backoff: the delay after the n-th failure in a row is
+//! `first × factor^n`, never more than `max`.
 //!
 //! Used by the delivery loop (a failed turn), quarantine (a plugin whose
 //! batches keep failing), the retry schedule of a sink and of the Neo4j
-//! relay, the AMQP broker pool (reconnects) and the source supervisor
-//! (restarts, a store that is down).
+//! relay, the AMQP broker pool (reconnects), the source supervisor
+//! (restarts) and the `amqp` source (a store that is down). The
+//! PostgreSQL listener's reconnect (`store::postgres`) still doubles its
+//! own wait.
 //!
 //! Owns: the arithmetic only, saturating at `max` instead of overflowing
 //! however many failures are counted. Must never: sleep, read a clock, hold

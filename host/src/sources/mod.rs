@@ -5,7 +5,7 @@
 //! check against the loaded sinks, and `run` ending in one
 //! [`SourceError`]); the `[sources.NAME]` configuration ([`SourceConfig`],
 //! tagged by `kind = "..."`), the one place a kind is matched, in the
-//! [`sources!`] list where a configuration becomes a source; starting each
+//! `sources!` list where a configuration becomes a source; starting each
 //! configured source as its own task supervised with backoff
 //! ([`spawn_all`]); and the per-source status (ready / last error / last
 //! cycle time / named checks) that `/ready`, `GET /v1/admin/sources` and
@@ -17,7 +17,7 @@
 //! `neo4j` outbox and its queries, the CouchDB client and design document;
 //! the `amqp` source's broker is [`crate::broker`]), `mapping.rs` (what
 //! it reads, made an event) and `relay.rs` (the relay loop). A fourth
-//! source is one such folder and one line in [`sources!`]. A source hands
+//! source is one such folder and one line in `sources!`. A source hands
 //! events to the store through [`crate::ingest::submit`], the path the HTTP
 //! ingest uses (idempotent on id), never by writing rows around it.
 //!
