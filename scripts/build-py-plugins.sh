@@ -3,12 +3,15 @@
 # components with componentize-py, into target/plugins-py/NAME.wasm beside a
 # copy of NAME.toml (a folder of their own, as the JavaScript sinks have).
 # Installs each plugin's pinned build tool (requirements.txt) into
-# target/py-venv once. Needs python3 with venv, and PyPI (or a pip cache)
-# the first time.
+# target/py-venv once (again when its scripts no longer run: target/ may be
+# a build cache shared with a clone at another path, whose path the
+# scripts' `#!` lines name). Needs python3 with venv, and PyPI (or a pip
+# cache) the first time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=target/py-venv
-if [ ! -x "$venv/bin/componentize-py" ]; then
+if [ ! -x "$venv/bin/componentize-py" ] || ! "$venv/bin/pip" --version >/dev/null 2>&1; then
+    rm -rf "$venv"
     python3 -m venv "$venv"
     for req in plugins/py-*/requirements.txt; do
         "$venv/bin/pip" install --disable-pip-version-check -q -r "$req"

@@ -9,6 +9,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step() { echo "test.sh: [${SECONDS}s] $*"; }
 trap 'echo "test.sh: [${SECONDS}s] ended with status $?"' EXIT
 
+# The build goes to a cache outside the clone that later runs on this
+# machine reuse (OUTBOXD_BUILD_CACHE=off builds in the clone); first, since
+# set-up already builds into target/.
+step "build cache"
+bash scripts/build-cache.sh
+
 step "set-up"
 bash scripts/setup.sh
 

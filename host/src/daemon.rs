@@ -314,10 +314,26 @@ fn load_plugins(
     let known = plugins.known_sinks();
     for plugin in plugins.loaded.values() {
         admit(plugin, &known, config.delivery.lease).map_err(StartError::Config)?;
-        crate::sources::amqp::check_routes_apart(&config.sources, plugin.manifest())
+        crate::sources::check_sink(&config.sources, &sink_view(plugin.manifest()))
             .map_err(StartError::Config)?;
     }
     Ok(plugins)
+}
+
+/// A sink as the sources' checks see it ([`crate::sources::SinkView`]).
+fn sink_view(manifest: &plugin::manifest::Manifest) -> crate::sources::SinkView<'_> {
+    crate::sources::SinkView {
+        name: &manifest.name,
+        config: &manifest.config,
+        amqp: manifest
+            .capabilities
+            .amqp
+            .as_ref()
+            .map(|grant| crate::sources::SinkAmqp {
+                url: &grant.url,
+                exchanges: &grant.exchanges,
+            }),
+    }
 }
 
 /// The tasks that run beside the delivery loops: the router of events
@@ -366,7 +382,7 @@ fn registry(
         plugins,
         Box::new(move |plugin, known| {
             admit(plugin, known, lease)?;
-            crate::sources::amqp::check_routes_apart(&source_configs, plugin.manifest())
+            crate::sources::check_sink(&source_configs, &sink_view(plugin.manifest()))
         }),
         Box::new(move |sink, current| {
             if !sink_routes.add_sink(sink) {

@@ -4,8 +4,10 @@
 //! letters. Sinks are sandboxed WebAssembly components.
 //!
 //! Layering (data flows one way: producers → ingest → store ← delivery →
-//! plugin): the ground floor ([`event`], [`limits`], [`redact`],
-//! [`rfc3339`]) imports nothing of ours; [`store`] and [`plugin`] import
+//! plugin): the ground floor ([`backoff`], [`event`], [`interpolate`],
+//! [`limits`], [`redact`], [`rfc3339`]) imports nothing of ours;
+//! [`broker`] (AMQP connections, shared by the plugin host and the `amqp`
+//! source) imports only the ground floor; [`store`] and [`plugin`] import
 //! only the ground floor; [`delivery`] and [`ingest`] sit above them;
 //! [`config`] gathers every room's settings; [`ops`] and [`daemon`] sit on
 //! top. docs/architecture.md draws it.
@@ -13,6 +15,8 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod backoff;
+pub mod broker;
 pub mod config;
 pub mod daemon;
 pub mod delivery;
@@ -20,6 +24,7 @@ pub mod destinations;
 pub mod event;
 pub mod fleet;
 pub mod ingest;
+pub mod interpolate;
 pub mod limits;
 pub mod metrics;
 pub mod ops;

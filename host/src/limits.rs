@@ -1,15 +1,26 @@
-//! Every internal limit of the daemon that is not a configuration key: the
-//! fixed durations, counts and sizes the code is built around, each typed
-//! and documented here with the reason for its value (a spec, a measured
-//! figure in docs/measurements.md, or the configuration key it is tied to).
+//! The fixed limits (not configuration keys) of the store's connections,
+//! the plugin host's sandbox and HTTP/AMQP clients, and the operator
+//! surfaces (admin API, CLI, probes): durations, counts and sizes, each
+//! typed and documented here with the reason for its value (a spec, a
+//! measured figure in docs/measurements.md, or the configuration key it is
+//! tied to), and the defaults of manifest keys.
+//!
+//! Not every internal limit is here. One that bounds a single mechanism
+//! stays a documented constant beside the code it bounds, where its reader
+//! needs it: the delivery loop's failure backoff and pause re-check
+//! (`delivery::sink_loop`), the finish retries (`delivery::turn`), the
+//! longest quarantine (`delivery::quarantine`), the sources' restart and
+//! ingest backoffs and their protocol bounds (`sources::*`), guest text and
+//! log budgets (`plugin::guest_text`, `plugin::log_limit`), the
+//! CloudEvents sizes (`event`) and a few in the store's backends.
+//! `grep -rn "const [A-Z_]*: \(Duration\|u32\|u64\|usize\)" host/src`
+//! lists them all.
 //!
 //! Owns: named constants only. Must never: read configuration, hold state,
-//! or import anything of ours — it is on the ground floor beside
-//! [`crate::config`], so every room may use it.
+//! or import anything of ours — it is on the ground floor, so every room
+//! may use it.
 
 use std::time::Duration;
-
-// ---- delivery ---------------------------------------------------------
 
 // ---- store ------------------------------------------------------------
 
@@ -170,8 +181,6 @@ pub const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Most instances, memories and tables per store (a component
 /// instantiates a few core modules).
 pub const MAX_INSTANCES: usize = 100;
-
-// ---- ingest and sources -----------------------------------------------
 
 // ---- operations (admin, CLI, readiness, metrics) ----------------------
 

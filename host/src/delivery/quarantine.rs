@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
+use crate::backoff::Backoff;
+
 /// Longest one quarantine lasts.
 pub const MAX_QUARANTINE: Duration = Duration::from_secs(600);
 
@@ -99,8 +101,7 @@ impl TrapCounter {
         if self.failed_in_a_row < after.max(1) {
             return None;
         }
-        let pause =
-            (backoff * 2u32.saturating_pow(self.quarantines_in_a_row.min(10))).min(MAX_QUARANTINE);
+        let pause = Backoff::doubling(backoff, MAX_QUARANTINE).delay(self.quarantines_in_a_row);
         self.quarantines_in_a_row += 1;
         let now = SystemTime::now();
         quarantines.set(

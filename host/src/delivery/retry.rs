@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use crate::backoff::Backoff;
 use crate::plugin::manifest::{OnDead, RetryPolicy};
 use crate::store::{Claimed, Finish};
 
@@ -17,9 +18,9 @@ use crate::store::{Claimed, Finish};
 /// herd of failures spreads out without ever retrying sooner than half the
 /// nominal delay.
 pub fn backoff(policy: &RetryPolicy, attempts: u32) -> Duration {
-    let exp = attempts.saturating_sub(1).min(63) as i32;
-    let nominal = policy.base.as_secs_f64() * policy.factor.powi(exp);
-    let nominal = nominal.min(policy.cap.as_secs_f64()).max(0.0);
+    let nominal = Backoff::new(policy.base, policy.factor, policy.cap)
+        .delay(attempts.saturating_sub(1))
+        .as_secs_f64();
     let half = nominal / 2.0;
     Duration::from_secs_f64(half + rand::random::<f64>() * half)
 }

@@ -18,8 +18,9 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 
 use super::quarantine::TrapCounter;
-use super::turn::{turn, TurnReport};
+use super::turn::{turn, TurnError, TurnReport};
 use super::{stale_after, target, Shared, Target};
+use crate::backoff::Backoff;
 use crate::metrics::PluginLabel;
 
 /// How long a paused sink's loop waits before looking again (and how
@@ -232,9 +233,8 @@ impl LoopState {
             tokio::select! {
                 Some(full) = claims.next() => start = matches!(full, Ok(true)),
                 Some(joined) = running.join_next() => {
-                    let (ran, batch_size) = joined.unwrap_or_else(|e| {
-                        (Ok(Err(format!("delivery turn ended abnormally: {e}"))), 0)
-                    });
+                    let (ran, batch_size) =
+                        joined.unwrap_or_else(|e| (Err(TurnError::Aborted(e)), 0));
                     sleep = self.settle(shared, target, batch_size, ran).await;
                     if !sleep.is_zero() || self.quarantine_left().is_some() {
                         start = false;
@@ -303,12 +303,8 @@ impl LoopState {
         ran: Ran,
     ) -> Duration {
         match ran {
-            Ok(Ok(report)) => self.after_turn(shared, target, batch_size, report).await,
-            Ok(Err(e)) => self.after_failure(shared, &e),
-            Err(deadline) => self.after_failure(
-                shared,
-                &format!("turn exceeded its deadline of {deadline:?}; its leases will expire"),
-            ),
+            Ok(report) => self.after_turn(shared, target, batch_size, report).await,
+            Err(e) => self.after_failure(shared, &e),
         }
     }
 
@@ -349,10 +345,10 @@ impl LoopState {
         // retry) changes nothing.
         let quarantine = match (&report.failure, report.claimed) {
             (_, 0) => None,
-            (Some(reason), _) => self.traps.failed(
+            (Some(failure), _) => self.traps.failed(
                 &shared.quarantines,
                 key,
-                reason,
+                &failure.to_string(),
                 config.quarantine_after_traps,
                 config.quarantine_backoff,
             ),
@@ -394,18 +390,18 @@ impl LoopState {
 
     /// After a turn that failed (a database call, or its deadline): count
     /// it and back off, doubling per failure in a row.
-    fn after_failure(&self, shared: &Shared, error: &str) -> Duration {
+    fn after_failure(&self, shared: &Shared, error: &TurnError) -> Duration {
         let failures = shared.heartbeats.turn(&self.key, false);
         let cap = shared.config.max_poll_interval.max(FAILURE_BACKOFF_CAP);
-        let backoff = (FAILURE_BACKOFF * 2u32.saturating_pow(failures.min(10))).min(cap);
+        let backoff = Backoff::doubling(FAILURE_BACKOFF, cap).delay(failures);
         tracing::warn!(sink = %self.key, consecutive_failures = failures, "delivery turn failed: {error}");
         backoff
     }
 }
 
-/// What a turn bounded by its deadline came to: its report, the error
-/// of a database call, or the deadline it ran past.
-type Ran = Result<Result<TurnReport, String>, Duration>;
+/// What a turn bounded by its deadline came to: its report, or why it
+/// did not run to its end (a database call, the deadline it ran past).
+type Ran = Result<TurnReport, TurnError>;
 
 /// Claim, deliver and finish one batch of at most `limit` deliveries of
 /// `target`, bounded by the turn deadline: the plugin's deadline plus its
@@ -425,5 +421,5 @@ async fn bounded_turn(
         turn(shared, target, key, limit, config.lease, Some(full)),
     )
     .await
-    .map_err(|_| deadline)
+    .unwrap_or(Err(TurnError::Deadline(deadline)))
 }

@@ -11,7 +11,73 @@ use super::{retry, Shared, Target};
 use crate::metrics::{SinkLabel, TrapLabel};
 use crate::plugin::bindings::{Event, Outcome};
 use crate::plugin::SinkFailure;
-use crate::store::{Claimed, Finish, Store};
+use crate::store::{Claimed, Finish, Store, StoreError};
+
+/// A database call of a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DbCall {
+    /// Taking the batch's leases.
+    Claim,
+    /// Giving back untried deliveries' leases.
+    Release,
+    /// Recording the batch's outcomes.
+    Finish,
+}
+
+impl std::fmt::Display for DbCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DbCall::Claim => "claim",
+            DbCall::Release => "release",
+            DbCall::Finish => "finish",
+        })
+    }
+}
+
+/// Why a turn did not run to its end: its leases then expire and the
+/// batch is tried again, while the loop backs off. A plugin's failure is
+/// not one of these: it is an outcome ([`TurnReport::failure`]).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum TurnError {
+    /// A database call did not answer within `delivery.db-timeout`.
+    #[error("{call} timed out after {after:?}")]
+    Timeout {
+        /// The call.
+        call: DbCall,
+        /// `delivery.db-timeout`.
+        after: Duration,
+    },
+    /// A database call failed.
+    #[error("{call}: {source}")]
+    Store {
+        /// The call.
+        call: DbCall,
+        /// The store's error.
+        source: StoreError,
+    },
+    /// The turn ran past its deadline (the plugin's deadline plus three
+    /// database calls) and was abandoned.
+    #[error("turn exceeded its deadline of {0:?}; its leases will expire")]
+    Deadline(Duration),
+    /// The turn's task ended without an answer (a panic).
+    #[error("delivery turn ended abnormally: {0}")]
+    Aborted(#[source] tokio::task::JoinError),
+}
+
+impl TurnError {
+    /// `result` of database call `call`, bounded by `after`.
+    fn bounded<T>(
+        call: DbCall,
+        after: Duration,
+        result: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
+    ) -> Result<T, TurnError> {
+        match result {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(source)) => Err(TurnError::Store { call, source }),
+            Err(_) => Err(TurnError::Timeout { call, after }),
+        }
+    }
+}
 
 /// What one turn did.
 #[derive(Debug, Default)]
@@ -20,7 +86,7 @@ pub(super) struct TurnReport {
     pub claimed: usize,
     /// Why the batch failed as a whole (a trap, or `init` refusing), if it
     /// did.
-    pub failure: Option<String>,
+    pub failure: Option<SinkFailure>,
     /// The batch ran out of its deadline or memory: halve the next one.
     pub shrink: bool,
     /// The claim was cut to this many events to fit the batch byte budget.
@@ -44,21 +110,23 @@ pub(super) async fn turn(
     batch_size: u32,
     lease: Duration,
     full: Option<tokio::sync::oneshot::Sender<bool>>,
-) -> Result<TurnReport, String> {
+) -> Result<TurnReport, TurnError> {
     let plugin = &target.plugin;
     // Metrics are labelled by sink, so the label count stays bounded by the
     // plugins loaded, however many destinations each serves.
     let label = plugin.name();
     let db_timeout = shared.config.db_timeout;
-    let claimed = tokio::time::timeout(
+    let claimed = TurnError::bounded(
+        DbCall::Claim,
         db_timeout,
-        shared
-            .store
-            .claim_after(sink, batch_size, lease, plugin.manifest().after.as_deref()),
-    )
-    .await
-    .map_err(|_| format!("claim timed out after {db_timeout:?}"))?
-    .map_err(|e| format!("claim: {e}"))?;
+        tokio::time::timeout(
+            db_timeout,
+            shared
+                .store
+                .claim_after(sink, batch_size, lease, plugin.manifest().after.as_deref()),
+        )
+        .await,
+    )?;
     shared.metrics.claimed(label, claimed.len(), batch_size);
     if let Some(full) = full {
         let _ = full.send(claimed.len() >= batch_size as usize);
@@ -99,12 +167,16 @@ pub(super) async fn turn(
         .iter()
         .filter(|f| matches!(f, Finish::Delivered))
         .count();
-    let last_error = decided.failure.clone().or_else(|| {
-        finishes.iter().find_map(|f| match f {
-            Finish::Retry { reason, .. } | Finish::Dead { reason, .. } => Some(reason.clone()),
-            _ => None,
-        })
-    });
+    let last_error = decided
+        .failure
+        .as_ref()
+        .map(ToString::to_string)
+        .or_else(|| {
+            finishes.iter().find_map(|f| match f {
+                Finish::Retry { reason, .. } | Finish::Dead { reason, .. } => Some(reason.clone()),
+                _ => None,
+            })
+        });
     if let Some(observer) = &target.observer {
         observer.turn(delivered, claimed.len() - delivered, last_error.as_deref());
     }
@@ -123,7 +195,7 @@ struct Decided {
     /// One per claimed delivery, in order.
     finishes: Vec<Finish>,
     /// Why the batch failed as a whole, if it did.
-    failure: Option<String>,
+    failure: Option<SinkFailure>,
     /// It ran out of its deadline or memory.
     shrink: bool,
 }
@@ -151,7 +223,7 @@ fn decide(
                     .plugin_traps
                     .get_or_create(&TrapLabel {
                         plugin: target.plugin.name().to_string(),
-                        kind: kind.clone(),
+                        kind: kind.to_string(),
                     })
                     .inc();
             }
@@ -161,7 +233,7 @@ fn decide(
                     .iter()
                     .map(|c| retry::after_failure(policy, c, &reason, None))
                     .collect(),
-                failure: Some(reason),
+                failure: Some(failure),
                 shrink,
             };
         }
@@ -274,13 +346,13 @@ async fn finish_with_retries(
     store: &dyn Store,
     items: &[(i64, &str, &Finish)],
     db_timeout: Duration,
-) -> Result<Vec<bool>, String> {
+) -> Result<Vec<bool>, TurnError> {
     let mut delays = FINISH_RETRY_DELAYS.iter();
     loop {
-        let error = match tokio::time::timeout(db_timeout, store.finish_many(items)).await {
-            Ok(Ok(kept)) => return Ok(kept),
-            Ok(Err(e)) => format!("finish: {e}"),
-            Err(_) => format!("finish timed out after {db_timeout:?}"),
+        let attempt = tokio::time::timeout(db_timeout, store.finish_many(items)).await;
+        let error = match TurnError::bounded(DbCall::Finish, db_timeout, attempt) {
+            Ok(kept) => return Ok(kept),
+            Err(error) => error,
         };
         match delays.next() {
             Some(delay) => {
@@ -344,18 +416,15 @@ fn fit_bytes(claimed: Vec<Claimed>, budget: u64) -> (Vec<Claimed>, Vec<Claimed>)
 }
 
 /// Give back the leases of claimed deliveries not handed to the plugin,
-/// without charging an attempt.
-/// Give `claimed` back untried; counted under sink `label`.
-async fn release(shared: &Shared, label: &str, claimed: &[Claimed]) -> Result<(), String> {
+/// without charging an attempt; counted under sink `label`.
+async fn release(shared: &Shared, label: &str, claimed: &[Claimed]) -> Result<(), TurnError> {
     let db_timeout = shared.config.db_timeout;
     let items: Vec<(i64, &str, &Finish)> = claimed
         .iter()
         .map(|c| (c.delivery_id, c.lease_token.as_str(), &Finish::Release))
         .collect();
-    tokio::time::timeout(db_timeout, shared.store.finish_many(&items))
-        .await
-        .map_err(|_| format!("release timed out after {db_timeout:?}"))?
-        .map_err(|e| format!("release: {e}"))?;
+    let released = tokio::time::timeout(db_timeout, shared.store.finish_many(&items)).await;
+    TurnError::bounded(DbCall::Release, db_timeout, released)?;
     for _ in claimed {
         shared.metrics.delivery(label, "released");
     }

@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// Kept at this path for the settings that name it here.
+pub use crate::interpolate::interpolate;
+use crate::interpolate::{interpolate_checked, Interpolation};
+
 /// The WIT package this host implements.
 pub const WIT_PACKAGE: &str = "outboxd:sink";
 /// Its version. Manifests must target the same major version (for 0.x: the
@@ -465,51 +469,6 @@ pub struct Unresolved {
     pub key: String,
     /// The environment variable, e.g. `OUTBOXD_WEBHOOK_SECRET`.
     pub var: String,
-}
-
-/// Why a `${...}` reference could not be replaced.
-#[derive(Debug, thiserror::Error)]
-enum Interpolation {
-    #[error("environment variable {0} is not set")]
-    Unset(String),
-    #[error("{0}")]
-    Invalid(String),
-}
-
-/// Replace `${VAR}` and `${VAR:-default}` with the host environment's
-/// value. Errors name the variable (never a value).
-pub fn interpolate(value: &str) -> Result<String, String> {
-    interpolate_checked(value).map_err(|e| e.to_string())
-}
-
-fn interpolate_checked(value: &str) -> Result<String, Interpolation> {
-    let mut out = String::with_capacity(value.len());
-    let mut rest = value;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let end = after
-            .find('}')
-            .ok_or_else(|| Interpolation::Invalid("unclosed ${ reference".into()))?;
-        let reference = &after[..end];
-        let (var, default) = match reference.split_once(":-") {
-            Some((v, d)) => (v, Some(d)),
-            None => (reference, None),
-        };
-        if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(Interpolation::Invalid(format!(
-                "${{{reference}}} is not a valid environment variable reference"
-            )));
-        }
-        match (std::env::var(var), default) {
-            (Ok(v), _) if !v.is_empty() => out.push_str(&v),
-            (_, Some(d)) => out.push_str(d),
-            _ => return Err(Interpolation::Unset(var.to_string())),
-        }
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use manifest::Manifest;
-pub use runtime::{Plugin, Runtime, SinkFailure};
+pub use runtime::{Plugin, Runtime, SinkFailure, TrapKind};
 
 /// A plugin that could not be loaded, and why.
 #[derive(Debug, Clone)]

@@ -56,8 +56,6 @@ const MIN_GUEST_TRANSFER: usize = 16 << 20;
 /// Bytes of reason allowed per outcome when sizing [`hostcall_fuel`] (the
 /// host keeps [`guest_text::MAX_REASON_BYTES`] of each).
 const REASON_TRANSFER_PER_OUTCOME: usize = 64 << 10;
-/// The trap kind of a guest that handed the host more than it copies.
-const TOO_MUCH_DATA: &str = "answer too large";
 
 /// Fewest backtrace frames (wasmtime captures up to 20, innermost first)
 /// for an out-of-bounds trap to count as the end of a recursion.
@@ -70,12 +68,11 @@ const RECURSION_FRAMES_PER_FUNCTION: usize = 4;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkFailure {
     /// The guest trapped: panic, out of memory, deadline, stack overflow,
-    /// or an answer of the wrong shape. `kind` is short (`deadline`,
-    /// `out of memory`, `panic`, ...).
+    /// or an answer of the wrong shape.
     #[error("plugin trap: {kind}")]
     Trap {
-        /// What trapped (`deadline`, `fuel`, `out of memory`, `panic`, ...).
-        kind: String,
+        /// What trapped.
+        kind: TrapKind,
         /// wasmtime's account of it.
         detail: String,
     },
@@ -87,20 +84,81 @@ pub enum SinkFailure {
 impl SinkFailure {
     /// The batch ran out of its deadline (the loop then halves the batch).
     pub fn is_deadline(&self) -> bool {
-        matches!(self, SinkFailure::Trap { kind, .. } if kind == DEADLINE)
+        matches!(
+            self,
+            SinkFailure::Trap {
+                kind: TrapKind::Deadline,
+                ..
+            }
+        )
     }
 
     /// The guest ran out of its memory cap (the loop then halves the batch
     /// too: its events no longer fit).
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, SinkFailure::Trap { kind, .. } if kind == OUT_OF_MEMORY)
+        matches!(
+            self,
+            SinkFailure::Trap {
+                kind: TrapKind::OutOfMemory,
+                ..
+            }
+        )
     }
 }
 
-/// The trap kind of a batch stopped at its deadline.
-const DEADLINE: &str = "deadline";
-/// The trap kind of a guest that grew past its memory cap.
-const OUT_OF_MEMORY: &str = "out of memory";
+/// What a guest did wrong, as [`SinkFailure::Trap`] names it. Shown (in
+/// reasons, `/ready`, the `outboxd_plugin_traps_total{kind}` label) as
+/// the short text of each variant's doc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrapKind {
+    /// `deadline`: the batch ran past the manifest's `limits.deadline`.
+    Deadline,
+    /// `out of memory`: the guest grew past `limits.memory-mib`.
+    OutOfMemory,
+    /// `stack overflow`: wasmtime's stack limit, or the guest's in-memory
+    /// stack running out at the bottom of a recursion (module note).
+    StackOverflow,
+    /// `panic`: the guest reached `unreachable` (Rust's panic, C's abort).
+    Panic,
+    /// `out of fuel`: wasmtime's instruction fuel ran out.
+    OutOfFuel,
+    /// `too many resources (more than N live)`: the guest held more than
+    /// [`MAX_RESOURCES`] resources at once.
+    TooManyResources,
+    /// `answer too large`: the guest handed the host more than it copies
+    /// (the hostcall fuel, [`hostcall_fuel`]).
+    AnswerTooLarge,
+    /// `wrong number of outcomes`: `deliver` answered a number of outcomes
+    /// other than the batch's events.
+    WrongNumberOfOutcomes,
+    /// `exit (status N)`: the guest called `wasi:cli/exit` instead of
+    /// answering.
+    Exit(i32),
+    /// Another wasmtime trap, shown as wasmtime words it.
+    Other(wasmtime::Trap),
+    /// `error`: the call failed without a trap (a host call's error).
+    Error,
+}
+
+impl std::fmt::Display for TrapKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrapKind::Deadline => f.write_str("deadline"),
+            TrapKind::OutOfMemory => f.write_str("out of memory"),
+            TrapKind::StackOverflow => f.write_str("stack overflow"),
+            TrapKind::Panic => f.write_str("panic"),
+            TrapKind::OutOfFuel => f.write_str("out of fuel"),
+            TrapKind::TooManyResources => {
+                write!(f, "too many resources (more than {MAX_RESOURCES} live)")
+            }
+            TrapKind::AnswerTooLarge => f.write_str("answer too large"),
+            TrapKind::WrongNumberOfOutcomes => f.write_str("wrong number of outcomes"),
+            TrapKind::Exit(status) => write!(f, "exit (status {status})"),
+            TrapKind::Other(trap) => write!(f, "{trap}"),
+            TrapKind::Error => f.write_str("error"),
+        }
+    }
+}
 
 /// The engine and what every plugin shares.
 #[derive(Clone)]
@@ -268,6 +326,10 @@ impl Runtime {
 
 /// Turn a linker error into a sentence naming the import.
 fn explain_link_error(e: &wasmtime::Error, grants_http: bool) -> String {
+    // Text, not a type: wasmtime 48's component linker reports a missing
+    // or mismatched import only as a message (`bail!` in
+    // component/linker.rs and matching.rs: "component imports instance
+    // `…`", "instance export `…`"), with no error type to downcast to.
     let text = format!("{e:#}");
     if text.contains("wasi:http") && !grants_http {
         return format!(
@@ -399,7 +461,7 @@ impl Plugin {
         log_dropped(&self.name, &self.log_limit);
         let Ok(result) = result else {
             return Err(SinkFailure::Trap {
-                kind: DEADLINE.into(),
+                kind: TrapKind::Deadline,
                 detail: format!("batch exceeded {deadline:?}"),
             });
         };
@@ -410,7 +472,7 @@ impl Plugin {
                 guest_text::MAX_REASON_BYTES,
             ))),
             Ok(Ok(outcomes)) if outcomes.len() != batch.len() => Err(SinkFailure::Trap {
-                kind: "wrong number of outcomes".into(),
+                kind: TrapKind::WrongNumberOfOutcomes,
                 detail: format!("{} outcomes for {} events", outcomes.len(), batch.len()),
             }),
             Ok(Ok(outcomes)) => Ok(outcomes.into_iter().map(clean_outcome).collect()),
@@ -514,36 +576,37 @@ fn classify_trap(
     if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
         // `wasi:cli/exit`: the guest ended itself instead of answering.
         return SinkFailure::Trap {
-            kind: format!("exit (status {})", exit.0),
+            kind: TrapKind::Exit(exit.0),
             detail,
         };
     }
     let kind = match e.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::Interrupt) => DEADLINE.to_string(),
-        Some(wasmtime::Trap::StackOverflow) => "stack overflow".to_string(),
-        Some(wasmtime::Trap::MemoryOutOfBounds) if in_deep_recursion(e) => {
-            "stack overflow".to_string()
-        }
-        _ if refused_memory.is_some() => OUT_OF_MEMORY.to_string(),
+        Some(wasmtime::Trap::Interrupt) => TrapKind::Deadline,
+        Some(wasmtime::Trap::StackOverflow) => TrapKind::StackOverflow,
+        Some(wasmtime::Trap::MemoryOutOfBounds) if in_deep_recursion(e) => TrapKind::StackOverflow,
+        _ if refused_memory.is_some() => TrapKind::OutOfMemory,
         _ if e.chain().any(|c| {
             c.downcast_ref::<wasmtime::component::ResourceTableError>()
                 .is_some()
         }) =>
         {
-            format!("too many resources (more than {MAX_RESOURCES} live)")
+            TrapKind::TooManyResources
         }
+        // Text, not a type: wasmtime 48's `HostcallFuelExhausted`
+        // (component/func/options.rs) is private, so its message is all a
+        // caller can recognise it by.
         _ if e.chain().any(|c| {
             c.to_string()
                 .contains("fuel allocated for hostcalls has been exhausted")
         }) =>
         {
-            TOO_MUCH_DATA.to_string()
+            TrapKind::AnswerTooLarge
         }
-        Some(wasmtime::Trap::UnreachableCodeReached) => "panic".to_string(),
-        Some(wasmtime::Trap::OutOfFuel) => "out of fuel".to_string(),
-        Some(trap) => trap.to_string(),
-        None if past_deadline => DEADLINE.to_string(),
-        None => "error".to_string(),
+        Some(wasmtime::Trap::UnreachableCodeReached) => TrapKind::Panic,
+        Some(wasmtime::Trap::OutOfFuel) => TrapKind::OutOfFuel,
+        Some(trap) => TrapKind::Other(*trap),
+        None if past_deadline => TrapKind::Deadline,
+        None => TrapKind::Error,
     };
     SinkFailure::Trap { kind, detail }
 }

@@ -1,20 +1,30 @@
 //! Sources: relays that pull events out of an application's own outbox.
 //!
-//! Owns only what every source needs: the `[sources.NAME]` configuration
-//! dispatch ([`SourceConfig`], tagged by `kind = "..."`, one variant per
-//! kind, each variant's struct in its own file), starting each configured
-//! source as its own task supervised with backoff ([`spawn_all`]), and the
-//! per-source status (ready / last error / last cycle time / named checks)
-//! that `/ready`, `GET /v1/admin/sources` and `outboxd sources list` show
-//! ([`Statuses`]).
+//! Owns only what every source needs: the seam every kind implements
+//! ([`Source`]: its kind, validation, redacted view, staleness bound, the
+//! check against the loaded sinks, and `run` ending in one
+//! [`SourceError`]); the `[sources.NAME]` configuration ([`SourceConfig`],
+//! tagged by `kind = "..."`), the one place a kind is matched, in the
+//! `sources!` list where a configuration becomes a source; starting each
+//! configured source as its own task supervised with backoff
+//! ([`spawn_all`]); and the per-source status (ready / last error / last
+//! cycle time / named checks) that `/ready`, `GET /v1/admin/sources` and
+//! `outboxd sources list` show ([`Statuses`]).
 //!
-//! Each kind lives in `sources/<kind>.rs`. A source hands events to the
-//! store through [`crate::ingest::submit`], the path the HTTP ingest uses
-//! (idempotent on id), never by writing rows around it.
+//! Each kind is a folder `sources/<kind>/` of the same shape, where the
+//! files apply: `mod.rs` (its note and its [`Source`] impl), `config.rs`
+//! (its settings and their validation), the upstream protocol (the
+//! `neo4j` outbox and its queries, the CouchDB client and design document;
+//! the `amqp` source's broker is [`crate::broker`]), `mapping.rs` (what
+//! it reads, made an event) and `relay.rs` (the relay loop). A fourth
+//! source is one such folder and one line in `sources!`. A source hands
+//! events to the store through [`crate::ingest::submit`], the path the HTTP
+//! ingest uses (idempotent on id), never by writing rows around it.
 //!
 //! Must never: let one source's failure stop the daemon or another source
 //! (each runs in its own task; an error is logged, shown, and retried after
-//! a backoff), or hold kind-specific logic here.
+//! a backoff), hold kind-specific logic here, or import the plugin host
+//! (a sink is seen through [`SinkView`]).
 
 pub mod amqp;
 pub mod couchdb;
@@ -28,26 +38,166 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::backoff::Backoff;
 use crate::ingest::routes::Router as Routes;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
-/// One `[sources.NAME]` table: `kind` picks the variant, the other keys are
-/// the kind's own (unknown keys are refused, naming the key).
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-#[allow(clippy::large_enum_variant)] // a few per process, read once at start
-pub enum SourceConfig {
-    /// Pending entries kept inside CouchDB documents ([`couchdb`]).
-    Couchdb(couchdb::CouchdbConfig),
-    /// Outbox nodes in a Neo4j graph ([`neo4j`]).
-    Neo4j(neo4j::Neo4jSourceConfig),
-    /// Messages of a RabbitMQ queue ([`amqp`]).
-    Amqp(amqp::AmqpSourceConfig),
+/// What every source is: one implementation per kind, on the kind's
+/// configuration struct, reached through [`SourceConfig::source`].
+#[async_trait::async_trait]
+pub trait Source: Send + Sync {
+    /// The `kind` value that names it in `[sources.NAME]`.
+    fn kind(&self) -> &'static str;
+
+    /// Check what types alone cannot. `Err((key, problem))` names the key
+    /// under `sources.NAME.`.
+    fn validate(&self) -> Result<(), (String, String)>;
+
+    /// The same configuration with secrets (passwords in URLs) replaced,
+    /// for `outboxd config show`.
+    fn redacted(&self) -> SourceConfig;
+
+    /// How long the source's liveness check (the one every cycle renews)
+    /// may go unrenewed before `/ready` counts it stale; `None` when its
+    /// checks follow a state instead and never go stale.
+    fn stale_after(&self) -> Option<Duration>;
+
+    /// Check a loaded sink against source `name` (at start and for each
+    /// sink loaded later): `Err` names both when the sink could publish
+    /// where the source reads, which would loop outboxd's output back in.
+    fn check_sink(&self, _name: &str, _sink: &SinkView<'_>) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Run source `name` until `shutdown` turns true (`Ok`) or something
+    /// fails (`Err`; the supervisor shows it and runs the source again
+    /// after a backoff).
+    async fn run(
+        &self,
+        name: &str,
+        ctx: &SourceContext,
+        status: &StatusHandle,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), SourceError>;
 }
 
-/// The kinds `kind` may name.
-pub const KINDS: &[&str] = &["amqp", "couchdb", "neo4j"];
+/// A boxed error of a kind's own type, kept whole so its text and source
+/// chain stay as the kind wrote them.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a run of a source stopped, by what failed. Its text is the kind's
+/// own (naming the system, the step and what to do); `/ready` and the
+/// admin API show it as the source's `last_error`.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The system the source reads (a database, a broker, a feed) failed,
+    /// gave no answer in time, or answered what it should not have.
+    #[error(transparent)]
+    Upstream(BoxError),
+    /// outboxd's own store failed or gave no answer in time.
+    #[error(transparent)]
+    Store(BoxError),
+    /// A setting is unusable at run time (the text names the key).
+    #[error(transparent)]
+    Config(BoxError),
+    /// The run's task panicked or was cancelled.
+    #[error("source task {0}")]
+    Task(String),
+}
+
+/// A loaded sink as a source's [`Source::check_sink`] sees it, built from
+/// the sink's manifest by whoever loads sinks (the daemon): sources never
+/// read manifests.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkView<'a> {
+    /// The sink's name.
+    pub name: &'a str,
+    /// Its `[config]` table (values as written, `${VAR}` unresolved).
+    pub config: &'a BTreeMap<String, String>,
+    /// Its AMQP grant, when it has one.
+    pub amqp: Option<SinkAmqp<'a>>,
+}
+
+/// The `capabilities.amqp` grant of a sink.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkAmqp<'a> {
+    /// The broker URL (may hold `${VAR}` references and a password).
+    pub url: &'a str,
+    /// Exchange name patterns it may publish to (`*` any run of
+    /// characters).
+    pub exchanges: &'a [String],
+}
+
+/// Check `sink` against every configured source: the first `Err` names
+/// the sink and the source it could publish into.
+pub fn check_sink(
+    sources: &BTreeMap<String, SourceConfig>,
+    sink: &SinkView<'_>,
+) -> Result<(), String> {
+    for (name, config) in sources {
+        config.source().check_sink(name, sink)?;
+    }
+    Ok(())
+}
+
+/// The list of source kinds, the one place a kind is matched: each line
+/// names the kind's `kind` value, its [`SourceConfig`] variant and its
+/// configuration struct (which implements [`Source`]). It makes the enum,
+/// [`KINDS`], the `kind`-dispatched deserializer and
+/// [`SourceConfig::source`].
+macro_rules! sources {
+    ($($(#[$doc:meta])* $kind:literal => $variant:ident($config:ty),)+) => {
+        /// One `[sources.NAME]` table: `kind` picks the variant, the other
+        /// keys are the kind's own (unknown keys are refused, naming the key).
+        #[derive(Debug, Clone, Serialize)]
+        #[serde(tag = "kind", rename_all = "kebab-case")]
+        #[allow(clippy::large_enum_variant)] // a few per process, read once at start
+        pub enum SourceConfig {
+            $($(#[$doc])* $variant($config),)+
+        }
+
+        /// The kinds `kind` may name.
+        pub const KINDS: &[&str] = &[$($kind),+];
+
+        impl SourceConfig {
+            /// The source this configuration is.
+            pub fn source(&self) -> &dyn Source {
+                match self {
+                    $(SourceConfig::$variant(c) => c,)+
+                }
+            }
+
+            /// The configuration of kind `kind` from its table, or `None`
+            /// when no source has that kind.
+            fn from_table<E: serde::de::Error>(
+                kind: &str,
+                table: serde_json::Value,
+            ) -> Option<Result<SourceConfig, E>> {
+                fn named<E: serde::de::Error>(e: serde_path_to_error::Error<serde_json::Error>) -> E {
+                    E::custom(format!("`{}`: {}", e.path(), e.inner()))
+                }
+                match kind {
+                    $($kind => Some(
+                        serde_path_to_error::deserialize(table)
+                            .map(SourceConfig::$variant)
+                            .map_err(named),
+                    ),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+sources! {
+    /// Messages of a RabbitMQ queue ([`amqp`]).
+    "amqp" => Amqp(amqp::AmqpSourceConfig),
+    /// Pending entries kept inside CouchDB documents ([`couchdb`]).
+    "couchdb" => Couchdb(couchdb::CouchdbConfig),
+    /// Outbox nodes in a Neo4j graph ([`neo4j`]).
+    "neo4j" => Neo4j(neo4j::Neo4jSourceConfig),
+}
 
 impl<'de> Deserialize<'de> for SourceConfig {
     /// By `kind`, then the kind's own table; an error names the key inside
@@ -70,56 +220,31 @@ impl<'de> Deserialize<'de> for SourceConfig {
                 )))
             }
         };
-        let value = serde_json::Value::Object(table);
-        fn named<E: Error>(e: serde_path_to_error::Error<serde_json::Error>) -> E {
-            E::custom(format!("`{}`: {}", e.path(), e.inner()))
-        }
-        match kind.as_str() {
-            "couchdb" => serde_path_to_error::deserialize(value)
-                .map(SourceConfig::Couchdb)
-                .map_err(named),
-            "neo4j" => serde_path_to_error::deserialize(value)
-                .map(SourceConfig::Neo4j)
-                .map_err(named),
-            "amqp" => serde_path_to_error::deserialize(value)
-                .map(SourceConfig::Amqp)
-                .map_err(named),
-            other => Err(D::Error::custom(format!(
-                "`kind = {other:?}` is not a source kind (one of: {})",
+        SourceConfig::from_table(&kind, serde_json::Value::Object(table)).unwrap_or_else(|| {
+            Err(D::Error::custom(format!(
+                "`kind = {kind:?}` is not a source kind (one of: {})",
                 KINDS.join(", ")
-            ))),
-        }
+            )))
+        })
     }
 }
 
 impl SourceConfig {
     /// The `kind` value.
     pub fn kind(&self) -> &'static str {
-        match self {
-            SourceConfig::Couchdb(_) => "couchdb",
-            SourceConfig::Neo4j(_) => "neo4j",
-            SourceConfig::Amqp(_) => "amqp",
-        }
+        self.source().kind()
     }
 
     /// Check what types alone cannot. `Err((key, problem))` names the key
     /// under `sources.NAME.`.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        match self {
-            SourceConfig::Couchdb(c) => c.validate(),
-            SourceConfig::Neo4j(c) => c.validate(),
-            SourceConfig::Amqp(c) => c.validate(),
-        }
+        self.source().validate()
     }
 
     /// The same configuration with secrets (passwords in URLs) replaced,
     /// for `outboxd config show`.
     pub fn redacted(&self) -> SourceConfig {
-        match self {
-            SourceConfig::Couchdb(c) => SourceConfig::Couchdb(c.clone()), // credentials are env names
-            SourceConfig::Neo4j(c) => SourceConfig::Neo4j(c.clone()),     // password is an env name
-            SourceConfig::Amqp(c) => SourceConfig::Amqp(c.redacted()),
-        }
+        self.source().redacted()
     }
 }
 
@@ -145,7 +270,7 @@ pub struct SourceContext {
     /// Timeout of each store call a source makes.
     pub db_timeout: Duration,
     /// The host's AMQP connections, shared with the plugins.
-    pub amqp: crate::plugin::amqp::AmqpPool,
+    pub amqp: crate::broker::AmqpPool,
 }
 
 /// A named readiness check of one source (e.g. `couchdb_reachable`).
@@ -349,7 +474,8 @@ async fn supervise(
     status: StatusHandle,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut backoff = BACKOFF_INITIAL;
+    let backoff = Backoff::doubling(BACKOFF_INITIAL, BACKOFF_MAX);
+    let mut failures = 0u32;
     loop {
         if *shutdown.borrow() {
             return;
@@ -361,38 +487,28 @@ async fn supervise(
             let (name, config, ctx, status) =
                 (name.clone(), config.clone(), ctx.clone(), status.clone());
             let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                match &config {
-                    SourceConfig::Couchdb(c) => couchdb::run(&name, c, &ctx, &status, shutdown)
-                        .await
-                        .map_err(|e| e.to_string()),
-                    SourceConfig::Neo4j(c) => neo4j::run(&name, c, &ctx, &status, shutdown)
-                        .await
-                        .map_err(|e| e.to_string()),
-                    SourceConfig::Amqp(c) => amqp::run(&name, c, &ctx, &status, shutdown).await,
-                }
-            })
+            tokio::spawn(async move { config.source().run(&name, &ctx, &status, shutdown).await })
         };
         let result = match run.await {
             Ok(result) => result,
-            Err(e) if e.is_panic() => Err(format!("source task panicked: {e}")),
-            Err(e) => Err(format!("source task ended: {e}")),
+            Err(e) if e.is_panic() => Err(SourceError::Task(format!("panicked: {e}"))),
+            Err(e) => Err(SourceError::Task(format!("ended: {e}"))),
         };
         match result {
             Ok(()) => return, // shutdown
             Err(error) => {
                 if started.elapsed() >= BACKOFF_RESET_AFTER {
-                    backoff = BACKOFF_INITIAL;
+                    failures = 0;
                 }
-                tracing::warn!(source = %name, kind = config.kind(), retry_in = ?backoff, "source failed: {error}");
-                status.error(error);
+                tracing::warn!(source = %name, kind = config.kind(), retry_in = ?backoff.delay(failures), "source failed: {error}");
+                status.error(error.to_string());
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.delay(failures)) => {}
             _ = shutdown.changed() => return,
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        failures = failures.saturating_add(1);
         status.restarted();
     }
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::pool::{AmqpPool, Broker};
+use crate::broker::{AmqpPool, Broker};
 use crate::limits::{AMQP_CONFIRM_TIMEOUT as CONFIRM_TIMEOUT, DEADLINE_MARGIN};
 use crate::plugin::bindings::{AmqpMessage, PublishError};
 use crate::plugin::manifest::AmqpCapability;

@@ -1,7 +1,8 @@
 //! AMQP publishing for plugins: the host side of `outboxd:sink/amqp`, in
-//! three rooms: broker connections and their backoff ([`pool`]), a
-//! plugin's grant and the checks of each message ([`access`]), and sending
-//! with confirms ([`publish`]).
+//! two rooms: a plugin's grant and the checks of each message
+//! ([`access`]), and sending with confirms ([`publish`]), over the broker
+//! connections and their backoff of [`crate::broker`] (shared with the
+//! `amqp` source).
 //!
 //! Owns: one connection per broker URL ([`AmqpPool`], owned by the
 //! [`Runtime`](super::Runtime) and shared by every plugin that names the
@@ -22,11 +23,7 @@
 //! password ([`crate::redact::redact_url`]).
 
 mod access;
-mod pool;
 mod publish;
 
-/// Kept here for the `amqp` source, which names the plugin host's AMQP
-/// rules by this path.
-pub use crate::redact::redact_url;
+pub use crate::broker::{check_url, same_broker, AmqpPool, BrokerStatus};
 pub use access::{AmqpAccess, MAX_MESSAGES_PER_CALL};
-pub use pool::{check_url, same_broker, AmqpPool, BrokerStatus};

@@ -16,7 +16,7 @@ use lapin::protocol::AMQPErrorKind;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, ErrorKind};
 
-use super::pool::{discard, Broker};
+use crate::broker::{discard, Broker};
 use crate::plugin::bindings::{AmqpMessage, PublishError};
 
 /// One answer per message of a call, `None` until decided.

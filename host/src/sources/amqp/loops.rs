@@ -17,10 +17,9 @@
 //! some attribute values could produce is refused too. Exchange-to-exchange
 //! bindings made outside outboxd are not seen.
 
-use crate::event::glob_match;
-use crate::plugin::manifest::Manifest;
-
 use super::AmqpSourceConfig;
+use crate::event::glob_match;
+use crate::sources::SinkView;
 
 /// Whether some routing key matches both topic patterns (`*` one word, `#`
 /// zero or more words, words separated by `.`).
@@ -72,12 +71,12 @@ pub fn check_sink(
     source: &str,
     config: &AmqpSourceConfig,
     source_url: &str,
-    sink: &Manifest,
+    sink: &SinkView<'_>,
 ) -> Result<(), String> {
-    let Some(grant) = &sink.capabilities.amqp else {
+    let Some(grant) = &sink.amqp else {
         return Ok(());
     };
-    if !crate::plugin::amqp::same_broker(&grant.url, source_url) {
+    if !crate::broker::same_broker(grant.url, source_url) {
         return Ok(());
     }
     let configured = sink.config.get("exchange");
@@ -154,18 +153,40 @@ mod tests {
         .unwrap()
     }
 
-    fn sink(url: &str, exchange: Option<&str>, key: Option<&str>) -> Manifest {
-        let mut text = format!(
-            "name = \"rabbit\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n\
-             [capabilities]\namqp = {{ url = {url:?}, exchanges = [\"*\"] }}\n[config]\n"
-        );
+    /// A sink named `rabbit` granted every exchange (`*`) on `url`, with
+    /// its `[config] exchange` and `routing-key` when given.
+    struct Sink {
+        url: String,
+        exchanges: Vec<String>,
+        config: std::collections::BTreeMap<String, String>,
+    }
+
+    impl Sink {
+        fn view(&self) -> SinkView<'_> {
+            SinkView {
+                name: "rabbit",
+                config: &self.config,
+                amqp: Some(crate::sources::SinkAmqp {
+                    url: &self.url,
+                    exchanges: &self.exchanges,
+                }),
+            }
+        }
+    }
+
+    fn sink(url: &str, exchange: Option<&str>, key: Option<&str>) -> Sink {
+        let mut config = std::collections::BTreeMap::new();
         if let Some(e) = exchange {
-            text.push_str(&format!("exchange = {e:?}\n"));
+            config.insert("exchange".to_string(), e.to_string());
         }
         if let Some(k) = key {
-            text.push_str(&format!("routing-key = {k:?}\n"));
+            config.insert("routing-key".to_string(), k.to_string());
         }
-        Manifest::parse(&text, std::path::Path::new("rabbit.toml")).unwrap()
+        Sink {
+            url: url.to_string(),
+            exchanges: vec!["*".to_string()],
+            config,
+        }
     }
 
     const URL: &str = "amqp://u:p@127.0.0.1:5672/%2f";
@@ -175,7 +196,7 @@ mod tests {
         let topic = source(
             "[[bindings]]\nexchange = \"documents\"\nrouting-keys = [\"documents.ingest.#\"]\n",
         );
-        let check = |c: &AmqpSourceConfig, m: &Manifest| check_sink("src", c, URL, m);
+        let check = |c: &AmqpSourceConfig, m: &Sink| check_sink("src", c, URL, &m.view());
         assert!(check(
             &topic,
             &sink(URL, Some("documents"), Some("documents.{type}"))

@@ -1,354 +1,12 @@
-//! The `amqp` source: consume a RabbitMQ queue, store each message as an
-//! event, acknowledge it only after the commit (README, Sources,
-//! `kind = "amqp"`).
-//!
-//! Owns: the `[sources.NAME] kind = "amqp"` configuration
-//! ([`AmqpSourceConfig`]); declaring what the source consumes (its queue,
-//! durable, with `x-dead-letter-exchange`; its bindings; the dead-letter
-//! exchange and queue); and one consuming session ([`run`]) on the host's
-//! shared connection ([`AmqpPool`](crate::plugin::amqp::AmqpPool)):
-//!
-//! - messages are taken in batches (up to `batch-size`, waiting at most
-//!   `batch-wait` for a batch to fill; `prefetch` bounds what the broker
-//!   hands out unacknowledged) and stored in one ingest transaction per
-//!   batch, in queue order, so a stream's events keep their order;
-//! - a message is acknowledged only after the transaction holding it
-//!   committed; a duplicate (same id, same content: a broker redelivery) is
-//!   acknowledged, since it is already held;
-//! - a message that cannot become an event ([`mapping`]) or conflicts with
-//!   a stored event (same id, other content) is dead-lettered: published to
-//!   the dead-letter exchange with the reason in the `x-outboxd-reason`
-//!   header and acknowledged once the broker confirmed that copy; if the
-//!   copy is not confirmed, the message is rejected without requeue, so the
-//!   broker dead-letters it itself by the queue's `x-dead-letter-exchange`.
-//!   It never loops;
-//! - while the store fails, the batch is held unacknowledged and retried
-//!   with backoff; the broker hands out no more than `prefetch` meanwhile,
-//!   and redelivers everything held if the session ends.
-//!
-//! Replicas: the queue is declared with `x-single-active-consumer`, so
-//! several outboxd processes consuming it take turns (the broker hands the
-//! queue to the next when the active one goes away) and never store one
-//! stream's messages from two consumers at once.
-//!
-//! Reconnection: a session ends on any broker failure; the supervisor in
-//! [`super`] starts a new one with backoff, and the pool reconnects within
-//! its own backoff.
+//! One consuming session of an `amqp` source ([`run`]): declare the
+//! queue, its bindings and dead-letter exchange and queue, then take
+//! batches, store each in one ingest transaction, acknowledge after the
+//! commit and dead-letter what cannot be stored.
 //!
 //! Must never: acknowledge a message that is not stored (or dead-lettered
-//! with a confirmed copy); requeue a poison message; consume anything but
-//! its own queue; log the broker URL's password.
+//! with a confirmed copy), or requeue a poison message.
 
-pub mod loops;
-pub mod mapping;
-
-use std::time::Duration;
-
-use futures::StreamExt;
-use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
-    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Channel, Confirmation, ExchangeKind};
-use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
-
-use super::{SourceConfig, SourceContext, StatusHandle};
-use crate::event::NewEvent;
-use crate::metrics::SourceLabel;
-use crate::plugin::amqp::redact_url;
-use crate::store::IngestError;
-use mapping::{Field, Mapping, Message};
-
-/// Default of `prefetch`: messages the broker hands out unacknowledged.
-pub const DEFAULT_PREFETCH: u16 = 1000;
-/// Default of `batch-size`: messages stored per ingest transaction.
-pub const DEFAULT_BATCH_SIZE: usize = 200;
-/// Largest `batch-size` (the HTTP ingest's default batch limit).
-pub const MAX_BATCH_SIZE: usize = 1000;
-/// Default of `batch-wait`: how long a batch waits to fill after its first
-/// message.
-pub const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(5);
-/// First wait before storing a held batch again after the store failed; it
-/// doubles up to [`INGEST_RETRY_MAX`].
-pub const INGEST_RETRY_MIN: Duration = Duration::from_millis(100);
-/// Longest wait between two attempts to store a held batch.
-pub const INGEST_RETRY_MAX: Duration = Duration::from_secs(5);
-/// Longest wait for each step of setting up a session (channel, declares,
-/// consumer) and for the dead-letter confirms of a batch.
-pub const BROKER_STEP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Header of a dead-lettered copy: why it was refused.
-pub const REASON_HEADER: &str = "x-outboxd-reason";
-/// Header of a dead-lettered copy: the source (`[sources.NAME]`) that refused it.
-pub const SOURCE_HEADER: &str = "x-outboxd-source";
-/// Header of a dead-lettered copy: the exchange the message was first
-/// published to.
-pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-original-exchange";
-/// Header of a dead-lettered copy: the routing key the message was first
-/// published with.
-pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-original-routing-key";
-/// Longest reason kept in [`REASON_HEADER`], bytes.
-const MAX_REASON_BYTES: usize = 1024;
-
-/// `[sources.NAME] kind = "amqp"`.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct AmqpSourceConfig {
-    /// Broker URL, `amqp://user:password@host:port/vhost` (vhost
-    /// percent-encoded). Write it as a `${VAR}` reference (or set
-    /// `OUTBOXD_SOURCES__NAME__URL`) so the password comes from the
-    /// environment; it is never logged or shown.
-    pub url: String,
-    /// The queue consumed; declared durable with `x-dead-letter-exchange`.
-    pub queue: String,
-    /// The bindings declared for the queue: only these routes reach it.
-    #[serde(default)]
-    pub bindings: Vec<Binding>,
-    /// Messages the broker hands out before any is acknowledged. At least
-    /// `batch-size`. Default [`DEFAULT_PREFETCH`].
-    #[serde(default = "default_prefetch")]
-    pub prefetch: u16,
-    /// Messages per ingest transaction, 1 to [`MAX_BATCH_SIZE`]. Default
-    /// [`DEFAULT_BATCH_SIZE`].
-    #[serde(default = "default_batch_size")]
-    pub batch_size: usize,
-    /// How long a batch waits to fill after its first message. Default
-    /// [`DEFAULT_BATCH_WAIT`].
-    #[serde(default = "default_batch_wait", with = "humantime_serde")]
-    pub batch_wait: Duration,
-    /// Declare the queue with `x-single-active-consumer`, so that replicas
-    /// consuming it take turns (one at a time, the next takes over when it
-    /// goes away) and a stream's messages are never stored by two consumers
-    /// at once, out of order. Default true.
-    #[serde(default = "yes")]
-    pub single_active_consumer: bool,
-    /// Dead-letter exchange (fanout, durable). Default `<queue>.dead-letter`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter_exchange: Option<String>,
-    /// Queue bound to the dead-letter exchange. Default `<queue>.dead`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter_queue: Option<String>,
-    /// CloudEvents `source` of plain messages. Default `/amqp/<queue>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event_source: Option<String>,
-    /// Header holding a plain message's id when it has no `message-id`.
-    /// Unset: a message without `message-id` is refused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id_header: Option<String>,
-    /// A plain message's type: `routing-key` (default) or `header:NAME`
-    /// (or a JSON path into the body).
-    #[serde(default = "routing_key", rename = "type")]
-    pub type_from: String,
-    /// A plain message's stream: `routing-key` (default), `header:NAME`, or
-    /// a JSON path into the body (`$.order.id`, or a JSON Pointer as
-    /// `json:/order/id`).
-    #[serde(default = "routing_key", rename = "stream")]
-    pub stream_from: String,
-}
-
-/// One exchange and the routing-key patterns bound from it to the queue.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Binding {
-    /// Declared durable (of `exchange-kind`) if it does not exist.
-    pub exchange: String,
-    /// Patterns such as `documents.ingest.#`, `documents.update.#`.
-    pub routing_keys: Vec<String>,
-    /// `topic` (default), `direct`, `fanout` or `headers`.
-    #[serde(default = "topic")]
-    pub exchange_kind: String,
-}
-
-fn default_prefetch() -> u16 {
-    DEFAULT_PREFETCH
-}
-fn default_batch_size() -> usize {
-    DEFAULT_BATCH_SIZE
-}
-fn default_batch_wait() -> Duration {
-    DEFAULT_BATCH_WAIT
-}
-fn yes() -> bool {
-    true
-}
-fn routing_key() -> String {
-    "routing-key".into()
-}
-fn topic() -> String {
-    "topic".into()
-}
-
-impl std::fmt::Debug for AmqpSourceConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AmqpSourceConfig")
-            .field("url", &redact_url(&self.url))
-            .field("queue", &self.queue)
-            .field("bindings", &self.bindings)
-            .field("prefetch", &self.prefetch)
-            .field("batch_size", &self.batch_size)
-            .field("batch_wait", &self.batch_wait)
-            .finish_non_exhaustive()
-    }
-}
-
-/// An AMQP short string: at most 255 bytes.
-const MAX_SHORT_STRING: usize = 255;
-
-/// `Err((key, problem))` unless `value` fits an AMQP short string (1 to
-/// [`MAX_SHORT_STRING`] bytes).
-fn short(key: &str, value: &str) -> Result<(), (String, String)> {
-    if value.is_empty() || value.len() > MAX_SHORT_STRING {
-        Err((
-            key.to_string(),
-            format!("must be 1 to {MAX_SHORT_STRING} bytes, got {}", value.len()),
-        ))
-    } else {
-        Ok(())
-    }
-}
-
-impl AmqpSourceConfig {
-    /// The URL with `${VAR}` references resolved. Errors name the variable,
-    /// never a value.
-    pub fn resolved_url(&self) -> Result<String, String> {
-        crate::plugin::manifest::interpolate(&self.url)
-    }
-
-    /// The dead-letter exchange in force.
-    pub fn dead_letter_exchange(&self) -> String {
-        self.dead_letter_exchange
-            .clone()
-            .unwrap_or_else(|| format!("{}.dead-letter", self.queue))
-    }
-
-    /// The dead-letter queue in force.
-    pub fn dead_letter_queue(&self) -> String {
-        self.dead_letter_queue
-            .clone()
-            .unwrap_or_else(|| format!("{}.dead", self.queue))
-    }
-
-    /// How plain messages are read.
-    pub fn mapping(&self) -> Result<Mapping, (String, String)> {
-        let field = |key: &str, spec: &str| Field::parse(spec).map_err(|p| (key.to_string(), p));
-        Ok(Mapping {
-            event_source: self
-                .event_source
-                .clone()
-                .unwrap_or_else(|| format!("/amqp/{}", self.queue)),
-            id_header: self.id_header.clone(),
-            type_from: field("type", &self.type_from)?,
-            stream_from: field("stream", &self.stream_from)?,
-        })
-    }
-
-    /// Check what types cannot. `Err((key, problem))`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let bad = |key: &str, problem: String| Err((key.to_string(), problem));
-        let url = match self.resolved_url() {
-            Ok(url) => url,
-            Err(e) => return bad("url", e),
-        };
-        if let Err(e) = crate::plugin::amqp::check_url(&url) {
-            return bad("url", e);
-        }
-        short("queue", &self.queue)?;
-        short("dead-letter-exchange", &self.dead_letter_exchange())?;
-        short("dead-letter-queue", &self.dead_letter_queue())?;
-        if self.dead_letter_queue() == self.queue {
-            return bad(
-                "dead-letter-queue",
-                "must not be the consumed queue: dead letters would be consumed again".into(),
-            );
-        }
-        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
-            return bad(
-                "batch-size",
-                format!("must be 1 to {MAX_BATCH_SIZE}, got {}", self.batch_size),
-            );
-        }
-        if (self.prefetch as usize) < self.batch_size {
-            return bad(
-                "prefetch",
-                format!(
-                    "is {}, below batch-size {}: a batch could never fill",
-                    self.prefetch, self.batch_size
-                ),
-            );
-        }
-        if let Some(h) = &self.id_header {
-            short("id-header", h)?;
-        }
-        if let Some(s) = &self.event_source {
-            if s.is_empty() {
-                return bad("event-source", "must not be empty".into());
-            }
-        }
-        self.validate_bindings()?;
-        self.mapping()?;
-        Ok(())
-    }
-
-    /// Check each of `bindings`: exchange, kind and routing keys.
-    fn validate_bindings(&self) -> Result<(), (String, String)> {
-        let bad_key = |key: &str, problem: String| Err((key.to_string(), problem));
-        for (i, b) in self.bindings.iter().enumerate() {
-            short(&format!("bindings[{i}].exchange"), &b.exchange)?;
-            if b.exchange == self.dead_letter_exchange() {
-                return bad_key(
-                    &format!("bindings[{i}].exchange"),
-                    "is the dead-letter exchange: dead letters would be consumed again".into(),
-                );
-            }
-            if exchange_kind(&b.exchange_kind).is_none() {
-                return bad_key(
-                    &format!("bindings[{i}].exchange-kind"),
-                    format!(
-                        "{:?}: expected topic, direct, fanout or headers",
-                        b.exchange_kind
-                    ),
-                );
-            }
-            if b.routing_keys.is_empty() {
-                return bad_key(
-                    &format!("bindings[{i}].routing-keys"),
-                    "names no routing key (a topic binding takes patterns such as `documents.ingest.#`)"
-                        .into(),
-                );
-            }
-            for (j, k) in b.routing_keys.iter().enumerate() {
-                if k.len() > MAX_SHORT_STRING {
-                    return bad_key(
-                        &format!("bindings[{i}].routing-keys[{j}]"),
-                        format!("is {} bytes; AMQP allows {MAX_SHORT_STRING}", k.len()),
-                    );
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The same configuration, the URL's password replaced (a `${VAR}`
-    /// reference is shown as written).
-    pub fn redacted(&self) -> AmqpSourceConfig {
-        AmqpSourceConfig {
-            url: redact_url(&self.url),
-            ..self.clone()
-        }
-    }
-}
-
-fn exchange_kind(kind: &str) -> Option<ExchangeKind> {
-    match kind {
-        "topic" => Some(ExchangeKind::Topic),
-        "direct" => Some(ExchangeKind::Direct),
-        "fanout" => Some(ExchangeKind::Fanout),
-        "headers" => Some(ExchangeKind::Headers),
-        _ => None,
-    }
-}
+use super::*;
 
 /// The readiness check of an `amqp` source: its consumer is registered on
 /// the queue (a replica waiting its turn under `x-single-active-consumer`
@@ -365,11 +23,17 @@ pub async fn run(
     ctx: &SourceContext,
     status: &StatusHandle,
     shutdown: watch::Receiver<bool>,
-) -> Result<(), String> {
-    let mapping = config.mapping().map_err(|(k, p)| format!("{k}: {p}"))?;
-    let url = config.resolved_url()?;
-    let connection = ctx.amqp.connection(&url).await?;
-    let channel = step("open a channel", connection.create_channel()).await?;
+) -> Result<(), SourceError> {
+    let config_error = |e: String| SourceError::Config(e.into());
+    let mapping = config
+        .mapping()
+        .map_err(|(k, p)| config_error(format!("{k}: {p}")))?;
+    let url = config.resolved_url().map_err(config_error)?;
+    let upstream = |e: String| SourceError::Upstream(e.into());
+    let connection = ctx.amqp.connection(&url).await.map_err(upstream)?;
+    let channel = step("open a channel", connection.create_channel())
+        .await
+        .map_err(upstream)?;
     let mut session = Session {
         name,
         config,
@@ -393,7 +57,9 @@ pub async fn run(
         )
         .await;
     }
-    result
+    // A session ends on the broker's side even when the store was down:
+    // the batch is held until the channel closes (see `ingest`).
+    result.map_err(upstream)
 }
 
 /// Await one broker step for at most [`BROKER_STEP_TIMEOUT`].
@@ -697,7 +363,8 @@ impl Session<'_> {
         poison: &mut Vec<Poison>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<(u64, u64)>, String> {
-        let mut delay = INGEST_RETRY_MIN;
+        let backoff = Backoff::doubling(INGEST_RETRY_MIN, INGEST_RETRY_MAX);
+        let mut failures = 0u32;
         let (mut stored, mut duplicate) = (0u64, 0u64);
         while !mapped.is_empty() {
             let events: Vec<NewEvent> = mapped.iter().map(|(_, e)| e.clone()).collect();
@@ -747,6 +414,8 @@ impl Session<'_> {
                     ));
                 }
                 Err(IngestError::Store(e)) => {
+                    let delay = backoff.delay(failures);
+                    failures += 1;
                     let error = format!(
                         "store unavailable, {} messages held unacknowledged: {e}",
                         held
@@ -762,7 +431,6 @@ impl Session<'_> {
                         _ = tokio::time::sleep(delay) => {}
                         _ = shutdown.wait_for(|s| *s) => return Ok(None),
                     }
-                    delay = (delay * 2).min(INGEST_RETRY_MAX);
                 }
             }
         }
@@ -872,33 +540,4 @@ fn truncate(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
-}
-
-/// Whether the sink of manifest `sink` keeps apart from every `amqp`
-/// source's ingress routes (called by the daemon for each sink it admits):
-/// `Err` names the sink, the source and the binding its published events
-/// could land on (see [`loops`]).
-pub fn check_routes_apart(
-    sources: &std::collections::BTreeMap<String, SourceConfig>,
-    sink: &crate::plugin::manifest::Manifest,
-) -> Result<(), String> {
-    for (name, config) in sources {
-        if let SourceConfig::Amqp(c) = config {
-            check_sink(name, c, sink)?;
-        }
-    }
-    Ok(())
-}
-
-/// Give the start-time check a shape the daemon can call: `Err` names the
-/// sink and the source's binding it could reach.
-pub fn check_sink(
-    name: &str,
-    config: &AmqpSourceConfig,
-    sink: &crate::plugin::manifest::Manifest,
-) -> Result<(), String> {
-    let url = config
-        .resolved_url()
-        .map_err(|e| format!("source {name:?}: url: {e}"))?;
-    loops::check_sink(name, config, &url, sink)
 }

@@ -1,9 +1,13 @@
-//! The broker connections of the `amqp` interface: one per broker URL,
-//! shared by every plugin (and the host's own `amqp` source) naming it, with
-//! a few idle channels in publisher-confirm mode each. A lost connection is
-//! opened again on demand, no sooner than an exponential backoff allows, so
-//! a dead broker costs a batch one fast `unavailable`, not a connect
-//! timeout each.
+//! AMQP broker connections, one per broker URL, shared by every plugin's
+//! `amqp` interface ([`crate::plugin::amqp`]) and the `amqp` source
+//! ([`crate::sources::amqp`]) naming it, with a few idle channels in
+//! publisher-confirm mode each. A lost connection is opened again on
+//! demand, no sooner than an exponential backoff allows, so a dead broker
+//! costs a batch one fast `unavailable`, not a connect timeout each.
+//!
+//! Below both of its users: it imports only the ground floor
+//! ([`crate::backoff`], [`crate::limits`], [`crate::redact`]), never the
+//! plugin host or a source.
 //!
 //! Must never: print a broker URL with its password, or hand out a channel
 //! whose confirms may still arrive for an earlier batch.
@@ -18,6 +22,7 @@ use lapin::options::ConfirmSelectOptions;
 use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties};
 
+use crate::backoff::Backoff;
 use crate::limits::{
     AMQP_CONNECT_TIMEOUT as CONNECT_TIMEOUT, AMQP_RECONNECT_BACKOFF_MAX as RECONNECT_BACKOFF_MAX,
     AMQP_RECONNECT_BACKOFF_MIN as RECONNECT_BACKOFF_MIN,
@@ -82,7 +87,7 @@ impl AmqpPool {
     /// The pool's broker for `url`, made on first use (not connected).
     /// Errors: `url` is not an AMQP URL (the message never carries the
     /// password).
-    pub(super) fn broker(&self, url: &str) -> Result<Arc<Broker>, String> {
+    pub(crate) fn broker(&self, url: &str) -> Result<Arc<Broker>, String> {
         let mut brokers = self.brokers.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(broker) = brokers.get(url) {
             return Ok(broker.clone());
@@ -156,11 +161,11 @@ fn parse_url(url: &str) -> Result<AMQPUri, String> {
 }
 
 /// One broker: its connection (opened on demand) and idle channels.
-pub(super) struct Broker {
+pub(crate) struct Broker {
     /// Carries the password: never printed.
     uri: AMQPUri,
     /// The URL without its password.
-    pub(super) shown: String,
+    pub(crate) shown: String,
     /// The connection and its reconnect schedule. An async lock, so
     /// concurrent batches wait for one attempt to connect instead of each
     /// opening a connection.
@@ -233,7 +238,7 @@ impl Broker {
     }
 
     /// The open connection, or a new one; `Err` says why there is none.
-    pub(super) async fn connection(&self) -> Result<Arc<Connection>, String> {
+    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, String> {
         let mut link = self.link.lock().await;
         if let Some(connection) = &link.connection {
             if connection.status().connected() {
@@ -287,9 +292,8 @@ impl Broker {
             Err(_) => format!("no connection within {CONNECT_TIMEOUT:?}"),
         };
         link.failures += 1;
-        let backoff = RECONNECT_BACKOFF_MIN
-            .saturating_mul(2u32.saturating_pow(link.failures.saturating_sub(1).min(16)))
-            .min(RECONNECT_BACKOFF_MAX);
+        let backoff = Backoff::doubling(RECONNECT_BACKOFF_MIN, RECONNECT_BACKOFF_MAX)
+            .delay(link.failures - 1);
         link.retry_at = Some(Instant::now() + backoff);
         link.last_error = Some(error.clone());
         self.record(&link);
@@ -298,7 +302,7 @@ impl Broker {
     }
 
     /// An idle channel in confirm mode, or a new one.
-    pub(super) async fn channel(&self) -> Result<Channel, String> {
+    pub(crate) async fn channel(&self) -> Result<Channel, String> {
         loop {
             let idle = self
                 .idle
@@ -330,7 +334,7 @@ impl Broker {
     }
 
     /// Keep a channel that has nothing in flight for the next batch.
-    pub(super) fn give_back(&self, channel: Channel) {
+    pub(crate) fn give_back(&self, channel: Channel) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if channel.status().connected() && idle.len() < MAX_IDLE_CHANNELS {
             idle.push(channel);
@@ -343,7 +347,7 @@ impl Broker {
 
 /// Close a channel whose confirms may still arrive (they must not reach
 /// the next batch) or that is not wanted any more.
-pub(super) fn discard(channel: Channel) {
+pub(crate) fn discard(channel: Channel) {
     if channel.status().connected() {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {

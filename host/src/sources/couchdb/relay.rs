@@ -1,72 +1,13 @@
-//! The `couchdb` source: relays the pending outbox entries that a document
-//! service keeps inside its CouchDB documents (README, Sources, `couchdb`:
-//! CouchDB document outbox).
+//! The couchdb relay loop: read the credentials, check the database,
+//! install the design document, scan the `pending` view, then follow
+//! `_changes` from the saved checkpoint, scanning again every
+//! `scan-interval`; each document read becomes events ([`super::mapping`])
+//! handed to [`crate::ingest::submit`].
 //!
-//! One run: read the credentials, check the database answers, install the
-//! design document with the `pending` view when missing or outdated
-//! ([`design`]), scan the whole view, then follow `_changes` (longpoll,
-//! `include_docs`, `filter=_view` on the pending view) from the saved
-//! checkpoint, scanning the view again every `scan-interval`. Each document
-//! read is turned into events ([`entry`]) and handed to
-//! [`crate::ingest::submit`] — idempotent on `event_id`, so
-//! finding an entry again (the next scan, the feed, a restart) is a
-//! duplicate success.
-//!
-//! The checkpoint (`since` of the feed, kept in outboxd's store) is only a
-//! shortcut: it is saved after the changes before it were ingested, and the
-//! periodic scan finds any pending entry whatever the checkpoint says. So
-//! no entry is skipped because a checkpoint moved past it, and a lost
-//! checkpoint costs a re-read, not an event.
-//!
-//! Must never: write to CouchDB other than its own design document (the
-//! `couchdb-mark` sink marks entries published), ingest an entry already
-//! published or a malformed one, or let a bad document stop the relay of
-//! the rest of the database.
+//! Must never: save a checkpoint past changes not yet ingested, or let a
+//! bad document stop the relay of the rest of the database.
 
-mod client;
-mod config;
-mod design;
-mod entry;
-mod template;
-
-use std::collections::HashSet;
-use std::time::{Duration, Instant};
-
-use serde_json::{json, Value};
-use tokio::sync::watch;
-
-pub use config::{CouchdbConfig, EntryPaths};
-
-use super::{SourceContext, StatusHandle};
-use crate::event::NewEvent;
-use crate::store::{IngestError, StoreError};
-use client::{Changes, Client, CouchError};
-use template::Template;
-
-/// Why a run of the source stopped (it is started again after a backoff).
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// CouchDB unreachable, or an answer it should not have given.
-    #[error("{0}")]
-    Couch(#[from] CouchError),
-    /// outboxd's own store failed (saving the checkpoint or ingesting).
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
-    /// outboxd's own store gave no answer within this time (`db-timeout`).
-    #[error("store: no answer within {0:?}")]
-    StoreTimeout(Duration),
-    /// A setting is unusable at run time (the message names the key).
-    #[error("configuration: {0}")]
-    Config(String),
-}
-
-/// Most (document, revision) pairs remembered as already reported
-/// malformed, so a bad entry is logged and counted once per revision, not
-/// on every scan.
-const MALFORMED_MEMORY: usize = 10_000;
-
-/// Slack added to the freshness limits of the readiness checks.
-const CHECK_SLACK: Duration = Duration::from_secs(5);
+use super::*;
 
 /// Run the source until `shutdown` turns true (`Ok`) or something fails.
 pub async fn run(
@@ -75,9 +16,9 @@ pub async fn run(
     ctx: &SourceContext,
     status: &StatusHandle,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<(), SourceError> {
-    let credentials = config.credentials().map_err(SourceError::Config)?;
-    let template = Template::parse(&config.event_type).map_err(SourceError::Config)?;
+) -> Result<(), CouchdbError> {
+    let credentials = config.credentials().map_err(CouchdbError::Config)?;
+    let template = Template::parse(&config.event_type).map_err(CouchdbError::Config)?;
     let client = Client::new(
         &config.url,
         &config.database,
@@ -91,7 +32,7 @@ pub async fn run(
         template,
         reported: HashSet::new(),
     };
-    let live = config.feed_timeout + config.request_timeout * 2 + CHECK_SLACK;
+    let live = live_after(config);
     let scan_fresh =
         config.scan_interval * 2 + config.feed_timeout + config.request_timeout + CHECK_SLACK;
 
@@ -161,7 +102,7 @@ async fn resume_since(
     ctx: &SourceContext,
     database: &str,
     info: &Value,
-) -> Result<Value, SourceError> {
+) -> Result<Value, CouchdbError> {
     let saved = store_call(ctx, ctx.store.source_checkpoint(name)).await?;
     Ok(saved
         .and_then(|text| serde_json::from_str::<Value>(&text).ok())
@@ -174,10 +115,10 @@ async fn resume_since(
 async fn store_call<T>(
     ctx: &SourceContext,
     call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, SourceError> {
+) -> Result<T, CouchdbError> {
     match tokio::time::timeout(ctx.db_timeout, call).await {
         Ok(r) => Ok(r?),
-        Err(_) => Err(SourceError::StoreTimeout(ctx.db_timeout)),
+        Err(_) => Err(CouchdbError::StoreTimeout(ctx.db_timeout)),
     }
 }
 
@@ -199,7 +140,7 @@ impl Relay<'_> {
         changes: Changes,
         since: &mut Value,
         database: &str,
-    ) -> Result<bool, SourceError> {
+    ) -> Result<bool, CouchdbError> {
         self.documents(&changes.docs).await?;
         if changes.last_seq != *since {
             *since = changes.last_seq;
@@ -221,7 +162,7 @@ impl Relay<'_> {
         &mut self,
         client: &Client,
         page_done: &(dyn Fn() + Sync),
-    ) -> Result<(), SourceError> {
+    ) -> Result<(), CouchdbError> {
         let page = self.config.page_size;
         let mut start: Option<(Value, String)> = None;
         let mut last_doc: Option<String> = None;
@@ -275,7 +216,7 @@ impl Relay<'_> {
 
     /// Relay the pending entries of `docs`. Returns the oldest pending
     /// entry's `created_at` (Unix ms) among them.
-    async fn documents(&mut self, docs: &[Value]) -> Result<Option<i64>, SourceError> {
+    async fn documents(&mut self, docs: &[Value]) -> Result<Option<i64>, CouchdbError> {
         let mut groups: Vec<(String, Vec<NewEvent>)> = Vec::new();
         let mut oldest = None;
         let metrics = &self.ctx.metrics;
@@ -284,7 +225,7 @@ impl Relay<'_> {
             if id.starts_with("_design/") {
                 continue;
             }
-            let out = entry::read_document(doc, self.config, &self.template);
+            let out = mapping::read_document(doc, self.config, &self.template);
             if let Some(o) = out.oldest_pending_ms {
                 oldest = Some(oldest.map_or(o, |x: i64| x.min(o)));
             }
@@ -341,7 +282,7 @@ impl Relay<'_> {
         let ctx = self.ctx;
         let call = crate::ingest::submit(&*ctx.store, &ctx.routes, &ctx.wake, &ctx.metrics, events);
         match tokio::time::timeout(ctx.db_timeout, call).await {
-            Err(_) => Err(SubmitError::Failed(SourceError::StoreTimeout(
+            Err(_) => Err(SubmitError::Failed(CouchdbError::StoreTimeout(
                 ctx.db_timeout,
             ))),
             Ok(Err(IngestError::Store(e))) => Err(SubmitError::Failed(e.into())),
@@ -362,5 +303,5 @@ enum SubmitError {
     /// The store refused the content (conflict, sequence not advancing).
     Refused(IngestError),
     /// The store failed: retry the run.
-    Failed(SourceError),
+    Failed(CouchdbError),
 }
