@@ -121,6 +121,11 @@ impl Stage {
             data_dir: data,
             database_url: Some(url),
             plugins_dir: plugins.path().to_path_buf(),
+            // Destination secrets are sealed; PostgreSQL needs a key.
+            secrets: outboxd::config::SecretsConfig {
+                key: Some("bench AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into()),
+                ..Default::default()
+            },
             ..Config::default()
         };
         let daemon = Daemon::start(config, Migrations::Apply).await.unwrap();

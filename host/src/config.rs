@@ -77,6 +77,8 @@ pub struct Config {
     pub tls: Option<crate::tls::TlsConfig>,
     /// `/metrics` (`[metrics]`).
     pub metrics: MetricsConfig,
+    /// The key the secrets kept in the database are sealed under.
+    pub secrets: SecretsConfig,
 }
 
 /// `[metrics]`.
@@ -87,6 +89,34 @@ pub struct MetricsConfig {
     /// <admin.token>`). Unset: off on a loopback listener, on beyond it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub require_token: Option<bool>,
+}
+
+/// Secrets at rest (`[secrets]`): the operator's keys, which every
+/// credential kept in the database (destination secrets, credential
+/// `config` values) is sealed under (AES-256-GCM; see `crate::secrets`).
+/// Neither set: the embedded SQLite default generates
+/// `<data-dir>/secrets.key` (mode 0600) and uses it; PostgreSQL refuses to
+/// store a secret until one is set. Its `Debug` form hides `key`.
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct SecretsConfig {
+    /// A key file: one key per line, `KEY-ID BASE64-32-BYTES` (`#`
+    /// comments); the last line is the current key (it seals), earlier
+    /// lines only open. Read at start and again on `secrets rotate-key`
+    /// (and when a value names a key id not yet read).
+    pub key_file: Option<PathBuf>,
+    /// The same lines separated by `,`, for the environment
+    /// (`OUTBOXD_SECRETS__KEY`). Never logged; `config show` prints `***`.
+    pub key: Option<String>,
+}
+
+impl std::fmt::Debug for SecretsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretsConfig")
+            .field("key_file", &self.key_file)
+            .field("key", &self.key.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// Knobs of destinations (`[destinations]`).
@@ -173,6 +203,7 @@ impl Default for Config {
             producers: Default::default(),
             tls: None,
             metrics: MetricsConfig::default(),
+            secrets: SecretsConfig::default(),
         }
     }
 }
@@ -371,6 +402,12 @@ impl Config {
             if let Err((key, problem)) = source.validate() {
                 return value(&format!("sources.{name}.{key}"), &problem);
             }
+        }
+        if self.secrets.key_file.is_some() && self.secrets.key.is_some() {
+            return value(
+                "secrets.key",
+                "set either secrets.key-file or secrets.key (OUTBOXD_SECRETS__KEY), not both",
+            );
         }
         if let Some(routes) = &self.routes {
             for (i, route) in routes.iter().enumerate() {

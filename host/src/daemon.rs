@@ -1,7 +1,8 @@
 //! Assembling a running daemon from a [`Config`].
 //!
-//! Owns: start-up order (store → migrations check → plugins → routes →
-//! delivery loops → HTTP listener), and graceful shutdown (stop accepting,
+//! Owns: start-up order (store → migrations check → plugins → secrets
+//! keyring, plain secrets sealed → routes → delivery loops → HTTP
+//! listener), and graceful shutdown (stop accepting,
 //! stop claiming, let in-flight batches finish, return).
 //!
 //! Must never: start delivering while migrations are pending, or start with
@@ -49,6 +50,10 @@ pub enum StartError {
     #[error(transparent)]
     /// The listener's certificate or key could not be loaded.
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    /// The secrets key file or `secrets.key` cannot be read (names the
+    /// file or setting, and the line).
+    Secrets(#[from] crate::secrets::SecretsError),
 }
 
 /// How to treat pending migrations at start.
@@ -95,7 +100,9 @@ impl Daemon {
             .with_cache(config.data_dir.join("cache"));
         let metrics = Metrics::new();
         let plugins = load_plugins(&runtime, &config, &metrics)?;
-        let live = crate::destinations::live::Live::load(store.clone()).await?;
+        let secrets = load_secrets(&config, &url)?;
+        crate::destinations::sealing::at_start(&*store, &secrets).await?;
+        let live = crate::destinations::live::Live::load(store.clone(), secrets).await?;
         let routes = Arc::new(
             Routes::new(config.routes.clone(), plugins.known_sinks())?
                 .with_destinations(live.subscribe()),
@@ -280,6 +287,20 @@ async fn open_store(
         }
     }
     Ok(store)
+}
+
+/// The secrets keyring as configured: `secrets.key-file`, else
+/// `secrets.key`, else — on the embedded SQLite store only — the key file
+/// generated into the data folder; PostgreSQL without either has no key
+/// (secrets are then refused, and plain ones stored earlier still
+/// deliver).
+fn load_secrets(config: &Config, url: &str) -> Result<Arc<crate::secrets::Secrets>, StartError> {
+    let embedded = store::sqlite_path(url).is_some();
+    Ok(crate::secrets::Secrets::load(
+        config.secrets.key_file.as_deref(),
+        config.secrets.key.as_deref(),
+        embedded.then_some(config.data_dir.as_path()),
+    )?)
 }
 
 /// Load the plugins folder, count loads and refusals, and check every

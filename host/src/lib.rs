@@ -7,8 +7,9 @@
 //! plugin): the ground floor ([`backoff`], [`event`], [`interpolate`],
 //! [`limits`], [`redact`], [`rfc3339`]) imports nothing of ours;
 //! [`broker`] (AMQP connections, shared by the plugin host and the `amqp`
-//! source) imports only the ground floor; [`store`] and [`plugin`] import
-//! only the ground floor; [`delivery`] and [`ingest`] sit above them;
+//! source) imports only the ground floor; [`store`], [`plugin`] and
+//! [`secrets`] (the operator's keys, sealed values) import only the ground
+//! floor; [`delivery`] and [`ingest`] sit above them;
 //! [`config`] gathers every room's settings; [`ops`] and [`daemon`] sit on
 //! top. docs/architecture.md draws it.
 
@@ -31,6 +32,7 @@ pub mod ops;
 pub mod plugin;
 pub mod redact;
 pub mod rfc3339;
+pub mod secrets;
 pub mod sources;
 pub mod store;
 pub mod tls;

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 mod cli_admin;
 mod cli_destinations;
 mod cli_producers;
+mod cli_secrets;
 
 use clap::{Args, Parser, Subcommand};
 use outboxd::config::{Config, LogFormat};
@@ -84,6 +85,12 @@ enum Command {
     Producers {
         #[command(subcommand)]
         command: cli_producers::ProducersCommand,
+    },
+    /// Secrets at rest: re-seal every stored secret under the current key,
+    /// through the running daemon (at `listen`).
+    Secrets {
+        #[command(subcommand)]
+        command: cli_secrets::SecretsCommand,
     },
     /// Show the configured sources and their status, as the running daemon
     /// (at `listen`) reports them.
@@ -253,6 +260,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config { command } => cli_admin::config(load()?, command),
         Command::Destinations { command } => cli_destinations::run(&load()?, command).await,
         Command::Producers { command } => cli_producers::run(&load()?, command).await,
+        Command::Secrets { command } => cli_secrets::run(&load()?, command).await,
         Command::Plugin { command } => plugin(command, load).await,
     }
 }

@@ -168,6 +168,10 @@ pub fn init_logs() {
     });
 }
 
+/// The `secrets.key` of test daemons (in-process and children): one
+/// fixed AES-256 key, so PostgreSQL may store destination secrets.
+pub const TEST_SECRETS_KEY: &str = "test-key AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
 /// A fresh Standard Webhooks secret.
 pub fn new_secret() -> String {
     format!(
@@ -436,6 +440,9 @@ impl TestDaemon {
             ..Config::default()
         };
         config.delivery.max_poll_interval = Duration::from_millis(200);
+        // Secrets at rest need a key on PostgreSQL; a test about keys
+        // changes or removes it.
+        config.secrets.key = Some(TEST_SECRETS_KEY.to_string());
         adjust(&mut config);
         let daemon = Daemon::start(config, Migrations::Apply)
             .await
@@ -801,6 +808,7 @@ impl ChildDaemon {
             .env("OUTBOXD_DATABASE_URL", &config.database_url)
             .env("OUTBOXD_PLUGINS_DIR", &config.plugins_dir)
             .env("OUTBOXD_DATA_DIR", &config.data_dir)
+            .env("OUTBOXD_SECRETS__KEY", TEST_SECRETS_KEY)
             .env("NO_COLOR", "1")
             .envs(config.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(std::process::Stdio::null())

@@ -8,10 +8,14 @@
 //! past the manifest's, a configuration the plugin's own `init` refuses —
 //! each refused with the field it names, nothing half-created; writing
 //! records (create, idempotent put, state changes, rotation, delete with
-//! park or purge); the views (record without secrets, health, queue).
+//! park or purge), their secrets sealed before they are written
+//! ([`super::sealing`]; without a key, a secret is refused naming the
+//! setting and nothing is written); the views (record without secrets,
+//! health, queue).
 //!
 //! Must never: return a secret except in the answer that created or
-//! rotated it; delete deliveries unless the request says `purge`.
+//! rotated it; write a secret in the clear when a key is configured;
+//! delete deliveries unless the request says `purge`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,11 +25,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::live::{retry_within, Live};
+use super::sealing::{self, SealingError};
 use super::{now_ms, secret, Destination, Filter, RetryOverride, State, MAX_NAME_BYTES};
 use crate::ingest::routes::Router;
 use crate::plugin::egress::EgressPolicy;
 use crate::plugin::registry::Registry;
 use crate::plugin::Plugin;
+use crate::secrets::SealError;
 use crate::store::{Purged, PutMode, Store, StoreError};
 
 /// What the actions work on.
@@ -63,9 +69,29 @@ pub enum ActionError {
     /// Changed by someone else between read and write (HTTP 409).
     #[error("destination {0:?} was changed meanwhile; read it again and retry")]
     Changed(String),
+    /// A secret that cannot be sealed (no key configured: HTTP 400,
+    /// naming the setting; nothing written) or opened (a key missing from
+    /// the keyring: HTTP 503).
+    #[error("{}", secret_message(.0))]
+    Secret(SealingError),
     /// HTTP 503.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// What an operator reads when a secret cannot be sealed or opened.
+fn secret_message(e: &SealingError) -> String {
+    match &e.source {
+        SealError::NoKey => format!(
+            "outboxd stores secrets only sealed, and no secrets key is configured: set {} or {} on the daemon (or give no secret); nothing was stored",
+            crate::secrets::KEY_FILE_SETTING,
+            crate::secrets::KEY_SETTING,
+        ),
+        SealError::UnknownKey { key_id } => format!(
+            "{e}: add key {key_id:?} to the daemon's keyring (the key file, or secrets.key) and try again"
+        ),
+        _ => e.to_string(),
+    }
 }
 
 impl ActionError {
@@ -75,7 +101,8 @@ impl ActionError {
             ActionError::Invalid { .. } => 400,
             ActionError::Exists(_) | ActionError::Changed(_) => 409,
             ActionError::NotFound(_) => 404,
-            ActionError::Store(_) => 503,
+            ActionError::Secret(e) if e.source == SealError::NoKey => 400,
+            ActionError::Secret(_) | ActionError::Store(_) => 503,
         }
     }
 }
@@ -182,20 +209,26 @@ async fn write(
         Some(t) => Some(crate::rfc3339::parse_ms(t).map_err(|e| invalid("backfill_since", e))?),
         None => None,
     };
-    let previous = stored.as_ref().map(|(d, _)| d);
-    let (destination, generated) = record(name, &spec, previous)?;
-    check(&plugin, &destination).await?;
-    if let Some((old, _)) = &stored {
-        if *old == destination {
+    let secrets = ctx.live.secrets();
+    // Compared and checked in the clear; written sealed.
+    let previous = match &stored {
+        Some((d, _)) => Some(sealing::open_record(d, secrets).map_err(ActionError::Secret)?),
+        None => None,
+    };
+    let (destination, generated) = record(name, &spec, previous.as_ref())?;
+    check(&plugin, &destination, secrets).await?;
+    if let (Some((old, _)), Some(previous)) = (&stored, &previous) {
+        if *previous == destination {
             return Ok(Written {
                 created: false,
                 changed: false,
-                destination: destination.redacted(),
+                destination: old.redacted(),
                 secret: None,
                 backfilled: None,
             });
         }
     }
+    let destination = sealing::seal_record(&destination, secrets).map_err(ActionError::Secret)?;
     let text = serde_json::to_string(&destination).map_err(|e| invalid("", e.to_string()))?;
     let mode = match &stored {
         None => PutMode::Create,
@@ -246,10 +279,26 @@ fn record(
             "give the signing secret as the destination's `secret`, not in `config` (it is then never shown)",
         ));
     }
-    for key in spec.config.keys() {
+    for (key, value) in &spec.config {
         if key.is_empty() {
             return Err(invalid("config", "a key is empty"));
         }
+        if crate::secrets::is_sealed(value) {
+            return Err(invalid(
+                format!("config.{key}"),
+                "values starting with `enc:` are kept for sealed secrets; give the value itself",
+            ));
+        }
+    }
+    if spec
+        .secret
+        .as_deref()
+        .is_some_and(crate::secrets::is_sealed)
+    {
+        return Err(invalid(
+            "secret",
+            "values starting with `enc:` are kept for sealed secrets; give the secret itself",
+        ));
     }
     spec.filter
         .validate()
@@ -310,11 +359,15 @@ fn record(
     ))
 }
 
-/// Check `d` against the plugin that would serve it: retry within the
-/// manifest's bounds, the URL within its grant and on no internal address
-/// it does not name, and the plugin's own `init` accepting the merged
-/// configuration.
-async fn check(plugin: &Plugin, d: &Destination) -> Result<(), ActionError> {
+/// Check `d` (in the clear) against the plugin that would serve it: retry
+/// within the manifest's bounds, the URL within its grant and on no
+/// internal address it does not name, and the plugin's own `init`
+/// accepting the merged configuration.
+async fn check(
+    plugin: &Plugin,
+    d: &Destination,
+    secrets: &crate::secrets::Secrets,
+) -> Result<(), ActionError> {
     let manifest = plugin.manifest();
     if let Some(over) = &d.retry {
         let m = &manifest.retry;
@@ -336,7 +389,9 @@ async fn check(plugin: &Plugin, d: &Destination) -> Result<(), ActionError> {
             }
         }
     }
-    let config = d.plugin_config(now_ms());
+    let config = d
+        .plugin_config(now_ms(), secrets)
+        .map_err(ActionError::Secret)?;
     if let Some(url) = config.get("url") {
         if !manifest.capabilities.http.is_empty() {
             check_url(&manifest.capabilities.http, url).await?;
@@ -504,9 +559,25 @@ pub async fn rotate(
     if new.as_deref() == Some("") {
         return Err(invalid("secret", "is empty"));
     }
+    if new.as_deref().is_some_and(crate::secrets::is_sealed) {
+        return Err(invalid(
+            "secret",
+            "values starting with `enc:` are kept for sealed secrets; give the secret itself",
+        ));
+    }
     let secret = new.unwrap_or_else(secret::generate);
     let grace = grace.unwrap_or(secret::DEFAULT_GRACE);
-    let given = secret.clone();
+    let given = ctx
+        .live
+        .secrets()
+        .seal(&sealing::context(name), &secret)
+        .map_err(|source| {
+            ActionError::Secret(SealingError {
+                destination: name.to_string(),
+                field: "secret".into(),
+                source,
+            })
+        })?;
     let d = update(ctx, name, move |d| {
         d.previous_secret = d.secret.replace(given);
         d.previous_until_ms = Some(now_ms() + grace.as_millis() as i64);

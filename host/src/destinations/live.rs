@@ -6,12 +6,16 @@
 //! by the same set without a restart — and [`serve_sink`], which keeps one
 //! delivery loop per delivery key of a sink (the sink itself, and each of
 //! its destinations), each fed the [`Target`] built from the destination's
-//! record: its merged configuration, hold (paused, disabled), rate, cap,
-//! retry override and health tracker.
+//! record: its merged configuration (its sealed secrets opened here, with
+//! the keyring [`Live`] holds), hold (paused, disabled, or a secret that
+//! cannot be opened), rate, cap, retry override and health tracker.
 //!
 //! Must never: stop a loop that may hold work except by its destination
 //! being deleted (its deliveries then wait, parked, under its name), or
-//! route by a record it could not read (it is logged and skipped).
+//! route by a record it could not read (it is logged and skipped). A
+//! destination whose secret cannot be opened is still routed to: its
+//! deliveries wait, held with the reason, and the supervisor tries again
+//! every second (reloading the key file).
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
@@ -23,15 +27,19 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use super::health::{Health, Tracker};
+use super::sealing::SealingError;
 use super::{now_ms, Destination, RetryOverride, Snapshot, State};
 use crate::delivery::{Shared, Target, TurnObserver};
 use crate::plugin::manifest::RetryPolicy;
 use crate::plugin::Plugin;
+use crate::secrets::Secrets;
 use crate::store::{Store, StoreError};
 
 /// The live set of destinations of this process.
 pub struct Live {
     store: Arc<dyn Store>,
+    /// The keyring the destinations' sealed secrets are opened with.
+    secrets: Arc<Secrets>,
     tx: watch::Sender<Arc<Snapshot>>,
     changed: Notify,
     /// Names whose stored record could not be read, with the error (logged
@@ -41,16 +49,25 @@ pub struct Live {
 
 impl Live {
     /// Read the destinations once (start-up: the first ingest already
-    /// routes by them).
-    pub async fn load(store: Arc<dyn Store>) -> Result<Arc<Live>, StoreError> {
+    /// routes by them); their secrets are opened with `secrets`.
+    pub async fn load(
+        store: Arc<dyn Store>,
+        secrets: Arc<Secrets>,
+    ) -> Result<Arc<Live>, StoreError> {
         let live = Arc::new(Live {
             store,
+            secrets,
             tx: watch::channel(Arc::new(Snapshot::default())).0,
             changed: Notify::new(),
             unreadable: Mutex::default(),
         });
         live.refresh().await?;
         Ok(live)
+    }
+
+    /// The keyring the destinations' secrets are sealed and opened with.
+    pub fn secrets(&self) -> &Arc<Secrets> {
+        &self.secrets
     }
 
     /// The snapshot now.
@@ -140,11 +157,22 @@ pub struct ServeContext {
 /// secret's grace period ends on this tick).
 const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 
+/// What a loop's target was built from: the plugin's generation, the
+/// record's revision, and whether the previous secret was in its grace
+/// period. `None` while its plugin is not loaded.
+type BuiltFrom = Option<(u64, i64, bool)>;
+
+/// A `BuiltFrom` no target is built from: the next reconcile builds again
+/// (after a secret could not be opened).
+const REBUILD: BuiltFrom = Some((u64::MAX, 0, false));
+
 /// One running loop of a sink, and what its target was built from.
 struct Loop {
     tx: watch::Sender<Option<Target>>,
-    built_from: Option<(u64, i64, bool)>,
+    built_from: BuiltFrom,
     tracker: Option<Arc<Tracker>>,
+    /// The key id last reported missing (logged once, not every second).
+    missing_key: Option<String>,
 }
 
 /// Keep the delivery loops of `sink` — the sink's own key and one per
@@ -213,8 +241,7 @@ fn reconcile(
     for (key, destination) in wanted {
         let built_from = plugin.as_ref().map(|_| {
             let revision = snapshot.revisions.get(&key).copied().unwrap_or(0);
-            let grace =
-                destination.is_some_and(|d| d.plugin_config(now).contains_key("previous-secret"));
+            let grace = destination.is_some_and(|d| d.in_grace(now));
             (generation, revision, grace)
         });
         let entry = loops.entry(key.clone()).or_insert_with(|| {
@@ -231,8 +258,9 @@ fn reconcile(
                 .push(handle);
             Loop {
                 tx,
-                built_from: Some((u64::MAX, 0, false)),
+                built_from: REBUILD,
                 tracker: None,
+                missing_key: None,
             }
         });
         if entry.built_from == built_from {
@@ -257,21 +285,52 @@ fn reconcile(
                         )
                     })
                     .clone();
-                target_of(plugin, d, now, tracker, ctx.idle_poll)
+                let (target, unopened_secret) =
+                    target_of(plugin, d, now, &tracker, ctx.idle_poll, ctx.live.secrets());
+                match unopened_secret {
+                    None => entry.missing_key = None,
+                    Some(e) => {
+                        unopened(&e, &tracker, &mut entry.missing_key, ctx.live.secrets());
+                        entry.built_from = REBUILD;
+                    }
+                }
+                target
             }
         });
         entry.tx.send_replace(target);
     }
 }
 
-/// The target serving destination `d` of `plugin`'s sink at Unix ms `now`.
+/// Say once per missing key id, and in the destination's health each
+/// time, that destination `e.destination`'s secret cannot be opened.
+fn unopened(e: &SealingError, tracker: &Tracker, logged: &mut Option<String>, secrets: &Secrets) {
+    let why = match e.missing_key() {
+        Some(key_id) => format!(
+            "{e}; add key {key_id:?} to the keyring ({}): its deliveries wait until then",
+            secrets.source()
+        ),
+        None => format!("{e}: its deliveries wait"),
+    };
+    let key = e.missing_key().unwrap_or("").to_string();
+    if logged.as_deref() != Some(key.as_str()) {
+        tracing::error!(destination = %e.destination, "cannot open its secret: {why}");
+        *logged = Some(key);
+    }
+    tracker.turn(0, 0, Some(&why));
+}
+
+/// The target serving destination `d` of `plugin`'s sink at Unix ms `now`,
+/// its secrets opened with `secrets`. When one cannot be opened, the
+/// target holds the destination's deliveries (nothing is claimed, nothing
+/// lost) with the reason, and the error comes with it.
 fn target_of(
     plugin: &Plugin,
     d: &Destination,
     now: i64,
-    tracker: Arc<Tracker>,
+    tracker: &Arc<Tracker>,
     idle_poll: Duration,
-) -> Target {
+    secrets: &Secrets,
+) -> (Target, Option<SealingError>) {
     let retry = d
         .retry
         .as_ref()
@@ -285,17 +344,27 @@ fn target_of(
         ),
         State::Disabled => Some(d.state_reason.clone().unwrap_or_else(|| "disabled".into())),
     };
-    Target {
-        plugin: plugin.for_destination(&d.plugin_config(now), retry),
-        hold,
+    let (config, unopened) = match d.plugin_config(now, secrets) {
+        Ok(config) => (config, None),
+        // The manifest's own configuration, never run: the hold keeps
+        // every batch from being claimed.
+        Err(e) => (BTreeMap::new(), Some(e)),
+    };
+    let target = Target {
+        plugin: plugin.for_destination(&config, retry),
+        hold: match &unopened {
+            Some(e) => Some(format!("secret cannot be opened: {e}")),
+            None => hold,
+        },
         rate: d
             .rate_per_second
             .and_then(NonZeroU32::new)
             .map(|r| Arc::new(RateLimiter::direct(Quota::per_second(r)))),
         max_in_flight: d.max_in_flight,
-        observer: Some(tracker as Arc<dyn TurnObserver>),
+        observer: Some(tracker.clone() as Arc<dyn TurnObserver>),
         idle_poll: Some(idle_poll),
-    }
+    };
+    (target, unopened)
 }
 
 /// `manifest`'s retry policy with `over`'s durations, each kept within the

@@ -13,7 +13,8 @@
 //! Owns: the stored [`Destination`] record and its [`Filter`]; the live
 //! [`Snapshot`] every replica routes by ([`live`]); the admin actions
 //! ([`actions`]); per-destination health and automatic disable
-//! ([`health`]); secrets ([`secret`]).
+//! ([`health`]); secrets ([`secret`]) and their sealing at rest
+//! ([`sealing`]).
 //!
 //! Must never: print a secret (records are redacted by [`Destination::redacted`]
 //! before they leave through the API or a log), drop deliveries of a
@@ -22,6 +23,7 @@
 pub mod actions;
 pub mod health;
 pub mod live;
+pub mod sealing;
 pub mod secret;
 pub mod sync;
 
@@ -183,7 +185,9 @@ pub struct Destination {
     /// The plugin (manifest `name`) that serves it.
     pub sink: String,
     /// Key/value pairs merged over the manifest's `[config]` for `init`
-    /// (never `secret`: that is [`Destination::secret`]).
+    /// (never `secret`: that is [`Destination::secret`]). A credential
+    /// value (`crate::secrets::is_credential`) is stored sealed
+    /// (`enc:v1:…`, see [`sealing`]).
     #[serde(default)]
     pub config: BTreeMap<String, String>,
     #[serde(default)]
@@ -205,11 +209,14 @@ pub struct Destination {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_reason: Option<String>,
     /// The signing secret given to the plugin as config `secret`; `None`
-    /// for a destination without one.
+    /// for a destination without one. Stored (and held in the live
+    /// snapshot) sealed, `enc:v1:<key-id>:…`; plain only in a database
+    /// written without a key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
     /// The secret before the last rotation, given as config
-    /// `previous-secret` until `previous_until_ms` (Unix ms).
+    /// `previous-secret` until `previous_until_ms` (Unix ms); sealed as
+    /// `secret` is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -226,10 +233,21 @@ pub struct Destination {
 }
 
 impl Destination {
-    /// The record with every secret replaced by whether it is set — the
-    /// only form that leaves the process (API answers, logs).
+    /// The record with every secret replaced by whether it is set, and
+    /// every credential `config` value (sealed or not) by `"***"` (a plain
+    /// URL with a password keeps its other parts) — the only form that
+    /// leaves the process (API answers, logs).
     pub fn redacted(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).unwrap_or_default();
+        let mut shown = self.clone();
+        for (key, value) in shown.config.iter_mut() {
+            // `is_credential(key, "")`: by the key's name alone.
+            *value = if crate::secrets::is_sealed(value) || crate::secrets::is_credential(key, "") {
+                "***".into()
+            } else {
+                crate::redact::redact_url(value)
+            };
+        }
+        let mut value = serde_json::to_value(&shown).unwrap_or_default();
         if let Some(map) = value.as_object_mut() {
             map.remove("secret");
             map.remove("previous_secret");
@@ -239,22 +257,6 @@ impl Destination {
             }
         }
         value
-    }
-
-    /// The configuration its plugin's `init` gets on top of the manifest's
-    /// at Unix ms `now_ms`: its `config`, `secret`, and `previous-secret`
-    /// while the rotation grace period lasts.
-    pub fn plugin_config(&self, now_ms: i64) -> BTreeMap<String, String> {
-        let mut config = self.config.clone();
-        if let Some(secret) = &self.secret {
-            config.insert("secret".into(), secret.clone());
-        }
-        if let (Some(previous), Some(until)) = (&self.previous_secret, self.previous_until_ms) {
-            if now_ms < until {
-                config.insert("previous-secret".into(), previous.clone());
-            }
-        }
-        config
     }
 }
 

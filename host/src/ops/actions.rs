@@ -351,11 +351,14 @@ pub async fn list_sinks(
 }
 
 /// `config` as `outboxd config show` prints it: the admin token, the
-/// database password and every source's and the awareness ingest's
+/// secrets key (`secrets.key`), the database password and every source's and the awareness ingest's
 /// secrets replaced by `***`.
 pub fn shown_config(mut config: Config) -> Config {
     if config.admin.token.is_some() {
         config.admin.token = Some("***".into());
+    }
+    if config.secrets.key.is_some() {
+        config.secrets.key = Some("***".into());
     }
     config.database_url = config.database_url.as_deref().map(crate::store::redact_url);
     for source in config.sources.values_mut() {

@@ -37,6 +37,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/sinks/{sink}/retire", post(retire))
         .merge(super::destinations::routes())
         .merge(super::producers::routes())
+        .merge(super::secrets::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
 }

@@ -43,6 +43,7 @@ pub fn routes() -> Router<OpsState> {
 fn refused(e: ActionError) -> Response {
     let field = match &e {
         ActionError::Invalid { field, .. } => Some(field.as_str()),
+        ActionError::Secret(e) => Some(e.field.as_str()),
         _ => None,
     };
     super::refusal(e.status(), &e.to_string(), field)

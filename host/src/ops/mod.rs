@@ -16,6 +16,7 @@ pub mod admin;
 pub mod daemon_client;
 pub mod destinations;
 pub mod producers;
+pub mod secrets;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
