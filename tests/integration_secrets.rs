@@ -340,7 +340,7 @@ async fn rotating_the_key_while_events_flow_loses_nothing_and_leaves_nothing_und
                     .await
                     .unwrap();
                 assert_eq!(r.status().as_u16(), 201);
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
     };
@@ -361,6 +361,7 @@ async fn rotating_the_key_while_events_flow_loses_nothing_and_leaves_nothing_und
         "rotate-key: {stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let delivered_at_rotation = ids(&receivers[0]).len();
     let rotated: Value = serde_json::from_str(&stdout).unwrap();
     let new_key = rotated["key_id"].as_str().unwrap().to_string();
     assert_ne!(new_key, "old");
@@ -383,6 +384,10 @@ async fn rotating_the_key_while_events_flow_loses_nothing_and_leaves_nothing_und
     assert!(
         all,
         "deliveries lost across the key rotation: {counts:?} of {EVENTS} each"
+    );
+    assert!(
+        delivered_at_rotation < EVENTS,
+        "the rotation ended after every event was delivered: nothing flowed across it"
     );
     for (i, r) in receivers.iter().enumerate() {
         r.with_seen(|seen| {

@@ -226,8 +226,11 @@ impl Secrets {
             }
             *last = Some(Instant::now());
         }
-        match self.reload() {
-            Ok(()) => true,
+        match self.reread() {
+            Ok(ids) => {
+                tracing::debug!(key_ids = ?ids, "secrets keyring read again for an unknown key id");
+                true
+            }
             Err(e) => {
                 tracing::warn!("reloading the secrets keyring: {e}");
                 false
@@ -240,15 +243,24 @@ impl Secrets {
     ///
     /// Errors: the file no longer parses (the ring in use is kept).
     pub fn reload(&self) -> Result<(), SecretsError> {
+        let ids = self.reread()?;
+        if let Source::File(path) = &self.source {
+            tracing::info!(key_file = %path.display(), key_ids = ?ids, "secrets keyring reloaded");
+        }
+        Ok(())
+    }
+
+    /// Read the key file again, if the keys come from one; the key ids
+    /// now held.
+    fn reread(&self) -> Result<Vec<String>, SecretsError> {
         let Source::File(path) = &self.source else {
-            return Ok(());
+            return Ok(self.ring().key_ids().to_vec());
         };
         let ring = read_file(path)?;
         let ids = ring.key_ids().to_vec();
         *self.ring.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(ring);
         *self.last_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        tracing::info!(key_file = %path.display(), key_ids = ?ids, "secrets keyring reloaded");
-        Ok(())
+        Ok(ids)
     }
 
     /// Append a freshly generated key to the key file as its new last
@@ -262,7 +274,7 @@ impl Secrets {
             Source::Value => return Err(SecretsError::NotAFile(KEY_SETTING)),
             Source::None => return Err(SecretsError::NoKey),
         };
-        self.reload()?;
+        self.reread()?;
         let line = keyring::generate_line(self.ring().key_ids());
         let io = |error| KeyringError::Io {
             path: path.display().to_string(),
@@ -282,7 +294,7 @@ impl Secrets {
         // One write of one short line: appended whole (O_APPEND).
         file.write_all(text.as_bytes()).map_err(io)?;
         file.sync_all().map_err(io)?;
-        self.reload()?;
+        self.reread()?;
         let id = line.split(' ').next().unwrap_or_default().to_string();
         tracing::info!(key_file = %path.display(), key_id = %id, "generated a new current secrets key");
         Ok(id)
