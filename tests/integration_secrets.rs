@@ -399,7 +399,18 @@ async fn rotating_the_key_while_events_flow_loses_nothing_and_leaves_nothing_und
             }
         });
     }
-    let (_, after) = api(&d, "GET", "/v1/admin/secrets", None).await;
+    let listen = d.base.trim_start_matches("http://").to_string();
+    // Off the runtime's threads: the daemon answering it runs on them.
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+            .args(["--listen", &listen, "secrets", "status"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(status.status.success(), "secrets status failed");
+    let after: Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(after["by_key"], json!({ new_key.clone(): 4 }), "{after}");
     assert_eq!(after["plain"], 0, "{after}");
     assert_eq!(after["key_ids"], json!(["old", new_key]), "{after}");
@@ -614,4 +625,19 @@ async fn postgres_without_a_key_refuses_to_store_a_secret_naming_the_setting() {
     );
     d.stop().await;
     db.cleanup().await;
+}
+
+#[test]
+fn config_show_never_prints_the_key() {
+    let key = key_line("k1");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(["config", "show"])
+        .env("OUTBOXD_SECRETS__KEY", format!("{key},{}", key_line("k2")))
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains("[secrets]\nkey = \"***\""), "{shown}");
+    let material = key.split(' ').nth(1).unwrap();
+    assert!(!shown.contains(material), "{shown}");
 }
