@@ -45,7 +45,7 @@ PG_BASE = ADMIN.rsplit("/", 1)[0]
 
 SIZES = {
     # n, streams, claim backlogs, memory backlog, seconds of memory run
-    "ci": dict(webhook_n=1_000, webhook_rounds=1, sqlite_rounds=1, awareness_n=1_000, awareness_rounds=1, dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
+    "ci": dict(fanout_n=200, webhook_n=1_000, webhook_rounds=1, sqlite_rounds=1, awareness_n=1_000, awareness_rounds=1, dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
                peer_timeout=60, latency_s=3),
     "small": dict(webhook_n=10_000, webhook_rounds=3, sqlite_rounds=1, awareness_n=5_000, awareness_rounds=3, dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
                   memory_s=15, peer_timeout=120, latency_s=10, dbz_n=10_000, dbz_streams=100),
@@ -172,7 +172,7 @@ def build(ctx, args):
              "--example", "source_bench", "--example", "destinations_bench",
              "--example", "raw_sqlite_ceiling", "--example", "webhook_bench",
              "--example", "neo4j_bench", "--example", "couchdb_bench",
-             "--example", "outbox_load"]
+             "--example", "outbox_load", "--example", "position_ceiling"]
     if ctx.profile == "release":
         cargo.insert(2, "--release")
     sh(cargo, cwd=ROOT)
@@ -237,6 +237,44 @@ def raw_sql(ctx, workers):
                           str(ctx.size["streams"]), "--workers", str(workers), "--admin", ADMIN],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def position_ceiling(ctx, *args):
+    """One run of the position-based schema's raw ceiling
+    (host/examples/position_ceiling.rs) with `args`; its last JSON line."""
+    out = subprocess.run([ctx.example("position_ceiling"), *args, "--admin", ADMIN],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def schemas_extra(ctx):
+    """The store's two shapes side by side, raw SQL only: today's row per
+    (key, event) (raw_sql_ceiling, raw_sqlite_ceiling) and a position per
+    (key, stream) (position_ceiling), on the same load. The W-worker rows
+    on PostgreSQL run in stage 1, each right after today's shape at the same
+    W; this runs the rest: a fan-out of every event to `dest_fanout` keys
+    (beside one key, same events) and SQLite (one writer, synchronous
+    FULL)."""
+    n, streams = str(ctx.size["n"]), str(ctx.size["streams"])
+    out = dict(fanout={}, sqlite={})
+    keys = str(ctx.size["dest_fanout"])
+    fan_n = str(ctx.size.get("fanout_n", 1000))
+    out["fanout"]["rows"] = json.loads(subprocess.run(
+        [ctx.example("raw_sql_ceiling"), "--n", fan_n, "--streams", "100", "--workers", "1", "--keys", keys,
+         "--admin", ADMIN], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    out["fanout"]["positions"] = position_ceiling(ctx, "--n", fan_n, "--streams", "100", "--workers", "1",
+                                                  "--keys", keys)
+    out["fanout"]["rows_1"] = json.loads(subprocess.run(
+        [ctx.example("raw_sql_ceiling"), "--n", fan_n, "--streams", "100", "--workers", "1", "--admin", ADMIN],
+        check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    out["fanout"]["positions_1"] = position_ceiling(ctx, "--n", fan_n, "--streams", "100", "--workers", "1")
+    log(json.dumps(out["fanout"]))
+    out["sqlite"]["rows"] = json.loads(subprocess.run(
+        [ctx.example("raw_sqlite_ceiling"), "--n", n, "--streams", streams, "--synchronous", "full", "--dir", RUN],
+        check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    out["sqlite"]["positions"] = position_ceiling(ctx, "--sqlite", "--n", n, "--streams", streams, "--workers", "1")
+    log(json.dumps(out["sqlite"]))
+    return out
 
 
 def plugins_dir(ctx, sink):
@@ -824,6 +862,25 @@ def summarise(ctx):
     sq = R.get("sqlite")
     if sq:
         s["outboxd on SQLite / raw-SQLite pipeline (synchronous=FULL)"] = sq["ratio"]
+    sc_ = R.get("schemas")
+    if sc_:
+        pos = {r["workers"]: r for r in sc_.get("positions", [])}
+        for w in sorted(pos):
+            if w in raw:
+                s[f"raw pipeline, position schema / row schema, W={w}"] = ratio(pos[w]["pipeline_eps"],
+                                                                             raw[w]["pipeline_eps"])
+        f = sc_.get("fanout")
+        if f:
+            s[f"raw pipeline deliveries/s, {f['rows']['keys']:,} keys: position schema / row schema"] = ratio(
+                f["positions"]["pipeline_deliveries_per_s"], f["rows"]["pipeline_deliveries_per_s"])
+            s[f"raw insert events/s, {f['rows']['keys']:,} keys / 1 key, row schema"] = ratio(
+                f["rows"]["insert_eps"], f["rows_1"]["insert_eps"])
+            s[f"raw insert events/s, {f['rows']['keys']:,} keys / 1 key, position schema"] = ratio(
+                f["positions"]["insert_eps"], f["positions_1"]["insert_eps"])
+        q = sc_.get("sqlite")
+        if q:
+            s["raw-SQLite pipeline, position schema / row schema"] = ratio(q["positions"]["pipeline_eps"],
+                                                                          q["rows"]["pipeline_eps"])
     wc = R.get("webhook_cost")
     if wc:
         s["webhook plugin / native pooled client (requests/s)"] = round(wc["ratio"], 2)
@@ -918,6 +975,48 @@ def markdown(ctx):
                 waits = ", ".join(f"{k} {v}" for k, v in w["sessions"].items()) or "—"
                 out.append(f"| {o['processes']} | {w['cpu_busy']:.0%} | {fmt(w.get('outboxd_cpu_s'), 1)} | "
                            f"{fmt(c.get('full'))} / {fmt(c.get('short'))} / {fmt(c.get('empty'))} | {waits} |")
+    sc = R.get("schemas")
+    if sc and sc.get("positions"):
+        out += ["", "## 1b. The store's two shapes, raw SQL side by side", "",
+                "Today's shape writes a row per (key, event) — the delivery, its lease, its finish, the "
+                "head's moves (`host/examples/raw_sql_ceiling.rs`); the position shape appends each event once "
+                "and keeps one row per (key, stream): the last sequence settled and the head's attempt state "
+                "(`host/examples/position_ceiling.rs`, whose doc gives the SQL). Same events, same batches of "
+                "100, each position run right after today's at the same W. *claim* and *complete*: ms per "
+                "claim of up to 100 events, summed over the workers.", "",
+                "| W | rows: insert / deliver / pipeline ev/s | positions: insert / deliver / pipeline ev/s | "
+                "pipeline positions / rows | claim + complete ms, rows / positions |", "|---|---|---|---|---|"]
+        rows = {r["workers"]: r for r in R.get("raw_sql", [])}
+        for p in sc["positions"]:
+            r = rows.get(p["workers"], {})
+            out.append(f"| {p['workers']} | {fmt(r.get('insert_eps'))} / {fmt(r.get('deliver_eps'))} / "
+                       f"{fmt(r.get('pipeline_eps'))} | {fmt(p['insert_eps'])} / {fmt(p['deliver_eps'])} / "
+                       f"{fmt(p['pipeline_eps'])} | {fmt(ratio(p['pipeline_eps'], r.get('pipeline_eps')), 2)} | "
+                       f"{fmt(r.get('claim_ms_per_claim'), 1)} + {fmt(r.get('complete_ms_per_claim'), 1)} / "
+                       f"{fmt(p['claim_ms_per_claim'], 1)} + {fmt(p['complete_ms_per_claim'], 1)} |")
+        floors = [p["commit_floor_ms"] for p in sc["positions"] if p.get("commit_floor_ms")]
+        if floors:
+            out += ["", f"Commit floor: a transaction updating one row and committing took "
+                        f"{fmt(sorted(floors)[len(floors) // 2], 2)} ms (median of the runs' means, 200 each); a "
+                        "claim + complete commits twice, so at batches of 100 the two commits alone bound "
+                        f"claim + complete to {fmt(100 / (2 * sorted(floors)[len(floors) // 2] / 1000))} events/s "
+                        "a worker, whatever the schema."]
+        f = sc.get("fanout")
+        if f:
+            out += ["", f"Fan-out: {f['rows']['n']:,} events over 100 streams to {f['rows']['keys']:,} keys "
+                        f"({f['rows']['n'] * f['rows']['keys']:,} deliveries), one claim loop per key, 8 keys at once; "
+                        "beside the same events to one key.", "",
+                    "| shape | insert ev/s, K keys / 1 key | deliveries/s (pipeline), K keys | ratio insert K / 1 |",
+                    "|---|---|---|---|"]
+            for name, k, one in (("rows", "rows", "rows_1"), ("positions", "positions", "positions_1")):
+                out.append(f"| {name} | {fmt(f[k]['insert_eps'])} / {fmt(f[one]['insert_eps'])} | "
+                           f"{fmt(f[k]['pipeline_deliveries_per_s'])} | "
+                           f"{fmt(ratio(f[k]['insert_eps'], f[one]['insert_eps']), 2)} |")
+        q = sc.get("sqlite")
+        if q:
+            out += ["", f"SQLite (one writer, WAL, synchronous FULL): rows pipeline {fmt(q['rows']['pipeline_eps'])} "
+                        f"ev/s, positions {fmt(q['positions']['pipeline_eps'])} ev/s "
+                        f"({fmt(ratio(q['positions']['pipeline_eps'], q['rows']['pipeline_eps']), 2)}×)."]
     lat = R.get("latency")
     if lat:
         a, s2 = lat["latency_ms"]["ack_to_delivered"], lat["latency_ms"]["send_to_delivered"]
@@ -1093,7 +1192,7 @@ def main():
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
     ap.add_argument("--out", help="stem of the results files in bench/results (default latest, --ci: ci)")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,neo4j,couchdb,debezium,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,schemas,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,neo4j,couchdb,debezium,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -1126,6 +1225,11 @@ def main():
                 log(f"raw SQL, {w} worker(s)")
                 ctx.results.setdefault("raw_sql", []).append(raw_sql(ctx, w))
                 log(json.dumps(ctx.results["raw_sql"][-1]))
+            if "schemas" not in ctx.skip:
+                log(f"position schema raw SQL, {w} worker(s)")
+                ctx.results.setdefault("schemas", dict(positions=[]))["positions"].append(position_ceiling(
+                    ctx, "--n", str(ctx.size["n"]), "--streams", str(ctx.size["streams"]), "--workers", str(w)))
+                log(json.dumps(ctx.results["schemas"]["positions"][-1]))
             if "outboxd" not in ctx.skip:
                 log(f"outboxd end to end, {w} process(es)")
                 ctx.results.setdefault("outboxd", []).append(outboxd_e2e(ctx, w, watch=True))
@@ -1144,6 +1248,9 @@ def main():
             webhook = outboxd_e2e(ctx, 1, "webhook", done_db=True, n=n)
             ctx.results["plugin_share"] = dict(native=native, noop=noop, webhook=webhook)
             log(json.dumps(ctx.results["plugin_share"]))
+        if "schemas" not in ctx.skip:
+            log("the store's two shapes: fan-out and SQLite, raw SQL")
+            ctx.results.setdefault("schemas", dict(positions=[])).update(schemas_extra(ctx))
         if "sqlite" not in ctx.skip:
             log("the embedded default: raw-SQLite ceiling and outboxd on SQLite")
             ctx.results["sqlite"] = sqlite_stage(ctx)

@@ -20,6 +20,10 @@
 //!    and moves every touched head to its stream's next live delivery in one
 //!    statement (dropping heads left with none).
 //!
+//! `--keys K` fans every event out to K delivery keys (a delivery per key
+//! and event, a head per key and stream; W claim loops per key, at most 8
+//! keys' loops at once), the load `position_ceiling --keys` compares with.
+//!
 //! Prints one JSON object per worker count: insert, claim+complete and
 //! pipeline (insert then deliver, N / (t_insert + t_deliver)) events/s.
 //!
@@ -42,7 +46,6 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgPool};
 
 const BATCH: usize = 100;
-const SINK: &str = "webhook";
 const LEASE_MS: i64 = 70_000;
 
 /// Move each head of `$2` (streams of sink `$1`) to its stream's next live
@@ -66,7 +69,12 @@ fn payload(k: usize) -> Vec<u8> {
     format!("{{\"k\":{k},\"pad\":\"{}\"}}", "x".repeat(256 - head.len())).into_bytes()
 }
 
-async fn insert_batch(pool: &PgPool, ks: &[usize], streams: usize) -> Result<(), sqlx::Error> {
+async fn insert_batch(
+    pool: &PgPool,
+    ks: &[usize],
+    streams: usize,
+    keys: &[String],
+) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     let names: BTreeSet<String> = ks.iter().map(|k| format!("s{}", k % streams)).collect();
     let names: Vec<String> = names.into_iter().collect();
@@ -109,16 +117,17 @@ async fn insert_batch(pool: &PgPool, ks: &[usize], streams: usize) -> Result<(),
     .await?;
     sqlx::query(
         "WITH d AS (INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence) \
-                    SELECT id, $4, stream, seq FROM unnest($1::text[], $2::text[], $3::bigint[]) AS t(id, stream, seq) \
-                    RETURNING id, stream, sequence) \
+                    SELECT id, k, stream, seq FROM unnest($1::text[], $2::text[], $3::bigint[]) AS t(id, stream, seq) \
+                    CROSS JOIN unnest($4::text[]) AS k \
+                    RETURNING id, sink, stream, sequence) \
          INSERT INTO outboxd.heads (sink, stream, delivery_id, due_at) \
-         SELECT DISTINCT ON (stream) $4, stream, id, now() FROM d ORDER BY stream, sequence \
+         SELECT DISTINCT ON (sink, stream) sink, stream, id, now() FROM d ORDER BY sink, stream, sequence \
          ON CONFLICT (sink, stream) DO NOTHING",
     )
     .bind(&ids)
     .bind(&ev_streams)
     .bind(&seqs)
-    .bind(SINK)
+    .bind(keys)
     .execute(&mut *tx)
     .await?;
     let (names, values): (Vec<String>, Vec<i64>) = last.into_iter().unzip();
@@ -135,11 +144,14 @@ async fn insert_batch(pool: &PgPool, ks: &[usize], streams: usize) -> Result<(),
 
 /// One claim + complete; returns how many deliveries it delivered and the
 /// time spent claiming and completing.
-async fn claim_and_complete(pool: &PgPool) -> Result<(usize, Duration, Duration), sqlx::Error> {
+async fn claim_and_complete(
+    pool: &PgPool,
+    sink: &str,
+) -> Result<(usize, Duration, Duration), sqlx::Error> {
     let started = Instant::now();
     let mut tx = pool.begin().await?;
     let heads: Vec<(String, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
-        .bind(SINK)
+        .bind(sink)
         .bind(BATCH as i64)
         .fetch_all(&mut *tx)
         .await?;
@@ -152,7 +164,7 @@ async fn claim_and_complete(pool: &PgPool) -> Result<(usize, Duration, Duration)
     let followers: Vec<(i64, String, bool)> = if room > 0 {
         let head_ids: Vec<i64> = heads.iter().map(|h| h.1).collect();
         sqlx::query_as(CLAIM_RUNS_SQL)
-            .bind(SINK)
+            .bind(sink)
             .bind(head_ids)
             .bind(room as i64)
             .fetch_all(&mut *tx)
@@ -179,7 +191,7 @@ async fn claim_and_complete(pool: &PgPool) -> Result<(usize, Duration, Duration)
     sqlx::query(
         "UPDATE outboxd.heads SET due_at = now() + $3 * interval '1 millisecond' WHERE sink = $1 AND stream = ANY($2)",
     )
-    .bind(SINK)
+    .bind(sink)
     .bind(&streams)
     .bind(LEASE_MS)
     .execute(&mut *tx)
@@ -207,7 +219,7 @@ async fn claim_and_complete(pool: &PgPool) -> Result<(usize, Duration, Duration)
     .await?
     .rows_affected();
     sqlx::query(ADVANCE_HEADS_SQL)
-        .bind(SINK)
+        .bind(sink)
         .bind(&streams)
         .execute(&mut *tx)
         .await?;
@@ -215,7 +227,17 @@ async fn claim_and_complete(pool: &PgPool) -> Result<(usize, Duration, Duration)
     Ok((done as usize, claimed, started.elapsed() - claimed))
 }
 
-async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_json::Value {
+async fn run(
+    admin: &str,
+    n: usize,
+    streams: usize,
+    workers: usize,
+    keys: usize,
+) -> serde_json::Value {
+    let keys: Arc<Vec<String>> = Arc::new(match keys {
+        1 => vec!["webhook".to_string()],
+        k => (0..k).map(|i| format!("k{i}")).collect(),
+    });
     let base = admin.rsplit_once('/').unwrap().0.to_string();
     let name = format!(
         "outboxd_bench_raw_{}",
@@ -232,7 +254,7 @@ async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_jso
         store.migrate().await.unwrap();
     }
     let pool = PgPoolOptions::new()
-        .max_connections(workers as u32 + 1)
+        .max_connections((workers * keys.len().min(8)) as u32 + 1)
         .connect(&url)
         .await
         .unwrap();
@@ -249,13 +271,13 @@ async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_jso
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..workers {
-        let (pool, ks, next) = (pool.clone(), ks.clone(), next.clone());
+        let (pool, ks, next, keys) = (pool.clone(), ks.clone(), next.clone(), keys.clone());
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(batch) = ks.get(i) else { return };
                 let mut tries = 0;
-                while let Err(e) = insert_batch(&pool, batch, streams).await {
+                while let Err(e) = insert_batch(&pool, batch, streams, &keys).await {
                     tries += 1;
                     assert!(tries < 5, "insert batch {i}: {e}");
                 }
@@ -267,24 +289,45 @@ async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_jso
     }
     let insert_s = start.elapsed().as_secs_f64();
 
-    // 2. claim + complete
-    let delivered = Arc::new(AtomicUsize::new(0));
+    // 2. claim + complete: W loops per key, at most 8 keys at once.
     let start = Instant::now();
+    let next_key = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
-    for _ in 0..workers {
-        let (pool, delivered) = (pool.clone(), delivered.clone());
+    for _ in 0..keys.len().min(8) {
+        let (pool, keys, next_key) = (pool.clone(), keys.clone(), next_key.clone());
         tasks.push(tokio::spawn(async move {
             let (mut claims, mut claim_t, mut complete_t) =
                 (0usize, Duration::ZERO, Duration::ZERO);
-            while delivered.load(Ordering::Relaxed) < n {
-                let (got, c, f) = claim_and_complete(&pool).await.expect("claim + complete");
-                claims += 1;
-                claim_t += c;
-                complete_t += f;
-                if got == 0 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+            loop {
+                let k = next_key.fetch_add(1, Ordering::Relaxed);
+                let Some(key) = keys.get(k) else { break };
+                let delivered = Arc::new(AtomicUsize::new(0));
+                let mut loops = Vec::new();
+                for _ in 0..workers {
+                    let (pool, key, delivered) = (pool.clone(), key.clone(), delivered.clone());
+                    loops.push(tokio::spawn(async move {
+                        let (mut c, mut ct, mut ft) = (0usize, Duration::ZERO, Duration::ZERO);
+                        while delivered.load(Ordering::Relaxed) < n {
+                            let (got, a, b) = claim_and_complete(&pool, &key)
+                                .await
+                                .expect("claim + complete");
+                            c += 1;
+                            ct += a;
+                            ft += b;
+                            if got == 0 {
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                            delivered.fetch_add(got, Ordering::Relaxed);
+                        }
+                        (c, ct, ft)
+                    }));
                 }
-                delivered.fetch_add(got, Ordering::Relaxed);
+                for l in loops {
+                    let (c, a, b) = l.await.unwrap();
+                    claims += c;
+                    claim_t += a;
+                    complete_t += b;
+                }
             }
             (claims, claim_t, complete_t)
         }));
@@ -302,15 +345,19 @@ async fn run(admin: &str, n: usize, streams: usize, workers: usize) -> serde_jso
         .execute(&mut a)
         .await
         .unwrap();
+    let deliveries = n * keys.len();
     json!({
+        "schema": "rows",
         "workers": workers,
+        "keys": keys.len(),
         "n": n,
         "streams": streams,
         "insert_s": insert_s,
         "deliver_s": deliver_s,
         "insert_eps": n as f64 / insert_s,
-        "deliver_eps": n as f64 / deliver_s,
+        "deliver_eps": deliveries as f64 / deliver_s,
         "pipeline_eps": n as f64 / (insert_s + deliver_s),
+        "pipeline_deliveries_per_s": deliveries as f64 / (insert_s + deliver_s),
         "claims": claims,
         // Summed over the workers.
         "claim_ms_per_claim": claim_t.as_secs_f64() * 1e3 / claims.max(1) as f64,
@@ -331,12 +378,13 @@ async fn main() {
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let n: usize = flag("--n").map_or(10_000, |v| v.parse().unwrap());
     let streams: usize = flag("--streams").map_or(100, |v| v.parse().unwrap());
+    let keys: usize = flag("--keys").map_or(1, |v| v.parse().unwrap());
     let workers: Vec<usize> = flag("--workers")
         .unwrap_or_else(|| "1,2,4".into())
         .split(',')
         .map(|w| w.parse().unwrap())
         .collect();
     for w in workers {
-        println!("{}", run(&admin, n, streams, w).await);
+        println!("{}", run(&admin, n, streams, w, keys).await);
     }
 }
