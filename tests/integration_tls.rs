@@ -40,6 +40,32 @@ async fn post(client: &reqwest::Client, base: &str, id: &str) -> Result<u16, Str
         .map_err(|e| format!("{e:?}"))
 }
 
+/// `curl --http2` POSTing the file `body` as one CloudEvent to `base`,
+/// trusting `cert`, with `authorization` when given: "HTTP-version status",
+/// and curl's error after it when curl failed.
+fn curl_post(cert: &Path, base: &str, body: &Path, authorization: Option<&str>) -> String {
+    let mut curl = std::process::Command::new("curl");
+    curl.args(["-sS", "--http2", "--cacert"])
+        .arg(cert)
+        .args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
+        .args(["-H", "content-type: application/cloudevents+json"]);
+    if let Some(authorization) = authorization {
+        curl.args(["-H", &format!("authorization: {authorization}")]);
+    }
+    let out = curl
+        .arg("--data-binary")
+        .arg(format!("@{}", body.display()))
+        .arg(format!("{base}/v1/events"))
+        .output()
+        .expect("curl runs");
+    let answer = String::from_utf8_lossy(&out.stdout).to_string();
+    if out.status.success() {
+        answer
+    } else {
+        format!("{answer} {}", String::from_utf8_lossy(&out.stderr))
+    }
+}
+
 fn write_pair(dir: &Path, (cert, key): &(String, String)) {
     // The key first: the watcher reloads when either changed, and a
     // half-written pair is retried at the next change.
@@ -76,22 +102,14 @@ async fn https_serves_http1_and_http2_and_puts_a_renewed_certificate_in_force() 
     assert!(plain.map(|r| r.status().as_u16() != 200).unwrap_or(true));
 
     // curl, HTTP/2 negotiated by ALPN.
-    let out = std::process::Command::new("curl")
-        .args(["-sS", "--http2", "--cacert"])
-        .arg(dir.path().join("cert.pem"))
-        .args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
-        .args(["-H", "content-type: application/cloudevents+json", "--data"])
-        .arg(event("e2", "s", "t", serde_json::json!({})).to_string())
-        .arg(format!("{base}/v1/events"))
-        .output()
-        .expect("curl runs");
-    let answer = String::from_utf8_lossy(&out.stdout).to_string();
-    assert_eq!(
-        answer,
-        "2 201",
-        "curl: {answer} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let cert = dir.path().join("cert.pem");
+    let body_file = dir.path().join("e2.json");
+    std::fs::write(
+        &body_file,
+        event("e2", "s", "t", serde_json::json!({})).to_string(),
+    )
+    .unwrap();
+    assert_eq!(curl_post(&cert, &base, &body_file, None), "2 201");
 
     // A refusal over HTTP/2 reaches the client whole, even with a body it
     // never reads (an answer before the body would reset the stream).
@@ -100,29 +118,12 @@ async fn https_serves_http1_and_http2_and_puts_a_renewed_certificate_in_force() 
         "s",
         "t",
         serde_json::json!({"pad": "x".repeat(200_000)}),
-    )
-    .to_string();
+    );
     let body_file = dir.path().join("big.json");
-    std::fs::write(&body_file, big).unwrap();
+    std::fs::write(&body_file, big.to_string()).unwrap();
     for _ in 0..5 {
-        let out = std::process::Command::new("curl")
-            .args(["-sS", "--http2", "--cacert"])
-            .arg(dir.path().join("cert.pem"))
-            .args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
-            .args(["-H", "content-type: application/cloudevents+json"])
-            .args(["-H", "authorization: Bearer obx_000000000000_wrong"])
-            .arg("--data-binary")
-            .arg(format!("@{}", body_file.display()))
-            .arg(format!("{base}/v1/events"))
-            .output()
-            .expect("curl runs");
-        let answer = String::from_utf8_lossy(&out.stdout).to_string();
-        assert_eq!(
-            answer,
-            "2 401",
-            "curl: {answer} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let wrong = Some("Bearer obx_000000000000_wrong");
+        assert_eq!(curl_post(&cert, &base, &body_file, wrong), "2 401");
     }
 
     // The CLI reaches its daemon over TLS, trusting the configured

@@ -504,22 +504,63 @@ pub async fn put_destination(
     record: &str,
     mode: PutMode,
 ) -> Result<Option<i64>, StoreError> {
-    const INSERT: &str = "INSERT INTO {s}destinations (name, sink, record, revision, updated_at) \
-                          VALUES ($1, $2, $3, 1, {now_ms}) ON CONFLICT (name) DO ";
+    put_record(
+        sql,
+        "destinations",
+        name,
+        &[("sink", sink), ("record", record)],
+        mode,
+    )
+    .await
+}
+
+/// Write row `name` of `table` — a table of host records keyed by `name`
+/// with a `revision` and an `updated_at` (destinations, producers) — with
+/// `columns` (column, value) as `mode` allows; the new revision, or `None`
+/// when `mode` refused (the name exists on `Create`; another revision is
+/// stored on `Revision`).
+async fn put_record(
+    sql: &dyn Sql,
+    table: &str,
+    name: &str,
+    columns: &[(&str, &str)],
+    mode: PutMode,
+) -> Result<Option<i64>, StoreError> {
+    let names: Vec<&str> = columns.iter().map(|(c, _)| *c).collect();
+    let params: Vec<String> = (2..columns.len() + 2).map(|i| format!("${i}")).collect();
+    let insert = format!(
+        "INSERT INTO {{s}}{table} (name, {}, revision, updated_at) VALUES ($1, {}, 1, {{now_ms}}) \
+         ON CONFLICT (name) DO ",
+        names.join(", "),
+        params.join(", ")
+    );
     let template = match mode {
-        PutMode::Create => format!("{INSERT}NOTHING RETURNING revision"),
+        PutMode::Create => format!("{insert}NOTHING RETURNING revision"),
         PutMode::Upsert => format!(
-            "{INSERT}UPDATE SET sink = excluded.sink, record = excluded.record, \
-             revision = {{s}}destinations.revision + 1, updated_at = excluded.updated_at RETURNING revision"
+            "{insert}UPDATE SET {}, revision = {{s}}{table}.revision + 1, \
+             updated_at = excluded.updated_at RETURNING revision",
+            names
+                .iter()
+                .map(|c| format!("{c} = excluded.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
-        PutMode::Revision(_) => "UPDATE {s}destinations SET sink = $2, record = $3, revision = revision + 1, \
-             updated_at = {now_ms} WHERE name = $1 AND revision = $4 RETURNING revision"
-            .to_string(),
+        PutMode::Revision(_) => format!(
+            "UPDATE {{s}}{table} SET {}, revision = revision + 1, updated_at = {{now_ms}} \
+             WHERE name = $1 AND revision = ${} RETURNING revision",
+            names
+                .iter()
+                .zip(&params)
+                .map(|(c, p)| format!("{c} = {p}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            columns.len() + 2
+        ),
     };
-    let mut q = stmt(sql, &template, &[Col::Int])
-        .arg(name)
-        .arg(sink)
-        .arg(record);
+    let mut q = stmt(sql, &template, &[Col::Int]).arg(name);
+    for (_, value) in columns {
+        q = q.arg(*value);
+    }
     if let PutMode::Revision(r) = mode {
         q = q.arg(r);
     }
@@ -558,27 +599,7 @@ pub async fn put_producer(
     record: &str,
     mode: PutMode,
 ) -> Result<Option<i64>, StoreError> {
-    const INSERT: &str = "INSERT INTO {s}producers (name, record, revision, updated_at) \
-                          VALUES ($1, $2, 1, {now_ms}) ON CONFLICT (name) DO ";
-    let template = match mode {
-        PutMode::Create => format!("{INSERT}NOTHING RETURNING revision"),
-        PutMode::Upsert => format!(
-            "{INSERT}UPDATE SET record = excluded.record, \
-             revision = {{s}}producers.revision + 1, updated_at = excluded.updated_at RETURNING revision"
-        ),
-        PutMode::Revision(_) => "UPDATE {s}producers SET record = $2, revision = revision + 1, \
-             updated_at = {now_ms} WHERE name = $1 AND revision = $3 RETURNING revision"
-            .to_string(),
-    };
-    let mut q = stmt(sql, &template, &[Col::Int]).arg(name).arg(record);
-    if let PutMode::Revision(r) = mode {
-        q = q.arg(r);
-    }
-    let rows = sql.write(vec![q]).await?;
-    Ok(rows
-        .first()
-        .and_then(|rows| rows.first())
-        .map(|r| r[0].int()))
+    put_record(sql, "producers", name, &[("record", record)], mode).await
 }
 
 /// The producer stored with event `id`, if any.
