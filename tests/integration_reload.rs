@@ -277,7 +277,7 @@ async fn a_removed_plugin_parks_its_deliveries_until_it_returns() {
         .webhook("hook", "")
         .config(|c| {
             // Routes name the sink, so events keep routing to it while removed.
-            c.routes = Some(vec![outboxd::config::Route {
+            c.routes = Some(vec![outboxd::routing::Route {
                 types: vec!["*".into()],
                 streams: vec!["*".into()],
                 sinks: vec!["hook".into()],
