@@ -11,6 +11,8 @@
 //! assert!(eventually(T, || h.hook("hook").receiver.count() == 1).await);
 //! ```
 
+use std::path::Path;
+
 use outboxd::config::Config;
 
 use super::{new_secret, PluginsDir, Receiver, TestDaemon};
@@ -58,6 +60,12 @@ impl Harness {
         );
         let hook = self.hooks.remove(0);
         (self.daemon, hook, self.plugins)
+    }
+
+    /// The daemon and the plugins folder, for a harness without webhook
+    /// sinks (keep the folder, as for [`Harness::single`]).
+    pub fn into_daemon(self) -> (TestDaemon, PluginsDir) {
+        (self.daemon, self.plugins)
     }
 
     /// The sink named `name`. Panics when there is none (a test error).
@@ -129,6 +137,14 @@ impl HarnessBuilder {
             allow: Some(allow.to_vec()),
         });
         self
+    }
+
+    /// Sink `name` running the component at `component`, with `extra`
+    /// appended to its manifest (see [`PluginsDir::add_component`]).
+    pub fn component(self, name: &str, component: &Path, extra: &str) -> HarnessBuilder {
+        let (name, component, extra) =
+            (name.to_string(), component.to_path_buf(), extra.to_string());
+        self.plugins(move |plugins| plugins.add_component(&name, &component, &extra))
     }
 
     /// Write into the plugins folder once the webhook sinks are in it (in
