@@ -61,31 +61,33 @@ async fn delivers_rejects_and_refuses_bad_configuration(language: &Language) {
         ..
     } = language;
     let built = (language.build)();
-    let plugins = PluginsDir::new();
-    std::fs::copy(
-        built.join(format!("{sink}.wasm")),
-        plugins.path().join(format!("{sink}.wasm")),
-    )
-    .unwrap();
     let manifest = std::fs::read_to_string(built.join(format!("{sink}.toml"))).unwrap();
-    plugins.write(&format!("{sink}.toml"), manifest.as_bytes());
     // The same component under another name, with a configuration its
     // `init` refuses.
-    plugins.write(
-        &format!("{misconfigured}.toml"),
-        manifest
-            .replace(
-                &format!("name = \"{sink}\""),
-                &format!("name = \"{misconfigured}\""),
+    let refusing = manifest
+        .replace(
+            &format!("name = \"{sink}\""),
+            &format!("name = \"{misconfigured}\""),
+        )
+        .replace("strict = \"true\"", "strict = \"maybe\"")
+        .replace(
+            "[limits]",
+            "[retry]\nbase = \"100ms\"\ncap = \"200ms\"\n[limits]",
+        );
+    let (sink_name, misconfigured_name) = (sink.to_string(), misconfigured.to_string());
+    let (d, _plugins) = Harness::new()
+        .plugins(move |plugins| {
+            std::fs::copy(
+                built.join(format!("{sink_name}.wasm")),
+                plugins.path().join(format!("{sink_name}.wasm")),
             )
-            .replace("strict = \"true\"", "strict = \"maybe\"")
-            .replace(
-                "[limits]",
-                "[retry]\nbase = \"100ms\"\ncap = \"200ms\"\n[limits]",
-            )
-            .as_bytes(),
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+            .unwrap();
+            plugins.write(&format!("{sink_name}.toml"), manifest.as_bytes());
+            plugins.write(&format!("{misconfigured_name}.toml"), refusing.as_bytes());
+        })
+        .start()
+        .await
+        .into_daemon();
     let (status, ready) = d.get("/ready").await;
     assert_eq!(status, 200, "{lang}: {ready}");
 
