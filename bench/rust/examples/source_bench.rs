@@ -20,7 +20,7 @@
 //!   advance the streams, commit, then `basic.ack` with `multiple`.
 //!
 //! ```sh
-//! cargo run --release -p outboxd --example source_bench -- [--messages 20000] [--rounds 3] [--batch 200] [--streams 100]
+//! cargo run --release -p outboxd-bench --example source_bench -- [--messages 20000] [--rounds 3] [--batch 200] [--streams 100]
 //! ```
 //!
 //! Needs RabbitMQ (`OUTBOXD_BENCH_AMQP`, default 127.0.0.1:5672 guest) and
