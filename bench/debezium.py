@@ -8,7 +8,7 @@ on a free port, data under .bench/run/, stopped at the end), Debezium Server
 found, the Debezium Engine peer (bench/peers/debezium, Java 17, built into
 .bench/debezium), one outboxd
 process with the webhook sink, and the load generator
-(host/examples/outbox_load.rs) that writes the same N application
+(bench/rust/examples/outbox_load.rs) that writes the same N application
 transactions for both sides. Returns one dict per side and their ratio.
 
 Must never touch the shared PostgreSQL on 5432 (everything here runs on the

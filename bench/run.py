@@ -14,9 +14,9 @@ PostgreSQL against the same receiver. Writes bench/results/latest.json and
 latest.md (--ci: ci.json and ci.md) and prints the table.
 
 This script only orchestrates; nothing it does is on a measured path. The
-receiver and the load generator are host/examples/bench_http.rs, the raw-SQL
+receiver and the load generator are bench/rust/examples/bench_http.rs, the raw-SQL
 ceiling host/examples/raw_sql_ceiling.rs, the claim cost
-host/examples/claim_bench.rs, the plugin call host/examples/plugin_bench.rs.
+bench/rust/examples/claim_bench.rs, the plugin call bench/rust/examples/plugin_bench.rs.
 """
 
 import argparse
@@ -167,15 +167,21 @@ class Ctx:
 def build(ctx, args):
     if args.no_build:
         return
-    cargo = ["cargo", "build", "-p", "outboxd", "--bin", "outboxd", "--example", "bench_http",
-             "--example", "raw_sql_ceiling", "--example", "claim_bench", "--example", "plugin_bench",
-             "--example", "source_bench", "--example", "destinations_bench",
-             "--example", "raw_sqlite_ceiling", "--example", "webhook_bench",
-             "--example", "neo4j_bench", "--example", "couchdb_bench",
-             "--example", "outbox_load", "--example", "position_ceiling"]
-    if ctx.profile == "release":
-        cargo.insert(2, "--release")
-    sh(cargo, cwd=ROOT)
+    # The daemon and the raw-SQL ceilings of both store shapes
+    # (host/examples/), then the other benchmark programs
+    # (bench/rust/examples/); both land in target/<profile>/examples/,
+    # where ctx.example looks.
+    cargo = ["cargo", "build", "-p", "outboxd", "--bin", "outboxd",
+             "--example", "raw_sql_ceiling", "--example", "raw_sqlite_ceiling", "--example", "position_ceiling"]
+    programs = ["cargo", "build", "-p", "outboxd-bench", "--example", "bench_http",
+                "--example", "claim_bench", "--example", "plugin_bench",
+                "--example", "source_bench", "--example", "destinations_bench",
+                "--example", "webhook_bench", "--example", "neo4j_bench", "--example", "couchdb_bench",
+                "--example", "outbox_load"]
+    for command in (cargo, programs):
+        if ctx.profile == "release":
+            command.insert(2, "--release")
+        sh(command, cwd=ROOT)
     sh(["bash", os.path.join(ROOT, "scripts", "build-plugins.sh")], cwd=ROOT)
     env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(ROOT, "target", "wasm-test-components"))
     sh(["cargo", "build", "--release", "--target", "wasm32-wasip2", "--manifest-path",
@@ -553,7 +559,7 @@ def sqlite_stage(ctx):
 
 
 def webhook_cost(ctx):
-    """host/examples/webhook_bench.rs: the `webhook` plugin's own POSTs
+    """bench/rust/examples/webhook_bench.rs: the `webhook` plugin's own POSTs
     (fresh instance per batch of 100, 32 in flight over the host's pooled
     keep-alive client) against a native pooled hyper client sending the
     same signed requests with as many in flight, to the same receiver,
@@ -584,7 +590,7 @@ def claim_cost(ctx):
 
 
 def plugin_cost(ctx):
-    """host/examples/plugin_bench.rs: the `checksum` component against the
+    """bench/rust/examples/plugin_bench.rs: the `checksum` component against the
     same checksum in the host, per event, batches of 1/100/1000 of 256 B;
     empty-batch calls with the on-demand and the pooling allocator."""
     component = os.path.join(ROOT, "target", "wasm-test-components", "wasm32-wasip2", "release", "checksum.wasm")
@@ -595,7 +601,7 @@ def plugin_cost(ctx):
 
 
 def source_cost(ctx):
-    """host/examples/source_bench.rs: the `amqp` source (consume, store
+    """bench/rust/examples/source_bench.rs: the `amqp` source (consume, store
     through the ingest path, ack after commit) against a plain lapin
     consumer inserting the same rows with sqlx and acking after commit,
     alternating rounds on the same broker and PostgreSQL."""
@@ -606,7 +612,7 @@ def source_cost(ctx):
 
 
 def destinations_cost(ctx):
-    """host/examples/destinations_bench.rs: deliveries/s with one
+    """bench/rust/examples/destinations_bench.rs: deliveries/s with one
     destination and with many fanned out, and 10 busy destinations alone
     against the same 10 beside idle ones."""
     out = subprocess.run([ctx.example("destinations_bench"), "--events", str(ctx.size["dest_events"]),
@@ -1075,7 +1081,7 @@ def markdown(ctx):
     wc = R.get("webhook_cost")
     if wc:
         out += ["", "## 4i. The webhook sink against a native pooled HTTP client", "",
-                "`host/examples/webhook_bench.rs`: the `webhook` plugin called as a delivery turn calls it "
+                "`bench/rust/examples/webhook_bench.rs`: the `webhook` plugin called as a delivery turn calls it "
                 f"(fresh instance, batches of {wc['batch']} events on {wc['batch']} streams, "
                 f"`max-concurrency = {wc['in_flight']}`, the host's pooled keep-alive client) against a native "
                 f"hyper-util pooled client sending the same signed requests, {wc['in_flight']} in flight, "
@@ -1088,7 +1094,7 @@ def markdown(ctx):
     dc = R.get("destinations_cost")
     if dc:
         out += ["", "## 4e. Destinations", "",
-                "`host/examples/destinations_bench.rs`: the webhook sink on PostgreSQL, destinations created "
+                "`bench/rust/examples/destinations_bench.rs`: the webhook sink on PostgreSQL, destinations created "
                 "through the admin API, all posting to one loopback receiver answering 200; each stage on a "
                 "fresh database.", "",
                 "| stage | destinations | events | deliveries/s |", "|---|---|---|---|",
@@ -1103,7 +1109,7 @@ def markdown(ctx):
     sc = R.get("source_cost")
     if sc:
         out += ["", "## 4c. The amqp source against a plain consumer", "",
-                "`host/examples/source_bench.rs`: a queue pre-filled with "
+                "`bench/rust/examples/source_bench.rs`: a queue pre-filled with "
                 f"{sc['messages']:,} persistent 256-byte JSON messages, consumed and stored in batches of "
                 f"{sc['batch']} (one transaction each, acknowledged after the commit) by outboxd's `amqp` source "
                 "and by a plain lapin consumer inserting the same rows with sqlx; medians of "
@@ -1127,7 +1133,7 @@ def markdown(ctx):
     pc = R.get("plugin_cost")
     if pc:
         out += ["", "## 4b. The plugin call against a native sink", "",
-                "`host/examples/plugin_bench.rs`: the `checksum` component (`tests/components/checksum`: FNV-1a over "
+                "`bench/rust/examples/plugin_bench.rs`: the `checksum` component (`tests/components/checksum`: FNV-1a over "
                 "id, stream and data, answers `delivered`) against the same function in the host, on batches of "
                 f"events with {pc['data_bytes']} bytes of data. The WASM figure is what a delivery turn pays: a "
                 "fresh instance per batch, events copied in, outcomes copied out. *Empty batch*: instantiate + "
@@ -1144,7 +1150,7 @@ def markdown(ctx):
     cc = R.get("claim_cost")
     if cc:
         out += ["", "## 5. Claim cost against backlog", "",
-                f"`host/examples/claim_bench.rs`: {cc['samples']} claims of batch 100 per backlog (each followed by "
+                f"`bench/rust/examples/claim_bench.rs`: {cc['samples']} claims of batch 100 per backlog (each followed by "
                 "releasing what it took), on one sink's pending deliveries spread over 1,000 streams (uniform) or "
                 "90% in one stream.", "", "| pending | shape | claim p50 ms | claim p95 ms |", "|---|---|---|---|"]
         for r in cc["rows"]:

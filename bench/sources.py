@@ -1,6 +1,6 @@
 """The new sources' benchmark stages (4f Neo4j, 4g CouchDB), called by run.py.
 
-Owns: running host/examples/neo4j_bench.rs and host/examples/couchdb_bench.rs
+Owns: running bench/rust/examples/neo4j_bench.rs and bench/rust/examples/couchdb_bench.rs
 at the run's size and reading the one JSON line each prints last. Each
 function takes run.py's ctx (ctx.mode, ctx.example(name), ctx.bin) and
 returns a dict for ctx.results. Must never measure anything itself or start
@@ -83,7 +83,7 @@ def markdown(R):
     n4 = R.get("neo4j")
     if n4:
         out += ["", "## 4f. The neo4j source", "",
-                f"`host/examples/neo4j_bench.rs`: {n4['nodes']:,} pending outbox nodes over {n4['streams']:,} "
+                f"`bench/rust/examples/neo4j_bench.rs`: {n4['nodes']:,} pending outbox nodes over {n4['streams']:,} "
                 "streams in an embedded Neo4j 5.26 (`tests/neo4j/`), relayed by outboxd processes on one fresh "
                 f"PostgreSQL database (the `neo4j` source, batch {n4['batch']}, into the native discard sink), "
                 "against a plain neo4rs + sqlx loop reading 100 pending nodes, storing them as events in one "
@@ -106,7 +106,7 @@ def markdown(R):
     cd = R.get("couchdb")
     if cd:
         out += ["", "## 4g. The couchdb source", "",
-                f"`host/examples/couchdb_bench.rs`: {cd['docs']:,} documents with one pending entry each in "
+                f"`bench/rust/examples/couchdb_bench.rs`: {cd['docs']:,} documents with one pending entry each in "
                 "pouchdb-server, relayed + published (RabbitMQ) + marked by outboxd (`couchdb` source → "
                 "`amqp` → `couchdb-mark`) against a plain reqwest + lapin program doing the same three steps; "
                 f"means of {cd['rounds']} alternating rounds.", "",

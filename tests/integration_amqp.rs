@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::harness::HarnessBuilder;
 use common::*;
 use futures::StreamExt;
 use lapin::options::{
@@ -193,8 +194,8 @@ async fn consume(queue: String, seen: Arc<Mutex<Vec<Got>>>) {
     }
 }
 
-/// Add an `amqp` sink named `name` to `plugins`.
-fn add_amqp_sink(plugins: &PluginsDir, name: &str, allowed: &[&str], config: &str) {
+/// `h` with an `amqp` sink named `name`.
+fn amqp_sink(h: HarnessBuilder, name: &str, allowed: &[&str], config: &str) -> HarnessBuilder {
     let exchanges: Vec<String> = allowed.iter().map(|e| format!("{e:?}")).collect();
     let extra = format!(
         "[limits]\ndeadline = \"10s\"\nmax-batch = 100\n\
@@ -204,7 +205,7 @@ fn add_amqp_sink(plugins: &PluginsDir, name: &str, allowed: &[&str], config: &st
         amqp_url(),
         exchanges.join(", ")
     );
-    plugins.add_component(name, &built_plugins().join("amqp.wasm"), &extra);
+    h.component(name, &built_plugins().join("amqp.wasm"), &extra)
 }
 
 /// Post `events` in batches of 100.
@@ -274,17 +275,18 @@ async fn a_thousand_events_over_fifty_streams_all_arrive_in_stream_order_with_ev
     let _shared = BROKER.read().await;
     init_logs();
     let consumer = Consumer::start("documents.#").await;
-    let plugins = PluginsDir::new();
-    add_amqp_sink(
-        &plugins,
+    let (d, _plugins) = amqp_sink(
+        Harness::new(),
         "rabbit",
         &[&consumer.exchange],
         &format!(
             "exchange = {:?}\nrouting-key = \"documents.{{operation}}.{{type}}\"\n",
             consumer.exchange
         ),
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    )
+    .start()
+    .await
+    .into_daemon();
 
     let sent = events("bulk", 1000, 50);
     post_all(&d, &sent).await;
@@ -333,26 +335,22 @@ async fn an_unroutable_event_gets_the_configured_outcome_with_the_reason() {
     init_logs();
     // Bound only to `documents.#`; the sinks publish to `nowhere.*`.
     let consumer = Consumer::start("documents.#").await;
-    let plugins = PluginsDir::new();
     let config = |policy: &str| {
         format!(
             "exchange = {:?}\nrouting-key = \"nowhere.{{type}}\"\nunroutable = {policy:?}\n",
             consumer.exchange
         )
     };
-    add_amqp_sink(
-        &plugins,
+    let h = amqp_sink(
+        Harness::new(),
         "rejecting",
         &[&consumer.exchange],
         &config("reject"),
     );
-    add_amqp_sink(
-        &plugins,
-        "retrying",
-        &[&consumer.exchange],
-        &config("retry"),
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, _plugins) = amqp_sink(h, "retrying", &[&consumer.exchange], &config("retry"))
+        .start()
+        .await
+        .into_daemon();
 
     d.post_event(&event("lost-1", "s", "person", json!({})))
         .await;
@@ -401,18 +399,19 @@ async fn an_exchange_the_manifest_does_not_grant_is_rejected_and_nothing_is_publ
     let _shared = BROKER.read().await;
     init_logs();
     let consumer = Consumer::start("#").await;
-    let plugins = PluginsDir::new();
     // Granted `granted-only.*`, configured to publish to the test exchange.
-    add_amqp_sink(
-        &plugins,
+    let (d, _plugins) = amqp_sink(
+        Harness::new(),
         "rabbit",
         &["granted-only.*"],
         &format!(
             "exchange = {:?}\nrouting-key = \"documents.{{type}}\"\n",
             consumer.exchange
         ),
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    )
+    .start()
+    .await
+    .into_daemon();
 
     d.post_event(&event("deny-1", "s", "person", json!({})))
         .await;
@@ -440,14 +439,15 @@ async fn a_granted_exchange_that_does_not_exist_is_retried_with_the_brokers_reas
     let _shared = BROKER.read().await;
     init_logs();
     let missing = unique("missing");
-    let plugins = PluginsDir::new();
-    add_amqp_sink(
-        &plugins,
+    let (d, _plugins) = amqp_sink(
+        Harness::new(),
         "rabbit",
         &["outboxd-test-*"],
         &format!("exchange = {missing:?}\nrouting-key = \"k\"\n"),
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    )
+    .start()
+    .await
+    .into_daemon();
 
     d.post_event(&event("nx-1", "s", "t", json!({}))).await;
     d.post_event(&event("nx-2", "s", "t", json!({}))).await;
@@ -476,17 +476,18 @@ async fn a_broker_restart_mid_run_loses_nothing_and_delivery_resumes_by_itself()
     let _exclusive = BROKER.write().await;
     init_logs();
     let consumer = Consumer::start("documents.#").await;
-    let plugins = PluginsDir::new();
-    add_amqp_sink(
-        &plugins,
+    let (d, _plugins) = amqp_sink(
+        Harness::new(),
         "rabbit",
         &[&consumer.exchange],
         &format!(
             "exchange = {:?}\nrouting-key = \"documents.{{type}}\"\n",
             consumer.exchange
         ),
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    )
+    .start()
+    .await
+    .into_daemon();
 
     // Half before the outage, half during it.
     let sent = events("restart", 1000, 50);

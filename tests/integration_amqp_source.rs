@@ -712,18 +712,19 @@ async fn a_sink_that_could_publish_onto_a_source_queue_stops_the_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ready_shows_a_source_that_cannot_reach_its_broker_and_the_rest_serves() {
     init_logs();
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
     // Port 1: nothing listens.
     let source: SourceConfig = toml::from_str(
         "kind = \"amqp\"\nurl = \"amqp://guest:hunter2@127.0.0.1:1/%2f\"\nqueue = \"q\"\n",
     )
     .unwrap();
-    let d = TestDaemon::start_with(plugins.path(), move |c| {
-        c.sources.insert("orders".into(), source);
-    })
-    .await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .config(move |c| {
+            c.sources.insert("orders".into(), source);
+        })
+        .start()
+        .await
+        .single();
     let start = std::time::Instant::now();
     let body = loop {
         let (status, body) = d.get("/ready").await;
@@ -1099,13 +1100,15 @@ async fn postgresql_stopped_sixteen_seconds_mid_run_acks_nothing_meanwhile_and_s
     let source = names.source(&format!(
         "prefetch = {prefetch}\nbatch-size = {batch}\nstream = \"$.order\""
     ));
-    let plugins = PluginsDir::new();
     let url = pg.url();
-    let d = TestDaemon::start_with(plugins.path(), move |c| {
-        c.database_url = Some(url);
-        c.sources.insert("orders".into(), source);
-    })
-    .await;
+    let (d, _plugins) = Harness::new()
+        .config(move |c| {
+            c.database_url = Some(url);
+            c.sources.insert("orders".into(), source);
+        })
+        .start()
+        .await
+        .into_daemon();
     wait_source_ready(&d, Duration::from_secs(20)).await;
     let (conn, ch) = broker().await;
 

@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::harness::HarnessBuilder;
 use common::*;
 use serde_json::{json, Value};
 
@@ -57,6 +58,14 @@ fn plugins_with(receiver: &Receiver, component: &str, manifest: &str) -> Plugins
     plugins.add_webhook_to("webhook", receiver);
     plugins.add_component("bad", &test_component(component), manifest);
     plugins
+}
+
+/// The harness with the webhook sink and `bad` running `component`.
+fn harness_with(component: &str, manifest: &str) -> HarnessBuilder {
+    let (component, manifest) = (test_component(component), manifest.to_string());
+    Harness::new()
+        .webhook("webhook", "")
+        .plugins(move |plugins| plugins.add_component("bad", &component, &manifest))
 }
 
 /// A child `outboxd` on its own SQLite database, logging in `format`.
@@ -284,9 +293,7 @@ async fn a_plugin_flooding_its_log_is_held_to_its_rate_with_a_summary_of_what_wa
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reasons_are_cut_at_their_cap_and_the_cut_is_marked() {
     init_logs();
-    let receiver = Receiver::start().await;
-    let plugins = plugins_with(&receiver, "bigreason", FAST_RETRY);
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = harness_with("bigreason", FAST_RETRY).start().await.single();
     let ids: Vec<String> = (0..3).map(|i| format!("big-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
         d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))
@@ -354,19 +361,22 @@ async fn quarantines(d: &TestDaemon, plugin: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plugins_that_trap_fast_are_quarantined_after_the_configured_number_of_batches() {
     init_logs();
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
     // Each fails its batch before (or instead of) answering.
     let bad = ["inittrap", "wrongcount", "exitzero", "bigrandom"];
-    for component in bad {
-        plugins.add_component(component, &test_component(component), FAST_RETRY);
-    }
-    let d = TestDaemon::start_with(plugins.path(), |c| {
-        c.delivery.quarantine_after_traps = 3;
-        c.delivery.quarantine_backoff = Duration::from_secs(60);
-    })
-    .await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .plugins(move |plugins| {
+            for component in bad {
+                plugins.add_component(component, &test_component(component), FAST_RETRY);
+            }
+        })
+        .config(|c| {
+            c.delivery.quarantine_after_traps = 3;
+            c.delivery.quarantine_backoff = Duration::from_secs(60);
+        })
+        .start()
+        .await
+        .single();
     // One request, so each sink's first claim takes all four and every
     // later batch is a retry: after each trap the next turn usually
     // claims nothing (its events wait for their backoff), and those empty
@@ -418,13 +428,14 @@ async fn plugins_that_trap_fast_are_quarantined_after_the_configured_number_of_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_quarantined_sink_says_so_in_the_admin_api_and_in_ready() {
     init_logs();
-    let receiver = Receiver::start().await;
-    let plugins = plugins_with(&receiver, "panic", FAST_RETRY);
-    let d = TestDaemon::start_with(plugins.path(), |c| {
-        c.delivery.quarantine_after_traps = 2;
-        c.delivery.quarantine_backoff = Duration::from_secs(60);
-    })
-    .await;
+    let (d, receiver, plugins) = harness_with("panic", FAST_RETRY)
+        .config(|c| {
+            c.delivery.quarantine_after_traps = 2;
+            c.delivery.quarantine_backoff = Duration::from_secs(60);
+        })
+        .start()
+        .await
+        .single();
     let ids: Vec<String> = (0..3).map(|i| format!("p-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
         d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))
@@ -559,14 +570,12 @@ async fn big_events_all_delivered(d: &TestDaemon, receiver: &Receiver, n: usize)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_that_runs_out_of_memory_is_halved_until_it_fits() {
     init_logs();
-    let receiver = Receiver::start().await;
     // No byte budget to speak of: the first batch of 16 × 900 KiB, with
     // the guest's 3 copies, needs about 58 MiB of a 32 MiB cap.
     let manifest = format!(
         "[limits]\nmemory-mib = 32\nmax-batch = 16\nmax-batch-bytes = 1073741824\n{FAST_RETRY}"
     );
-    let plugins = plugins_with(&receiver, "hungry", &manifest);
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = harness_with("hungry", &manifest).start().await.single();
     let delivered = big_events_all_delivered(&d, &receiver, 16).await;
     assert!(
         delivered.iter().any(|x| x["attempts"].as_u64() > Some(1)),
@@ -578,11 +587,9 @@ async fn a_batch_that_runs_out_of_memory_is_halved_until_it_fits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_first_batch_is_sized_by_bytes_as_well_as_by_count() {
     init_logs();
-    let receiver = Receiver::start().await;
     // The default byte budget, 1/8 of 32 MiB: four events of 900 KiB.
     let manifest = format!("[limits]\nmemory-mib = 32\nmax-batch = 16\n{FAST_RETRY}");
-    let plugins = plugins_with(&receiver, "hungry", &manifest);
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = harness_with("hungry", &manifest).start().await.single();
     let delivered = big_events_all_delivered(&d, &receiver, 16).await;
     for x in &delivered {
         assert_eq!(x["attempts"], 1, "no batch ran out of memory: {x}");
@@ -599,12 +606,13 @@ async fn the_first_batch_is_sized_by_bytes_as_well_as_by_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it() {
     init_logs();
-    let receiver = Receiver::start().await;
     // Room for the guest to build 3,000,000 outcomes (about 96 MB as a
     // canonical-ABI list, more as its own vector).
     let manifest = format!("[limits]\nmemory-mib = 512\n{FAST_RETRY}");
-    let plugins = plugins_with(&receiver, "manyoutcomes", &manifest);
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = harness_with("manyoutcomes", &manifest)
+        .start()
+        .await
+        .single();
     let ids: Vec<String> = (0..2).map(|i| format!("many-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
         d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))
@@ -635,7 +643,6 @@ async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_opening_sockets_without_wasi_http_reaches_nothing() {
     init_logs();
-    let receiver = Receiver::start().await;
     // A real TCP listener and UDP socket on loopback that the guest aims at.
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     tcp.set_nonblocking(true).unwrap();
@@ -643,8 +650,7 @@ async fn a_plugin_opening_sockets_without_wasi_http_reaches_nothing() {
     let udp = std::net::UdpSocket::bind(addr).unwrap();
     udp.set_nonblocking(true).unwrap();
     let manifest = format!("[config]\naddr = \"{addr}\"\n{FAST_RETRY}");
-    let plugins = plugins_with(&receiver, "sockets", &manifest);
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = harness_with("sockets", &manifest).start().await.single();
     let ids: Vec<String> = (0..2).map(|i| format!("sock-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
         d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::private_pg::PrivatePostgres;
-use common::{event, PluginsDir, Receiver, TestDaemon};
+use common::{event, Harness, Receiver};
 use serde_json::json;
 
 const EVENTS: usize = 5_000;
@@ -23,19 +23,20 @@ const RESTARTS: usize = 3;
 async fn postgres_restarted_three_times_under_load_loses_nothing_and_keeps_order() {
     common::init_logs();
     let pg = PrivatePostgres::init();
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
     let url = pg.url();
-    let d = TestDaemon::start_with(plugins.path(), move |c| {
-        c.database_url = Some(url);
-        c.delivery.db_timeout = Duration::from_secs(3);
-        // Leases far longer than the test: a batch whose finish was lost to
-        // a restart must be finished by its own worker's retry, not wait for
-        // lease expiry and go out again.
-        c.delivery.lease = Duration::from_secs(600);
-    })
-    .await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .config(move |c| {
+            c.database_url = Some(url);
+            c.delivery.db_timeout = Duration::from_secs(3);
+            // Leases far longer than the test: a batch whose finish was lost to
+            // a restart must be finished by its own worker's retry, not wait for
+            // lease expiry and go out again.
+            c.delivery.lease = Duration::from_secs(600);
+        })
+        .start()
+        .await
+        .single();
     let (base, http) = (d.base.clone(), d.http.clone());
     // The producer: batches of 50, each retried until accepted (a 503 or a
     // refused connection while the database is away), ids unchanged, as a
@@ -181,15 +182,16 @@ async fn a_stream_head_locked_idle_in_transaction_does_not_wedge_the_loop() {
     use sqlx::Connection;
     common::init_logs();
     let db = common::TestDb::new(common::Backend::Postgres).await;
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
     let url = db.url.clone();
-    let d = TestDaemon::start_with(plugins.path(), move |c| {
-        c.database_url = Some(url);
-        c.delivery.db_timeout = Duration::from_secs(3);
-    })
-    .await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .config(move |c| {
+            c.database_url = Some(url);
+            c.delivery.db_timeout = Duration::from_secs(3);
+        })
+        .start()
+        .await
+        .single();
     let (base, http) = (d.base.clone(), d.http.clone());
     let post = {
         let (base, http) = (base.clone(), http.clone());
@@ -438,11 +440,13 @@ async fn disk_full_under_sqlite_answers_503_storage_full_and_resumes_once_space_
             return;
         }
     };
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
     let data = dir.path().join("data");
-    let d = TestDaemon::start_with(plugins.path(), move |c| c.data_dir = data).await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .config(move |c| c.data_dir = data)
+        .start()
+        .await
+        .single();
     let pad: String = (0..PAD / 16)
         .map(|_| hex::encode(rand::random::<[u8; 8]>()))
         .collect();

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use outboxd::config::Route;
+use outboxd::routing::Route;
 use serde_json::json;
 
 async fn daemon(backend: Backend, plugins: &std::path::Path) -> (TestDb, TestDaemon) {

@@ -635,16 +635,6 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
     let db = TestDb::new(backend).await;
     let label = unique_label();
     let graph = Neo4jServer::shared().graph();
-    let receiver = common::Receiver::start().await;
-    let plugins = common::PluginsDir::new();
-    let secret = common::new_secret();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &secret,
-        "",
-    );
     add_nodes(
         &graph,
         &label,
@@ -663,11 +653,16 @@ async fn relay_ingests_delivers_in_order_and_refuses_bad_nodes(backend: Backend)
         )))
         .await
         .unwrap();
-    let d = common::TestDaemon::start_with(plugins.path(), |c| {
-        c.database_url = Some(db.url.clone());
-        c.sources.insert("graph".into(), source_config(&label));
-    })
-    .await;
+    let (url, source) = (db.url.clone(), source_config(&label));
+    let (d, receiver, _plugins) = common::Harness::new()
+        .webhook("webhook", "")
+        .config(move |c| {
+            c.database_url = Some(url);
+            c.sources.insert("graph".into(), source);
+        })
+        .start()
+        .await
+        .single();
     // C-1 was stored before, with other content: a conflict.
     d.post_event(&common::event(
         "C-1",
@@ -898,14 +893,16 @@ async fn documented_outbox_write_gives_gapless_versions_and_is_relayed_in_order(
     assert_eq!(vs, (1..=16).collect::<Vec<i64>>(), "gapless, no repeats");
 
     // The relay with its defaults (label AwarenessOutbox) relays them.
-    let plugins = common::PluginsDir::new();
-    let d = common::TestDaemon::start_with(plugins.path(), |c| {
-        let mut source = config("AwarenessOutbox");
-        source.label = Neo4jSourceConfig::default().label;
-        c.sources
-            .insert("docs".into(), outboxd::sources::SourceConfig::Neo4j(source));
-    })
-    .await;
+    let mut source = config("AwarenessOutbox");
+    source.label = Neo4jSourceConfig::default().label;
+    let (d, _plugins) = common::Harness::new()
+        .config(move |c| {
+            c.sources
+                .insert("docs".into(), outboxd::sources::SourceConfig::Neo4j(source));
+        })
+        .start()
+        .await
+        .into_daemon();
     for (i, version) in &versions {
         let id = format!("{packet}-evt-{i}");
         let start = std::time::Instant::now();
@@ -931,18 +928,20 @@ async fn documented_outbox_write_gives_gapless_versions_and_is_relayed_in_order(
 async fn neo4j_unreachable_shows_in_ready_and_sources_list_and_the_daemon_stays_up() {
     common::init_logs();
     let closed = common::free_loopback_addr();
-    let plugins = common::PluginsDir::new();
-    let d = common::TestDaemon::start_with(plugins.path(), |c| {
-        let mut source = config(&unique_label());
-        source.url = format!("bolt://{closed}");
-        source.timeout = Duration::from_secs(2);
-        source.lease = Duration::from_secs(10);
-        c.sources.insert(
-            "graph".into(),
-            outboxd::sources::SourceConfig::Neo4j(source),
-        );
-    })
-    .await;
+    let mut source = config(&unique_label());
+    source.url = format!("bolt://{closed}");
+    source.timeout = Duration::from_secs(2);
+    source.lease = Duration::from_secs(10);
+    let (d, _plugins) = common::Harness::new()
+        .config(move |c| {
+            c.sources.insert(
+                "graph".into(),
+                outboxd::sources::SourceConfig::Neo4j(source),
+            );
+        })
+        .start()
+        .await
+        .into_daemon();
     let start = std::time::Instant::now();
     let ready = loop {
         let (code, ready) = d.get("/ready").await;

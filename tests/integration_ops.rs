@@ -303,18 +303,21 @@ async fn a_replayed_dead_letter_is_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_replayed() {
-    let receiver = Receiver::start().await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .plugins(|plugins| {
+            let manifest = plugins.path().join("webhook.toml");
+            let text = std::fs::read_to_string(&manifest).unwrap();
+            std::fs::write(
+                &manifest,
+                text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n"),
+            )
+            .unwrap();
+        })
+        .start()
+        .await
+        .single();
     receiver.script(400, &[], "not today");
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
-    let manifest = plugins.path().join("webhook.toml");
-    let text = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(
-        &manifest,
-        text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n"),
-    )
-    .unwrap();
-    let d = TestDaemon::start(plugins.path()).await;
     for id in ["b1", "b2"] {
         d.post_event(&event(id, "s", "t", json!({}))).await;
     }
@@ -352,8 +355,14 @@ async fn a_blocking_sink_holds_the_stream_behind_a_dead_letter_until_it_is_repla
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_admin_api_wants_its_token() {
-    let plugins = PluginsDir::new();
-    let d = TestDaemon::start_with(plugins.path(), |c| c.admin.token = Some("s3cret".into())).await;
+    let Harness {
+        daemon: d,
+        plugins: _plugins,
+        ..
+    } = Harness::new()
+        .config(|c| c.admin.token = Some("s3cret".into()))
+        .start()
+        .await;
     let url = format!("{}/v1/admin/sinks", d.base);
     assert_eq!(
         d.http.get(&url).send().await.unwrap().status(),
@@ -415,10 +424,12 @@ async fn ready_is_503_while_every_claim_fails() {
         sqlx::query(&sql).execute(&mut admin).await.unwrap();
     }
     let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
-    let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .config(move |c| c.database_url = Some(url))
+        .start()
+        .await
+        .single();
     d.post_event(&event("r1", "s", "t", json!({}))).await;
     assert!(eventually(Duration::from_secs(10), || !receiver.seen().is_empty()).await);
     let (status, body) = d.get("/ready").await;
@@ -471,12 +482,15 @@ async fn ready_is_503_while_every_claim_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn backfill_gives_a_new_sink_the_past_events_once() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let old = Receiver::start().await;
     let new = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("a", &old);
     let url = db.url.clone();
-    let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url.clone())).await;
+    let first_url = url.clone();
+    let (d, old, plugins) = Harness::new()
+        .webhook("a", "")
+        .config(move |c| c.database_url = Some(first_url))
+        .start()
+        .await
+        .single();
     let batch: Vec<_> = (0..6)
         .map(|i| {
             event(
@@ -562,11 +576,13 @@ async fn wait_ready(d: &TestDaemon, want: u16, timeout: Duration) -> serde_json:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ready_follows_postgresql_down_and_back_and_delivery_resumes_without_a_restart() {
     let pg = PrivatePostgres::init();
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
     let url = pg.url();
-    let d = TestDaemon::start_with(plugins.path(), |c| c.database_url = Some(url)).await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .config(move |c| c.database_url = Some(url))
+        .start()
+        .await
+        .single();
     let post = |id: &'static str| {
         let body = serde_json::to_vec(&event(id, "s", "t", json!({}))).unwrap();
         let d = &d;

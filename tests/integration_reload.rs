@@ -77,18 +77,21 @@ async fn wait_state(d: &TestDaemon, sink: &str, want: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replaced_plugin_takes_over_under_load_losing_and_duplicating_nothing() {
     init_logs();
-    let receiver = Receiver::start().await;
+    let (
+        d,
+        Hook {
+            receiver,
+            secret: old_secret,
+            ..
+        },
+        plugins,
+    ) = Harness::new()
+        .webhook("hook", "")
+        .start()
+        .await
+        .single_hook();
     receiver.set_delay(Duration::from_millis(5));
-    let (old_secret, new_secret) = (new_secret(), new_secret());
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "hook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &old_secret,
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let new_secret = new_secret();
 
     const EVENTS: usize = 600;
     const STREAMS: usize = 12;
@@ -277,7 +280,7 @@ async fn a_removed_plugin_parks_its_deliveries_until_it_returns() {
         .webhook("hook", "")
         .config(|c| {
             // Routes name the sink, so events keep routing to it while removed.
-            c.routes = Some(vec![outboxd::config::Route {
+            c.routes = Some(vec![outboxd::routing::Route {
                 types: vec!["*".into()],
                 streams: vec!["*".into()],
                 sinks: vec!["hook".into()],
@@ -325,11 +328,16 @@ async fn a_removed_plugin_parks_its_deliveries_until_it_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_dropped_in_while_running_loads_and_delivers() {
     init_logs();
-    let (a, b) = (Receiver::start().await, Receiver::start().await);
-    let secret = new_secret();
-    let plugins = PluginsDir::new();
-    plugins.add_webhook("a", &a.url(), &[a.origin()], &secret, "");
-    let d = TestDaemon::start(plugins.path()).await;
+    let (
+        d,
+        Hook {
+            receiver: a,
+            secret,
+            ..
+        },
+        plugins,
+    ) = Harness::new().webhook("a", "").start().await.single_hook();
+    let b = Receiver::start().await;
 
     plugins.add_webhook("b", &b.url(), &[b.origin()], &secret, "");
     wait_state(&d, "b", "loaded").await;
@@ -353,10 +361,7 @@ async fn a_plugin_dropped_in_while_running_loads_and_delivers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_renamed_manifest_keeps_serving_and_its_broken_edit_is_refused() {
     init_logs();
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("hook", &receiver);
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, plugins) = Harness::new().webhook("hook", "").start().await.single();
 
     let (old, new) = (
         plugins.path().join("hook.toml"),

@@ -11,17 +11,17 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_event_arrives_once_in_stream_order_with_cloudevents_headers_and_a_valid_signature() {
-    let receiver = Receiver::start().await;
-    let secret = new_secret();
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &secret,
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (
+        d,
+        Hook {
+            receiver, secret, ..
+        },
+        _plugins,
+    ) = Harness::new()
+        .webhook("webhook", "")
+        .start()
+        .await
+        .single_hook();
 
     let mut sent = Vec::new();
     for round in 0..5 {
@@ -110,19 +110,9 @@ async fn every_event_arrives_once_in_stream_order_with_cloudevents_headers_and_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_503_twice_then_200_is_delivered_on_the_third_attempt() {
-    let receiver = Receiver::start().await;
+    let (d, receiver, _plugins) = Harness::new().webhook("webhook", "").start().await.single();
     receiver.script(503, &[], "busy");
     receiver.script(503, &[], "still busy");
-    let secret = new_secret();
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &secret,
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
 
     d.post_event(&event("r-1", "s", "t", json!({"n": 1}))).await;
     let done = d
@@ -137,11 +127,8 @@ async fn a_503_twice_then_200_is_delivered_on_the_third_attempt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_400_dead_letters_the_delivery_with_the_status_in_its_reason() {
-    let receiver = Receiver::start().await;
+    let (d, receiver, _plugins) = Harness::new().webhook("webhook", "").start().await.single();
     receiver.script(400, &[], "schema mismatch: field x");
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
-    let d = TestDaemon::start(plugins.path()).await;
 
     d.post_event(&event("x-1", "s", "t", json!({}))).await;
     let dead = d
@@ -164,17 +151,12 @@ async fn a_400_dead_letters_the_delivery_with_the_status_in_its_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sink_allowed_host_a_cannot_reach_host_b() {
     let allowed = Receiver::start().await;
-    let other = Receiver::start().await;
-    let plugins = PluginsDir::new();
     // Allowed to call `allowed`, configured to call `other`.
-    plugins.add_webhook(
-        "webhook",
-        &other.url(),
-        &[allowed.origin()],
-        &new_secret(),
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, other, _plugins) = Harness::new()
+        .webhook_allowing("webhook", &[allowed.origin()])
+        .start()
+        .await
+        .single();
 
     d.post_event(&event("e-1", "s", "t", json!({}))).await;
     let state = d
@@ -196,8 +178,11 @@ async fn a_sink_allowed_host_a_cannot_reach_host_b() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_is_a_4xx_naming_the_field_and_stores_nothing() {
-    let plugins = PluginsDir::new();
-    let d = TestDaemon::start(plugins.path()).await;
+    let Harness {
+        daemon: d,
+        plugins: _plugins,
+        ..
+    } = Harness::new().start().await;
 
     let (status, body) = d.post("application/cloudevents+json", "{not json").await;
     assert_eq!(status, 400, "{body}");
@@ -246,22 +231,25 @@ async fn bad_input_is_a_4xx_naming_the_field_and_stores_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broken_plugins_are_refused_with_their_file_named_and_the_good_one_keeps_delivering() {
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
-    // Not a component at all.
-    plugins.write("garbage.wasm", b"this is not webassembly");
-    plugins.write(
-        "garbage.toml",
-        b"name = \"garbage\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n",
-    );
-    // A component that exports nothing: no `deliver`.
-    plugins.write("empty.wasm", &wat::parse_str("(component)").unwrap());
-    plugins.write(
-        "empty.toml",
-        b"name = \"empty\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .plugins(|plugins| {
+            // Not a component at all.
+            plugins.write("garbage.wasm", b"this is not webassembly");
+            plugins.write(
+                "garbage.toml",
+                b"name = \"garbage\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n",
+            );
+            // A component that exports nothing: no `deliver`.
+            plugins.write("empty.wasm", &wat::parse_str("(component)").unwrap());
+            plugins.write(
+                "empty.toml",
+                b"name = \"empty\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n",
+            );
+        })
+        .start()
+        .await
+        .single();
 
     let (status, ready) = d.get("/ready").await;
     assert_eq!(
@@ -299,16 +287,19 @@ async fn broken_plugins_are_refused_with_their_file_named_and_the_good_one_keeps
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retry_after_is_honoured_the_window_dead_letters_and_a_replay_delivers() {
-    let receiver = Receiver::start().await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .plugins(|plugins| {
+            let manifest = plugins.path().join("webhook.toml");
+            let text = std::fs::read_to_string(&manifest)
+                .unwrap()
+                .replace("cap = \"1s\"\n", "cap = \"1s\"\nwindow = \"4s\"\n");
+            std::fs::write(&manifest, text).unwrap();
+        })
+        .start()
+        .await
+        .single();
     receiver.script(503, &[("retry-after", "2")], "busy");
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
-    let manifest = plugins.path().join("webhook.toml");
-    let text = std::fs::read_to_string(&manifest)
-        .unwrap()
-        .replace("cap = \"1s\"\n", "cap = \"1s\"\nwindow = \"4s\"\n");
-    std::fs::write(&manifest, text).unwrap();
-    let d = TestDaemon::start(plugins.path()).await;
 
     d.post_event(&event("ra", "s1", "t", json!({}))).await;
     d.wait_delivery("ra", Duration::from_secs(20), |x| {
@@ -360,26 +351,23 @@ async fn retry_after_is_honoured_the_window_dead_letters_and_a_replay_delivers()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_does() {
     init_logs();
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
     // `http://*:*` allows any host by name, but 127.0.0.1 is a loopback
-    // address: only an entry naming it exactly reaches it.
-    plugins.add_webhook(
-        "wildcard",
-        &receiver.url(),
-        &["http://*:*".to_string()],
-        &new_secret(),
-        "",
+    // address: only an entry naming it exactly (`named`'s own receiver's
+    // origin, http://127.0.0.1:PORT) reaches it.
+    let Harness {
+        daemon: d,
+        hooks,
+        plugins: _plugins,
+    } = Harness::new()
+        .webhook_allowing("wildcard", &["http://*:*".to_string()])
+        .webhook("named", "")
+        .start()
+        .await;
+    let (receiver, named) = (&hooks[0].receiver, &hooks[1].receiver);
+    assert_eq!(
+        named.origin(),
+        format!("http://127.0.0.1:{}", named.addr.port())
     );
-    let named = Receiver::start().await;
-    plugins.add_webhook(
-        "named",
-        &named.url(),
-        &[format!("http://127.0.0.1:{}", named.addr.port())],
-        &new_secret(),
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
     // The compiled component is kept under <data-dir>/cache/ (one file: both
     // sinks run the same component), so a restart does not compile again.
     let cached: Vec<_> = std::fs::read_dir(d.data.path().join("cache"))
@@ -416,14 +404,17 @@ async fn a_wildcard_allow_list_does_not_reach_loopback_but_an_entry_naming_it_do
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_builtin_discard_sink_acknowledges_every_event_without_sending_it() {
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_to("webhook", &receiver);
-    plugins.write(
-        "drain.toml",
-        b"name = \"drain\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\nbuiltin = \"discard\"\n",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "")
+        .plugins(|plugins| {
+            plugins.write(
+                "drain.toml",
+                b"name = \"drain\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\nbuiltin = \"discard\"\n",
+            );
+        })
+        .start()
+        .await
+        .single();
     let batch: Vec<_> = (0..5)
         .map(|i| event(&format!("d-{i}"), "s", "t", json!({ "i": i })))
         .collect();
@@ -511,22 +502,17 @@ async fn postgres_a_batch_is_finished_while_its_loop_waits_on_the_store() {
     use sqlx::Connection;
     init_logs();
     let db = TestDb::new(Backend::Postgres).await;
-    let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new_secret(),
-        "max-concurrency = \"50\"\n",
-    );
     let url = db.url.clone();
-    let d = TestDaemon::start_with(plugins.path(), move |c| {
-        c.database_url = Some(url);
-        c.delivery.batches_in_flight = 2;
-        c.delivery.db_timeout = Duration::from_secs(20);
-    })
-    .await;
+    let (d, receiver, _plugins) = Harness::new()
+        .webhook("webhook", "max-concurrency = \"50\"\n")
+        .config(move |c| {
+            c.database_url = Some(url);
+            c.delivery.batches_in_flight = 2;
+            c.delivery.db_timeout = Duration::from_secs(20);
+        })
+        .start()
+        .await
+        .single();
     receiver.set_delay(Duration::from_secs(2));
     let batch: Vec<_> = (0..100)
         .map(|i| event(&format!("h{i}"), &format!("s{i}"), "t", json!({ "i": i })))
@@ -576,21 +562,22 @@ async fn postgres_a_batch_is_finished_while_its_loop_waits_on_the_store() {
 async fn postgres_a_pause_read_waiting_on_the_store_holds_back_one_loop_only() {
     init_logs();
     let db = TestDb::new(Backend::Postgres).await;
-    let receivers = [
-        Receiver::start().await,
-        Receiver::start().await,
-        Receiver::start().await,
-    ];
-    let plugins = PluginsDir::new();
-    for (i, r) in receivers.iter().enumerate() {
-        plugins.add_webhook_to(&format!("webhook{i}"), r);
-    }
     let url = db.url.clone();
-    let d = TestDaemon::start_with(plugins.path(), move |c| {
-        c.database_url = Some(url);
-        c.delivery.db_timeout = Duration::from_secs(20);
-    })
-    .await;
+    let Harness {
+        daemon: d,
+        hooks,
+        plugins: _plugins,
+    } = Harness::new()
+        .webhook("webhook0", "")
+        .webhook("webhook1", "")
+        .webhook("webhook2", "")
+        .config(move |c| {
+            c.database_url = Some(url);
+            c.delivery.db_timeout = Duration::from_secs(20);
+        })
+        .start()
+        .await;
+    let receivers: Vec<&Receiver> = hooks.iter().map(|h| &h.receiver).collect();
     let arrived = |n: usize| receivers.iter().filter(|r| r.count() >= n).count();
     d.post_event(&event("p1", "s", "t", json!({ "i": 1 })))
         .await;

@@ -244,18 +244,20 @@ async fn awareness_bodies_are_what_json_stringify_writes_signed_and_never_echoed
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_a_previous_secret_both_signatures_verify_against_their_secrets() {
-    let receiver = Receiver::start().await;
-    let new = new_secret();
     let old = new_secret();
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        &receiver.url(),
-        &[receiver.origin()],
-        &new,
-        &format!("previous-secret = {old:?}\n"),
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (
+        d,
+        Hook {
+            receiver,
+            secret: new,
+            ..
+        },
+        _plugins,
+    ) = Harness::new()
+        .webhook("webhook", &format!("previous-secret = {old:?}\n"))
+        .start()
+        .await
+        .single_hook();
     for i in 0..4 {
         d.post_event(&event(&format!("r-{i}"), "s", "t", json!({"i": i})))
             .await;

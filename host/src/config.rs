@@ -1,6 +1,9 @@
 //! The one typed configuration of the daemon.
 //!
-//! Owns: every knob of `outboxd run`, its default, its unit, and the
+//! Owns: the composition of every room's settings into one [`Config`]
+//! (each room defines its own: `delivery::settings`,
+//! `destinations::settings`, `ingest::settings`, `routing::settings`,
+//! `auth`, `sources`, `tls`; the few process-wide knobs are here), and the
 //! precedence rule — command-line flags win over `OUTBOXD_*` environment
 //! variables, which win over the TOML file, which wins over the defaults.
 //! Environment keys map to config keys by lower-casing, `__` for nesting and
@@ -11,11 +14,15 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
+
+use crate::delivery::settings::DeliveryConfig;
+use crate::destinations::settings::DestinationsConfig;
+use crate::ingest::settings::IngestConfig;
+use crate::routing::Route;
 
 /// Errors found while reading or validating the configuration. Each names
 /// the key at fault.
@@ -119,63 +126,6 @@ impl std::fmt::Debug for SecretsConfig {
     }
 }
 
-/// Knobs of destinations (`[destinations]`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
-pub struct DestinationsConfig {
-    /// How often each process reads the destinations again, so a change
-    /// made through another replica (or the database) takes effect here.
-    /// Changes made through this process apply at once. Default 1 s.
-    #[serde(with = "humantime_serde")]
-    pub refresh_interval: Duration,
-    /// A destination whose every attempt failed for this long, with no
-    /// success, is disabled (its deliveries wait; `resume` re-enables it).
-    /// Default 5 days, as Svix disables a failing endpoint.
-    #[serde(with = "humantime_serde")]
-    pub disable_after: Duration,
-    /// How long a destination's loop sleeps when the destination has
-    /// nothing pending at all. It is woken at once by an ingest, a replay
-    /// or a backfill that queues work for it (in every replica, through
-    /// PostgreSQL `NOTIFY`), so this only bounds how late work queued
-    /// without a wake-up (a dead-letter replay by the CLI on SQLite) is
-    /// noticed; idle destinations then cost one claim per interval each.
-    /// Default 10 s.
-    #[serde(with = "humantime_serde")]
-    pub idle_poll_interval: Duration,
-    /// A platform list to keep the catch-all destinations in step with
-    /// (`outboxd destinations sync`), read again every `every`. Default
-    /// none.
-    pub sync: Option<SyncConfig>,
-}
-
-/// `[destinations.sync]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct SyncConfig {
-    /// The platform list (JSON, as `outboxd destinations sync --from`).
-    pub from: PathBuf,
-    /// How often. Default 5 min.
-    #[serde(with = "humantime_serde", default = "SyncConfig::default_every")]
-    pub every: Duration,
-}
-
-impl SyncConfig {
-    fn default_every() -> Duration {
-        Duration::from_secs(300)
-    }
-}
-
-impl Default for DestinationsConfig {
-    fn default() -> Self {
-        DestinationsConfig {
-            refresh_interval: Duration::from_secs(1),
-            disable_after: Duration::from_secs(5 * 24 * 3600),
-            idle_poll_interval: Duration::from_secs(10),
-            sync: None,
-        }
-    }
-}
-
 /// The admin API (`/v1/admin/...`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
@@ -204,71 +154,6 @@ impl Default for Config {
             tls: None,
             metrics: MetricsConfig::default(),
             secrets: SecretsConfig::default(),
-        }
-    }
-}
-
-pub use crate::ingest::settings::{IngestConfig, Route};
-
-/// Knobs of the delivery loop (one loop per sink).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
-pub struct DeliveryConfig {
-    /// Lease taken on claimed deliveries. Must be comfortably longer than
-    /// every sink's deadline: at least twice the deadline plus 5 s, checked
-    /// at start. Default 70 s (twice the default 30 s deadline plus 10 s).
-    #[serde(with = "humantime_serde")]
-    pub lease: Duration,
-    /// Longest idle sleep between claims when no wake-up arrives. Default 1 s.
-    #[serde(with = "humantime_serde")]
-    pub max_poll_interval: Duration,
-    /// Timeout of each database call made by the loop. Default 10 s.
-    #[serde(with = "humantime_serde")]
-    pub db_timeout: Duration,
-    /// Delivered rows older than this are deleted, in batches of 1,000.
-    /// Default 7 days.
-    #[serde(with = "humantime_serde")]
-    pub retention: Duration,
-    /// Batches in a row that end in a plugin trap before the sink is
-    /// quarantined (paused with backoff). Default 5.
-    pub quarantine_after_traps: u32,
-    /// First quarantine pause; doubles on each quarantine in a row, up to
-    /// 10 minutes. Default 30 s.
-    #[serde(with = "humantime_serde")]
-    pub quarantine_backoff: Duration,
-    /// A replica not heard from for this long no longer counts as serving
-    /// its sinks (`/v1/admin/sinks`, `/ready`'s `fleet`,
-    /// `outboxd_sink_serving_replicas`); replicas beat every 2 s. Default
-    /// 30 s.
-    #[serde(with = "humantime_serde")]
-    pub replica_timeout: Duration,
-    /// Batches one delivery key's loop keeps in flight at once, 1 to
-    /// [`MAX_BATCHES_IN_FLIGHT`]: after a claim that came back full the
-    /// next is claimed while the first is still being delivered, so the
-    /// sink's network time overlaps the store's commits. Order per stream
-    /// holds whatever the number: a stream's head is leased by one batch at
-    /// a time, as between replicas. A destination with `max-in-flight` runs
-    /// one batch at a time, so its cap holds. Default 2 (bench/README.md,
-    /// stage 4: the webhook sink end to end against the no-op sink).
-    pub batches_in_flight: u32,
-}
-
-/// The most batches a delivery key may keep in flight
-/// ([`DeliveryConfig::batches_in_flight`]): each holds up to a batch of
-/// leases and a plugin instance.
-pub const MAX_BATCHES_IN_FLIGHT: u32 = 8;
-
-impl Default for DeliveryConfig {
-    fn default() -> Self {
-        DeliveryConfig {
-            lease: Duration::from_secs(70),
-            max_poll_interval: Duration::from_secs(1),
-            db_timeout: Duration::from_secs(10),
-            retention: Duration::from_secs(7 * 24 * 3600),
-            quarantine_after_traps: 5,
-            quarantine_backoff: Duration::from_secs(30),
-            replica_timeout: Duration::from_secs(30),
-            batches_in_flight: 2,
         }
     }
 }
@@ -355,17 +240,8 @@ impl Config {
         if self.ingest.max_batch_items == 0 {
             return value("ingest.max-batch-items", "must be greater than 0");
         }
-        if self.delivery.max_poll_interval.is_zero() {
-            return value("delivery.max-poll-interval", "must be greater than 0s");
-        }
-        if self.delivery.db_timeout.is_zero() {
-            return value("delivery.db-timeout", "must be greater than 0s");
-        }
-        if !(1..=MAX_BATCHES_IN_FLIGHT).contains(&self.delivery.batches_in_flight) {
-            return value(
-                "delivery.batches-in-flight",
-                &format!("must be from 1 to {MAX_BATCHES_IN_FLIGHT}"),
-            );
+        if let Err((key, problem)) = self.delivery.validate() {
+            return value(&format!("delivery.{key}"), &problem);
         }
         if !self.listen.ip().is_loopback() && self.admin.token.as_deref().unwrap_or("").is_empty() {
             return value(
@@ -410,10 +286,8 @@ impl Config {
             );
         }
         if let Some(routes) = &self.routes {
-            for (i, route) in routes.iter().enumerate() {
-                if route.sinks.is_empty() {
-                    return value(&format!("routes[{i}].sinks"), "names no sink");
-                }
+            if let Err((key, problem)) = crate::routing::settings::validate(routes) {
+                return value(&key, &problem);
             }
         }
         Ok(())

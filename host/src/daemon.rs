@@ -17,11 +17,11 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::delivery::{Heartbeats, Shared};
 use crate::ingest::http::IngestState;
-use crate::ingest::routes::Router as Routes;
 use crate::metrics::{Metrics, PluginLabel};
 use crate::ops::OpsState;
 use crate::plugin::registry::Registry;
 use crate::plugin::{self, Plugin, Runtime};
+use crate::routing::Router as Routes;
 use crate::store::{self, Store, StoreError};
 
 /// Why the daemon did not start.
@@ -32,7 +32,7 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error("{0}")]
     /// A route names a sink no plugin provides.
-    Routes(#[from] crate::ingest::routes::UnknownSink),
+    Routes(#[from] crate::routing::UnknownSink),
     #[error("cannot listen on {addr}: {source}")]
     /// The HTTP listener could not bind.
     Listen {

@@ -25,9 +25,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::ingest::routes::Router;
 use crate::metrics::{Metrics, SinkLabel};
 use crate::plugin::registry::Registry;
+use crate::routing::Router;
 use crate::store::{SinkReplica, Store, StoreError};
 
 /// How often a replica registers its sinks, beats and re-reads the

@@ -5,8 +5,9 @@
 //! into delivered / retry at T / dead ([`retry`]), quarantine of a plugin
 //! whose batches keep failing as a whole ([`quarantine`]), liveness
 //! ([`heartbeat`]), pauses ([`paused`]), what a key is served by
-//! ([`target`]), the router of events enqueued by SQL ([`router`]) and
-//! retention ([`retention`]). Here: what they all share.
+//! ([`target`]), the router of events enqueued by SQL ([`router`]),
+//! retention ([`retention`]) and its settings ([`settings`]). Here: what
+//! they all share.
 //!
 //! Invariants kept here: no in-memory "running" latch — a turn that fails
 //! logs, backs off and tries again; every database call has a timeout; the
@@ -21,6 +22,7 @@ pub mod quarantine;
 mod retention;
 pub mod retry;
 mod router;
+pub mod settings;
 mod sink_loop;
 pub mod target;
 mod turn;
@@ -28,13 +30,13 @@ mod turn;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::DeliveryConfig;
 use crate::metrics::Metrics;
 use crate::store::Store;
 pub use heartbeat::Heartbeats;
 pub use quarantine::Quarantines;
 pub use retention::run_retention;
 pub use router::{run_router, RouteFn};
+use settings::DeliveryConfig;
 pub use sink_loop::run_sink;
 pub use target::{Target, TurnObserver};
 

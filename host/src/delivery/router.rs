@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::config::DeliveryConfig;
+use super::settings::DeliveryConfig;
 use crate::store::Store;
 
 /// Events routed per store call.

@@ -32,10 +32,10 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use serde_json::json;
 
-use super::routes::Router as Routes;
 use super::settings::IngestConfig;
 use crate::event::{self, DataFormat, EventError};
 use crate::metrics::Metrics;
+use crate::routing::Router as Routes;
 use crate::store::{IngestError, Store};
 
 /// What the ingest handlers need.

@@ -1,8 +1,7 @@
 //! Ingest: events in from producers.
 //!
 //! Owns: the HTTP ingest and read API ([`http`]), the awareness-compatible
-//! `POST /ingest` ([`awareness`]), routing ([`routes`]), their settings
-//! ([`settings`]), and
+//! `POST /ingest` ([`awareness`]), their settings ([`settings`]), and
 //! [`submit`], the one path by which events reach the store — the HTTP API
 //! and every configured source (`crate::sources`) go through it. The
 //! acknowledgement is sent only after the store committed.
@@ -12,11 +11,17 @@
 
 pub mod awareness;
 pub mod http;
-pub mod routes;
 pub mod settings;
+
+/// The route table, now `crate::routing::routes`: named here only for
+/// `destinations/actions.rs` and `ops/`, which still spell the old path
+/// (to be switched, and this line dropped, once the secrets work that
+/// edits them has landed).
+pub use crate::routing::routes;
 
 use crate::event::NewEvent;
 use crate::metrics::Metrics;
+use crate::routing::Router;
 use crate::store::{IngestError, IngestItem, Ingested, Store};
 
 /// Route `events`, store them with their deliveries in one transaction
@@ -27,7 +32,7 @@ use crate::store::{IngestError, IngestItem, Ingested, Store};
 /// Errors: [`IngestError`] as the store reports it; nothing was stored.
 pub async fn submit(
     store: &dyn Store,
-    routes: &routes::Router,
+    routes: &Router,
     wake: &crate::wakeups::Wakeups,
     metrics: &Metrics,
     events: Vec<NewEvent>,
@@ -39,7 +44,7 @@ pub async fn submit(
 /// (its name, [`crate::auth`]) is stored with each event.
 pub async fn submit_as(
     store: &dyn Store,
-    routes: &routes::Router,
+    routes: &Router,
     wake: &crate::wakeups::Wakeups,
     metrics: &Metrics,
     events: Vec<NewEvent>,

@@ -1,7 +1,7 @@
-//! The settings of ingest, as `outboxd.toml` writes them: `[[routes]]`
-//! ([`Route`]), `[ingest]` ([`IngestConfig`]) and `[ingest.awareness]`
-//! ([`AwarenessIngestConfig`]). `crate::config` gathers them with every
-//! other room's settings.
+//! The settings of ingest, as `outboxd.toml` writes them: `[ingest]`
+//! ([`IngestConfig`]) and `[ingest.awareness]` ([`AwarenessIngestConfig`]).
+//! `crate::config` gathers them with every other room's settings
+//! (`[[routes]]` are `crate::routing`'s).
 //!
 //! Must never: import `crate::config` (it imports these), or read the
 //! environment except to resolve a `${VAR}` the operator wrote.
@@ -11,26 +11,6 @@ use serde::{Deserialize, Serialize};
 /// The awareness route's default path (the service's
 /// `router.post("/ingest", ...)`).
 pub const DEFAULT_PATH: &str = "/ingest";
-
-/// A route: events whose `type` matches one of `types` (and whose stream
-/// matches one of `streams`, when given) get one delivery per sink named in
-/// `sinks`. Patterns are globs where `*` matches any run of characters.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Route {
-    /// Event type patterns, e.g. `["com.github.issues.*"]`. Default `["*"]`.
-    #[serde(default = "match_all")]
-    pub types: Vec<String>,
-    /// Stream patterns. Default `["*"]`.
-    #[serde(default = "match_all")]
-    pub streams: Vec<String>,
-    /// Sink names (the `name` of a plugin manifest).
-    pub sinks: Vec<String>,
-}
-
-fn match_all() -> Vec<String> {
-    vec!["*".to_string()]
-}
 
 /// Limits applied to `POST /v1/events`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

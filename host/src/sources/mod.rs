@@ -39,8 +39,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backoff::Backoff;
-use crate::ingest::routes::Router as Routes;
 use crate::metrics::Metrics;
+use crate::routing::Router as Routes;
 use crate::store::Store;
 
 /// What every source is: one implementation per kind, on the kind's

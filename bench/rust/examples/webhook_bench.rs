@@ -14,8 +14,8 @@
 //!
 //! ```sh
 //! scripts/build-plugins.sh
-//! cargo run --release -p outboxd --example bench_http -- receive --listen 127.0.0.1:18090 &
-//! cargo run --release -p outboxd --example webhook_bench -- --url http://127.0.0.1:18090 [--events 20000] [--rounds 3] [--batch 100] [--in-flight 32]
+//! cargo run --release -p outboxd-bench --example bench_http -- receive --listen 127.0.0.1:18090 &
+//! cargo run --release -p outboxd-bench --example webhook_bench -- --url http://127.0.0.1:18090 [--events 20000] [--rounds 3] [--batch 100] [--in-flight 32]
 //! ```
 //!
 //! Prints one line per round and, last, one JSON object: requests/s of

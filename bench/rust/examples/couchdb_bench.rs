@@ -11,7 +11,7 @@
 //!
 //! ```sh
 //! scripts/build-plugins.sh && npm ci --prefix tests/couchdb
-//! cargo run --release -p outboxd --example couchdb_bench -- [--docs 10000] [--rounds 2] [--latency-docs 500]
+//! cargo run --release -p outboxd-bench --example couchdb_bench -- [--docs 10000] [--rounds 2] [--latency-docs 500]
 //! ```
 //!
 //! Needs RabbitMQ on 127.0.0.1:5672 and Node (it starts pouchdb-server from
@@ -66,8 +66,10 @@ fn args() -> Args {
 }
 
 fn repo() -> PathBuf {
+    // This crate is bench/rust/.
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .ancestors()
+        .nth(2)
         .unwrap()
         .to_path_buf()
 }

@@ -12,7 +12,7 @@
 //!
 //! ```sh
 //! scripts/build-plugins.sh
-//! cargo run --release -p outboxd --example amqp_bench -- [--events 5000] [--rounds 5] [--batch 100]
+//! cargo run --release -p outboxd-bench --example amqp_bench -- [--events 5000] [--rounds 5] [--batch 100]
 //! ```
 //!
 //! Needs RabbitMQ on 127.0.0.1:5672 (`OUTBOXD_BENCH_AMQP` for another URL).

@@ -20,7 +20,7 @@
 //!   advance the streams, commit, then `basic.ack` with `multiple`.
 //!
 //! ```sh
-//! cargo run --release -p outboxd --example source_bench -- [--messages 20000] [--rounds 3] [--batch 200] [--streams 100]
+//! cargo run --release -p outboxd-bench --example source_bench -- [--messages 20000] [--rounds 3] [--batch 200] [--streams 100]
 //! ```
 //!
 //! Needs RabbitMQ (`OUTBOXD_BENCH_AMQP`, default 127.0.0.1:5672 guest) and
@@ -172,10 +172,10 @@ async fn run_outboxd(url: &str, queue: &str, n: usize, batch: usize) -> f64 {
     let statuses = Arc::new(Statuses::default());
     let ctx = SourceContext {
         store,
-        routes: Arc::new(outboxd::ingest::routes::Router::new(None, Vec::new()).unwrap()),
+        routes: Arc::new(outboxd::routing::Router::new(None, Vec::new()).unwrap()),
         metrics: metrics.clone(),
         wake: outboxd::wakeups::Wakeups::new(),
-        db_timeout: outboxd::config::DeliveryConfig::default().db_timeout,
+        db_timeout: outboxd::delivery::settings::DeliveryConfig::default().db_timeout,
         amqp: outboxd::plugin::amqp::AmqpPool::new(),
     };
     let config: SourceConfig = toml::from_str(&format!(

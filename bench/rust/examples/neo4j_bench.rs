@@ -26,7 +26,7 @@
 //!
 //! ```sh
 //! scripts/setup.sh    # Java 17 + Maven; builds tests/neo4j once
-//! cargo build --release -p outboxd --bin outboxd --example neo4j_bench
+//! cargo build --release -p outboxd --bin outboxd && cargo build --release -p outboxd-bench --example neo4j_bench
 //! target/release/examples/neo4j_bench [--nodes 10000] [--streams 100] [--relays 1,3] \
 //!     [--claim 10000,100000] [--claim-samples 20] [--bolt bolt://127.0.0.1:7687] [--outboxd PATH]
 //! ```
@@ -124,8 +124,10 @@ fn args() -> anyhow::Result<Args> {
 }
 
 fn repo() -> PathBuf {
+    // This crate is bench/rust/.
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .ancestors()
+        .nth(2)
         .unwrap()
         .to_path_buf()
 }

@@ -1,9 +1,9 @@
-//! Routing: which delivery keys get a delivery of an event.
+//! The route table: which delivery keys get a delivery of an event.
 //!
 //! Owns: matching an event's `type` and stream against the configured
 //! routes, checking at start that every route names a known sink, and
 //! expanding each routed sink into its destinations whose filters match
-//! (`crate::destinations::Snapshot::expand`; a sink without destinations
+//! ([`Snapshot::expand`]; a sink without destinations
 //! is its own key); [`backfill`] over past events by the same rule.
 //!
 //! Must never: look at anything but the event's attributes (routing is
@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 
 use super::settings::Route;
-use crate::destinations::Snapshot;
+use super::Snapshot;
 use crate::event::{glob_match, NewEvent};
 
 /// The routing table.

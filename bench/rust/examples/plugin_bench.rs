@@ -8,7 +8,7 @@
 //! ```text
 //! cargo build --release --target wasm32-wasip2 -p checksum \
 //!     --manifest-path tests/components/Cargo.toml   # CARGO_TARGET_DIR=target/wasm-test-components
-//! cargo run --release -p outboxd --example plugin_bench -- \
+//! cargo run --release -p outboxd-bench --example plugin_bench -- \
 //!     --component target/wasm-test-components/wasm32-wasip2/release/checksum.wasm
 //! ```
 //!

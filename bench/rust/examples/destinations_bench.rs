@@ -18,7 +18,7 @@
 //!    least 0.5, "within 2×").
 //!
 //! ```sh
-//! cargo run --release -p outboxd --example destinations_bench -- [--events 5000] [--destinations 1000] [--fanout-events 100]
+//! cargo run --release -p outboxd-bench --example destinations_bench -- [--events 5000] [--destinations 1000] [--fanout-events 100]
 //! ```
 //! `OUTBOXD_TEST_PG` names the admin URL (default the local server, trust).
 //! Prints one JSON line per stage and a last line with the ratios.

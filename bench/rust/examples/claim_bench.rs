@@ -6,8 +6,8 @@
 //! the median and p95 per backlog and the ratio of 1M to 10k.
 //!
 //! ```sh
-//! cargo run --example claim_bench                 # 10k, 100k, 1M
-//! cargo run --example claim_bench -- 10000 50000  # other sizes
+//! cargo run -p outboxd-bench --example claim_bench                 # 10k, 100k, 1M
+//! cargo run -p outboxd-bench --example claim_bench -- 10000 50000  # other sizes
 //! ```
 //! `OUTBOXD_TEST_PG` names the admin URL (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`); `CLAIM_BENCH_SAMPLES`
