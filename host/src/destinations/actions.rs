@@ -27,10 +27,10 @@ use serde_json::{json, Value};
 use super::live::{retry_within, Live};
 use super::sealing::{self, SealingError};
 use super::{now_ms, secret, Destination, Filter, RetryOverride, State, MAX_NAME_BYTES};
-use crate::ingest::routes::Router;
 use crate::plugin::egress::EgressPolicy;
 use crate::plugin::registry::Registry;
 use crate::plugin::Plugin;
+use crate::routing::routes::Router;
 use crate::secrets::SealError;
 use crate::store::{Purged, PutMode, Store, StoreError};
 
@@ -250,7 +250,7 @@ async fn write(
     let backfilled = match since_ms.filter(|_| created) {
         Some(since) => {
             let (_, n) =
-                crate::ingest::routes::backfill(&*ctx.store, &ctx.routes, name, since).await?;
+                crate::routing::routes::backfill(&*ctx.store, &ctx.routes, name, since).await?;
             ctx.wake.keys([name]);
             Some(n)
         }

@@ -13,12 +13,6 @@ pub mod awareness;
 pub mod http;
 pub mod settings;
 
-/// The route table, now `crate::routing::routes`: named here only for
-/// `destinations/actions.rs` and `ops/`, which still spell the old path
-/// (to be switched, and this line dropped, once the secrets work that
-/// edits them has landed).
-pub use crate::routing::routes;
-
 use crate::event::NewEvent;
 use crate::metrics::Metrics;
 use crate::routing::Router;

@@ -244,7 +244,7 @@ pub struct Backfilled {
 /// Errors: [`AdminError::NotFound`] when `sink` is not in `known`.
 pub async fn backfill(
     store: &dyn Store,
-    routes: &crate::ingest::routes::Router,
+    routes: &crate::routing::routes::Router,
     known: &[String],
     sink: &str,
     since_ms: i64,
@@ -255,7 +255,8 @@ pub async fn backfill(
             listed(known)
         )));
     }
-    let (scanned, created) = crate::ingest::routes::backfill(store, routes, sink, since_ms).await?;
+    let (scanned, created) =
+        crate::routing::routes::backfill(store, routes, sink, since_ms).await?;
     Ok(Backfilled {
         sink: sink.to_string(),
         scanned,

@@ -55,7 +55,7 @@ pub struct OpsState {
     /// The AMQP brokers plugins publish to (readiness shows an outage).
     pub amqp: crate::plugin::amqp::AmqpPool,
     /// The routing table (backfill routes past events with it).
-    pub routes: Arc<crate::ingest::routes::Router>,
+    pub routes: Arc<crate::routing::routes::Router>,
     /// The configured sources' status (readiness shows each).
     pub sources: Arc<crate::sources::Statuses>,
     /// The destinations this process routes by.
