@@ -233,3 +233,35 @@ fn a_component_importing_wasi_sockets_passes_with_a_note_that_sockets_are_denied
         "{text}"
     );
 }
+
+/// `check` calls `init` only: a plugin's per-batch log lines (here
+/// `logforge`'s, written from `deliver`) do not show, so nothing like an
+/// unexplained `0 of 0 events delivered` appears.
+#[test]
+fn check_calls_init_without_deliver() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("logforge.wasm");
+    std::fs::copy(common::test_component("logforge"), &wasm).unwrap();
+    let out = check(&wasm, &[], &[]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("init: ok"), "{text}");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !log.contains("FORGED") && !log.contains("plugin="),
+        "deliver ran during check:\n{log}"
+    );
+}
+
+/// Log lines written to a pipe (not a terminal) carry no ANSI colour.
+#[test]
+fn logs_off_a_terminal_carry_no_colour() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("ok.wasm");
+    std::fs::copy(common::test_component("ok"), &wasm).unwrap();
+    let out = check(&wasm, &[("RUST_LOG", "debug")], &[]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("DEBUG"), "no log line to look at:\n{log}");
+    assert!(!log.contains('\u{1b}'), "ANSI escapes in a pipe:\n{log:?}");
+}

@@ -10,8 +10,8 @@
 //! references this shell leaves unset, named as what the daemon will need in
 //! its environment at start.
 //!
-//! Must never: hand the plugin an event (`init` runs with an empty batch,
-//! exactly as the daemon's sandbox runs it), or count an `init` refusal
+//! Must never: hand the plugin an event (`init` runs in the sandbox a batch
+//! gets, and `deliver` is not called), or count an `init` refusal
 //! caused by an unset `${VAR}` as the component's fault.
 
 use std::path::Path;
@@ -145,17 +145,18 @@ fn manifest_for(
     Ok((m, Vec::new()))
 }
 
-/// Call `init` as the daemon does at the start of every batch: an empty
-/// batch runs exactly that, in the same sandbox, and sends nothing. A
-/// refusal while a `config` value is unset is only reported.
+/// Call `init` as the daemon does at the start of every batch, in the same
+/// sandbox, without `deliver`: nothing is sent, and the plugin's
+/// per-batch log lines (such as a count of events delivered) do not show.
+/// A refusal while a `config` value is unset is only reported.
 async fn check_init(plugin: &Plugin, unresolved: &[Unresolved]) -> Result<(), String> {
     let unset_config: Vec<&str> = unresolved
         .iter()
         .filter(|u| u.key.starts_with("config."))
         .map(|u| u.key.as_str())
         .collect();
-    match plugin.deliver(&[]).await {
-        Ok(_) => println!("init: ok (accepted the manifest's configuration)"),
+    match plugin.init().await {
+        Ok(()) => println!("init: ok (accepted the manifest's configuration)"),
         Err(SinkFailure::Init(reason)) if !unset_config.is_empty() => println!(
             "init: refused with {} left empty: {reason} (check again with the environment set)",
             unset_config.join(", ")

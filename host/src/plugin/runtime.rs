@@ -438,6 +438,18 @@ impl Plugin {
     /// Returns one outcome per event, or a [`SinkFailure`] for the whole
     /// batch (trap, deadline, wrong number of outcomes, init refused).
     pub async fn deliver(&self, batch: &[Event]) -> Result<Vec<Outcome>, SinkFailure> {
+        self.run(batch, true).await
+    }
+
+    /// Instantiate and call `init` with the configuration, in the sandbox a
+    /// batch gets, without calling `deliver` (what `plugin check` runs: the
+    /// plugin is handed no batch, not even an empty one).
+    pub async fn init(&self) -> Result<(), SinkFailure> {
+        self.run(&[], false).await.map(|_| ())
+    }
+
+    /// [`Plugin::deliver`], or only its `init` when `deliver` is false.
+    async fn run(&self, batch: &[Event], deliver: bool) -> Result<Vec<Outcome>, SinkFailure> {
         let pre = match &self.body {
             Body::Component(pre) => pre,
             Body::Builtin(Builtin::Discard) => {
@@ -451,6 +463,9 @@ impl Plugin {
             let sink = pre.instantiate_async(&mut store).await?;
             if let Err(reason) = sink.call_init(&mut store, &self.config).await? {
                 return Ok(Err(reason));
+            }
+            if !deliver {
+                return Ok(Ok(Vec::new()));
             }
             let outcomes = sink.call_deliver(&mut store, batch).await?;
             Ok::<_, wasmtime::Error>(Ok(outcomes))
