@@ -207,6 +207,41 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     assert_eq!(bodies[0]["data"], json!({"n": "e1"}));
     assert_eq!(bodies[2]["stream"], "s2");
 
+    // No answer: the reason is the `wasi:http` error code as the WIT
+    // spells it, not Rust's debug text.
+    let closed = format!("http://{}", free_loopback_addr());
+    let refused_env = [
+        ("MY_SINK_URL", format!("{closed}/events")),
+        ("MY_SINK_ALLOW", closed.clone()),
+    ];
+    let (wasm_path, manifest_path, events_path) = (
+        target.join("wasm32-wasip2/release/my_sink.wasm"),
+        project.join("my-sink.toml"),
+        dir.path().join("events.jsonl"),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        outboxd(
+            &[
+                "plugin",
+                "run",
+                wasm_path.to_str().unwrap(),
+                "--manifest",
+                manifest_path.to_str().unwrap(),
+                "--events",
+                events_path.to_str().unwrap(),
+            ],
+            &refused_env,
+        )
+    })
+    .await
+    .unwrap();
+    let shown = text(&out);
+    assert!(
+        shown.contains("e1 s1#1: retry: connection-refused"),
+        "{shown}"
+    );
+    assert!(!shown.contains("ErrorCode::"), "{shown}");
+
     // A daemon loads the same files from its plugins folder and delivers.
     let plugins = PluginsDir::new();
     std::fs::copy(

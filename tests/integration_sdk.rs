@@ -98,7 +98,7 @@ async fn a_request_the_allow_list_refuses_is_a_named_retry_not_a_trap() {
     let text = shown(&out);
     assert!(out.status.success(), "{text}");
     assert!(
-        text.contains("d1 s#1: retry: request denied by host policy"),
+        text.contains("d1 s#1: retry: request denied by host policy (HTTP-request-denied)"),
         "{text}"
     );
     assert_eq!(
@@ -106,4 +106,25 @@ async fn a_request_the_allow_list_refuses_is_a_named_retry_not_a_trap() {
         0,
         "the denied request reached the receiver"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_error_is_named_as_the_wit_spells_it() {
+    // Nothing listens there: the connection is refused.
+    let closed = free_loopback_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &format!("http://{closed}/hook"),
+        &format!("http://{closed}"),
+        &[event("c1", "s", "t", json!({}))],
+    )
+    .await;
+    let text = shown(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("c1 s#1: retry: connection refused (connection-refused)"),
+        "{text}"
+    );
+    assert!(!text.contains("ErrorCode::"), "{text}");
 }

@@ -70,7 +70,7 @@ impl WasiHttpHooks for EgressHooks {
                 policy.check(request.uri())
             };
             if let Err(reason) = refusal {
-                tracing::warn!(plugin = %plugin, uri = %request.uri(), "outbound request refused: {reason}");
+                tracing::warn!(plugin = %plugin, uri = %request.uri(), code = wit_name(&HttpError::HttpRequestDenied), "outbound request refused: {reason}");
                 // Let the guest finish writing its body so it sees the refusal
                 // on the response, not as an opaque write error.
                 let body = http_body_util::Limited::new(request.into_body(), DRAIN_LIMIT);
@@ -93,19 +93,20 @@ impl WasiHttpHooks for EgressHooks {
                 .await
             {
                 Err(stall) => {
-                    tracing::warn!(plugin = %plugin, uri = %uri, "outbound request given up: {stall}");
+                    tracing::warn!(plugin = %plugin, uri = %uri, code = wit_name(&stall.code()), "outbound request given up: {stall}");
                     return Err(stall.code());
                 }
                 Ok(Err(e)) => {
                     if let Some(refused @ ConnectError::AddressRefused(_)) = connect_error(&e) {
-                        tracing::warn!(plugin = %plugin, uri = %uri, "outbound request refused: {refused}");
+                        tracing::warn!(plugin = %plugin, uri = %uri, code = wit_name(&HttpError::HttpRequestDenied), "outbound request refused: {refused}");
                         return Err(HttpError::HttpRequestDenied);
                     }
                     let chain: Vec<String> = std::iter::once(e.to_string())
                         .chain(causes(&e).map(|c| c.to_string()))
                         .collect();
-                    tracing::debug!(plugin = %plugin, uri = %uri, "outbound request failed: {}", chain.join(": "));
-                    return Err(classify(&e));
+                    let code = classify(&e);
+                    tracing::debug!(plugin = %plugin, uri = %uri, code = wit_name(&code), "outbound request failed: {}", chain.join(": "));
+                    return Err(code);
                 }
                 Ok(Ok(r)) => r,
             };
@@ -201,6 +202,57 @@ fn classify(e: &hyper_util::client::legacy::Error) -> HttpError {
     }
 }
 
+/// The case name of the `wasi:http/types.error-code` a guest is handed for
+/// `code`, as the WIT spells it (`connection-refused`,
+/// `HTTP-request-denied`): what the host's log names, matching
+/// docs/plugins.md and what a guest built on the SDK reports. Variants
+/// that are not a WIT case (the embedder's own `Hyper`, `Connect`, …) are
+/// never returned by these hooks and read `internal-error`.
+pub fn wit_name(code: &HttpError) -> &'static str {
+    use HttpError as E;
+    match code {
+        E::DnsTimeout => "DNS-timeout",
+        E::DnsError { .. } => "DNS-error",
+        E::DestinationNotFound => "destination-not-found",
+        E::DestinationUnavailable => "destination-unavailable",
+        E::DestinationIpProhibited => "destination-IP-prohibited",
+        E::DestinationIpUnroutable => "destination-IP-unroutable",
+        E::ConnectionRefused => "connection-refused",
+        E::ConnectionTerminated => "connection-terminated",
+        E::ConnectionTimeout => "connection-timeout",
+        E::ConnectionReadTimeout => "connection-read-timeout",
+        E::ConnectionWriteTimeout => "connection-write-timeout",
+        E::ConnectionLimitReached => "connection-limit-reached",
+        E::TlsProtocolError => "TLS-protocol-error",
+        E::TlsCertificateError => "TLS-certificate-error",
+        E::TlsAlertReceived { .. } => "TLS-alert-received",
+        E::HttpRequestDenied => "HTTP-request-denied",
+        E::HttpRequestLengthRequired => "HTTP-request-length-required",
+        E::HttpRequestBodySize(_) => "HTTP-request-body-size",
+        E::HttpRequestMethodInvalid => "HTTP-request-method-invalid",
+        E::HttpRequestUriInvalid => "HTTP-request-URI-invalid",
+        E::HttpRequestUriTooLong => "HTTP-request-URI-too-long",
+        E::HttpRequestHeaderSectionSize(_) => "HTTP-request-header-section-size",
+        E::HttpRequestHeaderSize { .. } => "HTTP-request-header-size",
+        E::HttpRequestTrailerSectionSize(_) => "HTTP-request-trailer-section-size",
+        E::HttpRequestTrailerSize { .. } => "HTTP-request-trailer-size",
+        E::HttpResponseIncomplete => "HTTP-response-incomplete",
+        E::HttpResponseHeaderSectionSize(_) => "HTTP-response-header-section-size",
+        E::HttpResponseHeaderSize { .. } => "HTTP-response-header-size",
+        E::HttpResponseBodySize(_) => "HTTP-response-body-size",
+        E::HttpResponseTrailerSectionSize(_) => "HTTP-response-trailer-section-size",
+        E::HttpResponseTrailerSize { .. } => "HTTP-response-trailer-size",
+        E::HttpResponseTransferCoding(_) => "HTTP-response-transfer-coding",
+        E::HttpResponseContentCoding(_) => "HTTP-response-content-coding",
+        E::HttpResponseTimeout => "HTTP-response-timeout",
+        E::HttpUpgradeFailed => "HTTP-upgrade-failed",
+        E::HttpProtocolError => "HTTP-protocol-error",
+        E::LoopDetected => "loop-detected",
+        E::ConfigurationError => "configuration-error",
+        _ => "internal-error",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +315,22 @@ mod tests {
                 until: Instant::now() + Duration::from_secs(60),
             },
         }
+    }
+
+    #[test]
+    fn codes_are_named_as_the_wit_spells_them() {
+        assert_eq!(
+            wit_name(&HttpError::ConnectionRefused),
+            "connection-refused"
+        );
+        assert_eq!(
+            wit_name(&HttpError::HttpRequestDenied),
+            "HTTP-request-denied"
+        );
+        assert_eq!(
+            wit_name(&HttpError::HttpRequestUriInvalid),
+            "HTTP-request-URI-invalid"
+        );
     }
 
     #[tokio::test]
