@@ -203,6 +203,16 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
         .map(|r| serde_json::from_slice(&r.body).unwrap())
         .collect();
     assert_eq!(bodies.len(), 3, "{bodies:?}");
+    // Sent with its length, not chunked: a receiver reading only
+    // Content-Length bodies gets each one whole.
+    for r in receiver.seen() {
+        assert_eq!(
+            r.header("content-length"),
+            Some(r.body.len().to_string()),
+            "{r:?}"
+        );
+        assert_eq!(r.header("transfer-encoding"), None, "{r:?}");
+    }
     assert_eq!(bodies[0]["id"], "e1");
     assert_eq!(bodies[0]["data"], json!({"n": "e1"}));
     assert_eq!(bodies[2]["stream"], "s2");

@@ -81,6 +81,16 @@ async fn the_sdk_posts_and_maps_each_answer_to_its_outcome() {
         seen[0].header("content-type").as_deref(),
         Some("application/json")
     );
+    // The length is given, so the body is not sent chunked: a receiver
+    // reading only Content-Length bodies gets it whole.
+    for r in &seen {
+        assert_eq!(
+            r.header("content-length"),
+            Some(r.body.len().to_string()),
+            "{r:?}"
+        );
+        assert_eq!(r.header("transfer-encoding"), None, "{r:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,13 +67,7 @@ pub fn send_all(config: &Config, requests: &[Request]) -> Vec<Result<Response, S
 
 /// Hands `r` to the host and writes its body; returns the response future.
 fn start(config: &Config, r: &Request) -> Result<FutureIncomingResponse, String> {
-    let mut headers: Vec<(String, Vec<u8>)> = vec![("accept".into(), b"application/json".to_vec())];
-    if r.body.is_some() {
-        headers.push(("content-type".into(), b"application/json".to_vec()));
-    }
-    if let Some(auth) = &config.authorization {
-        headers.push(("authorization".into(), auth.as_bytes().to_vec()));
-    }
+    let headers = headers(config, r);
     let fields =
         Fields::from_list(&headers).map_err(|e| format!("request headers refused: {e:?}"))?;
     let request = OutgoingRequest::new(fields);
@@ -110,6 +104,21 @@ fn start(config: &Config, r: &Request) -> Result<FutureIncomingResponse, String>
     }
     let _ = OutgoingBody::finish(outgoing, None);
     Ok(future)
+}
+
+/// The headers of `r`. A body goes with its `content-length`: without one
+/// `wasi:http` sends it chunked, which a receiver reading only
+/// `Content-Length` bodies takes for an empty request.
+fn headers(config: &Config, r: &Request) -> Vec<(String, Vec<u8>)> {
+    let mut headers: Vec<(String, Vec<u8>)> = vec![("accept".into(), b"application/json".to_vec())];
+    if let Some(body) = &r.body {
+        headers.push(("content-type".into(), b"application/json".to_vec()));
+        headers.push(("content-length".into(), body.len().to_string().into_bytes()));
+    }
+    if let Some(auth) = &config.authorization {
+        headers.push(("authorization".into(), auth.as_bytes().to_vec()));
+    }
+    headers
 }
 
 /// The answer of a ready response future, its body read whole.
@@ -208,6 +217,33 @@ fn wit_name(code: &ErrorCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_goes_with_its_length() {
+        let pairs: Vec<(String, String)> = [("url", "http://127.0.0.1:5984"), ("database", "d")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let config = Config::parse(&pairs).unwrap();
+        let get = |name: &str, r: &Request| {
+            headers(&config, r)
+                .into_iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| String::from_utf8(v).unwrap())
+        };
+        let put = Request {
+            method: Method::Put,
+            path: "/d/x".into(),
+            body: Some(b"{\"a\":1}".to_vec()),
+        };
+        assert_eq!(get("content-length", &put).as_deref(), Some("7"));
+        let read = Request {
+            method: Method::Get,
+            path: "/d/x".into(),
+            body: None,
+        };
+        assert_eq!(get("content-length", &read), None);
+    }
 
     #[test]
     fn transport_errors_name_the_wit_code() {
