@@ -125,10 +125,7 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     );
 
     let receiver = Receiver::start().await;
-    let env = [
-        ("MY_SINK_URL", format!("{}/events", receiver.origin())),
-        ("MY_SINK_ALLOW", receiver.origin()),
-    ];
+    let env = [("MY_SINK_ORIGIN", receiver.origin())];
     let manifest = project.join("my-sink.toml");
     let out = outboxd(
         &[
@@ -220,10 +217,7 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     // No answer: the reason is the `wasi:http` error code as the WIT
     // spells it, not Rust's debug text.
     let closed = format!("http://{}", free_loopback_addr());
-    let refused_env = [
-        ("MY_SINK_URL", format!("{closed}/events")),
-        ("MY_SINK_ALLOW", closed.clone()),
-    ];
+    let refused_env = [("MY_SINK_ORIGIN", closed.clone())];
     let (wasm_path, manifest_path, events_path) = (
         target.join("wasm32-wasip2/release/my_sink.wasm"),
         project.join("my-sink.toml"),
@@ -264,8 +258,7 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
         plugins.path().join("my-sink.toml"),
     )
     .unwrap();
-    std::env::set_var("MY_SINK_URL", format!("{}/events", receiver.origin()));
-    std::env::set_var("MY_SINK_ALLOW", receiver.origin());
+    std::env::set_var("MY_SINK_ORIGIN", receiver.origin());
     let before = receiver.count();
     let d = TestDaemon::start(plugins.path()).await;
     d.post_event(&event("d1", "s9", "demo.created", json!({"k": 1})))

@@ -17,6 +17,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use super::egress::EgressPolicy;
 use super::manifest::Unresolved;
 use super::{compile_checked, Manifest, Plugin, Runtime, SinkFailure};
 
@@ -59,6 +60,12 @@ async fn check(
     print_interface(file, bytes.len(), &ty, runtime.engine());
     let (manifest, unresolved) = manifest_for(file, manifest)?;
     let plugin = runtime.prepare(manifest, &component)?;
+    if ty
+        .imports(runtime.engine())
+        .any(|(name, _)| name.starts_with("wasi:http/"))
+    {
+        check_config_urls(plugin.manifest())?;
+    }
     admit(&plugin)?;
     check_init(&plugin, &unresolved).await?;
     println!("verdict: ok (matches world outboxd:sink/sink)");
@@ -143,6 +150,35 @@ fn manifest_for(
     let text = format!("name = {name:?}\nversion = \"0\"\nwit = \"outboxd:sink@0.1.0\"\n");
     let m = Manifest::parse(&text, file).map_err(|e| e.to_string())?;
     Ok((m, Vec::new()))
+}
+
+/// Refuse a `[config]` value that is an `http://` or `https://` URL (as the
+/// daemon resolves it, `${VAR}`s included) outside `capabilities.http`:
+/// every request to it would be denied, and the daemon would dead-letter
+/// each event at its first attempt (`runtime::denied_by_manifest`). The
+/// reason names the key, the URL's origin (never its path or query, which
+/// may carry a token) and the grant.
+fn check_config_urls(manifest: &Manifest) -> Result<(), String> {
+    let policy = EgressPolicy::new(&manifest.capabilities.http)?;
+    for (key, value) in &manifest.config {
+        let lower = value.to_ascii_lowercase();
+        if !lower.starts_with("http://") && !lower.starts_with("https://") {
+            continue;
+        }
+        let Ok(uri) = value.parse::<http::Uri>() else {
+            continue;
+        };
+        if let Err(reason) = policy.check(&uri) {
+            return Err(format!(
+                "config.{key} is a URL outside the manifest's grant: {reason} ({}); \
+                 every request to it would be denied (HTTP-request-denied) and the daemon \
+                 would dead-letter each event at its first attempt: add its origin to \
+                 capabilities.http or fix config.{key}",
+                policy.grant()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Call `init` as the daemon does at the start of every batch, in the same

@@ -8,7 +8,8 @@
 //! timeout longer than the plugin's ceilings, or tell a guest more about a
 //! refusal than `HTTP-request-denied` (the reason goes to the host's log).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
@@ -23,6 +24,41 @@ use crate::limits::REFUSED_BODY_DRAIN_TIMEOUT;
 /// Most request-body bytes drained from a guest whose request was refused
 /// (the guest's body write must finish before it can see the refusal).
 const DRAIN_LIMIT: usize = 8 << 20;
+
+/// What one batch's requests came to against the manifest's grant: how
+/// many the guest sent, and why each one the grant refused was refused (its
+/// allow-list, or the address rule). A request over the batch's
+/// `limits.max-requests` is not counted as denied: the next batch may send
+/// it.
+#[derive(Debug, Default)]
+pub struct Denials {
+    requests: AtomicU32,
+    denied: Mutex<Vec<String>>,
+}
+
+impl Denials {
+    fn sent(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Note a denial. `reason` names the origin (`scheme://host:port`),
+    /// never the path or query, which may carry a token.
+    fn deny(&self, reason: &str, policy: &EgressPolicy) {
+        let mut denied = self.denied.lock().unwrap_or_else(|e| e.into_inner());
+        denied.push(format!("{reason} ({})", policy.grant()));
+    }
+
+    /// Why the manifest denied the batch's requests, when it denied every
+    /// one it sent (at least one): the first refusal, naming the URL and
+    /// the grant. `None` when no request was sent, none was denied, or
+    /// some went out (a denial then cannot be told apart from the
+    /// other answers).
+    pub fn all_denied(&self) -> Option<String> {
+        let denied = self.denied.lock().unwrap_or_else(|e| e.into_inner());
+        let requests = self.requests.load(Ordering::Relaxed) as usize;
+        (requests > 0 && denied.len() == requests).then(|| denied[0].clone())
+    }
+}
 
 /// The `wasi:http` hooks of one plugin instance.
 pub struct EgressHooks {
@@ -42,6 +78,8 @@ pub struct EgressHooks {
     /// instant every response must be complete by (the batch deadline less
     /// [`crate::limits::DEADLINE_MARGIN`]).
     pub timeouts: Timeouts,
+    /// This batch's requests denied by the manifest.
+    pub denials: Arc<Denials>,
 }
 
 type SendResult = wasmtime_wasi_http::Result<(
@@ -63,11 +101,15 @@ impl WasiHttpHooks for EgressHooks {
         let ceilings = self.timeouts;
         let over_budget = self.requests_left == 0;
         self.requests_left = self.requests_left.saturating_sub(1);
+        let denials = self.denials.clone();
+        denials.sent();
         Box::new(async move {
             let refusal = if over_budget {
                 Err("the batch used up its limits.max-requests".to_string())
             } else {
-                policy.check(request.uri())
+                policy
+                    .check(request.uri())
+                    .inspect_err(|reason| denials.deny(reason, &policy))
             };
             if let Err(reason) = refusal {
                 tracing::warn!(plugin = %plugin, uri = %request.uri(), code = wit_name(&HttpError::HttpRequestDenied), "outbound request refused: {reason}");
@@ -98,6 +140,7 @@ impl WasiHttpHooks for EgressHooks {
                 }
                 Ok(Err(e)) => {
                     if let Some(refused @ ConnectError::AddressRefused(_)) = connect_error(&e) {
+                        denials.deny(&refused.to_string(), &policy);
                         tracing::warn!(plugin = %plugin, uri = %uri, code = wit_name(&HttpError::HttpRequestDenied), "outbound request refused: {refused}");
                         return Err(HttpError::HttpRequestDenied);
                     }
@@ -308,6 +351,7 @@ mod tests {
             client: http_client(policy.clone()),
             policy,
             requests_left: 1000,
+            denials: Arc::default(),
             max_response_bytes: 1 << 20,
             timeouts: Timeouts {
                 first_byte: Duration::from_secs(30),
