@@ -233,3 +233,76 @@ fn a_component_importing_wasi_sockets_passes_with_a_note_that_sockets_are_denied
         "{text}"
     );
 }
+
+/// `check` calls `init` only: a plugin's per-batch log lines (here
+/// `logforge`'s, written from `deliver`) do not show, so nothing like an
+/// unexplained `0 of 0 events delivered` appears.
+#[test]
+fn check_calls_init_without_deliver() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("logforge.wasm");
+    std::fs::copy(common::test_component("logforge"), &wasm).unwrap();
+    let out = check(&wasm, &[], &[]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("init: ok"), "{text}");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !log.contains("FORGED") && !log.contains("plugin="),
+        "deliver ran during check:\n{log}"
+    );
+}
+
+/// Log lines written to a pipe (not a terminal) carry no ANSI colour.
+#[test]
+fn logs_off_a_terminal_carry_no_colour() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("ok.wasm");
+    std::fs::copy(common::test_component("ok"), &wasm).unwrap();
+    let out = check(&wasm, &[("RUST_LOG", "debug")], &[]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("DEBUG"), "no log line to look at:\n{log}");
+    assert!(!log.contains('\u{1b}'), "ANSI escapes in a pipe:\n{log:?}");
+}
+
+/// A `[config]` URL outside `capabilities.http` — resolved as the daemon
+/// resolves it, `${VAR}` included — is refused, naming the key, the origin
+/// and the grant: every request to it would be denied.
+#[test]
+fn a_config_url_outside_the_grant_is_refused_naming_it_and_the_grant() {
+    let plugins = common::built_plugins();
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("webhook.wasm");
+    std::fs::copy(plugins.join("webhook.wasm"), &wasm).unwrap();
+    std::fs::write(
+        dir.path().join("webhook.toml"),
+        "name = \"webhook\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n\
+         [capabilities]\nhttp = [\"${HOOK_ALLOW:-http://127.0.0.1:9}\"]\n\
+         [config]\nurl = \"${HOOK_URL:-http://127.0.0.1:9/hook}\"\n\
+         secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+    )
+    .unwrap();
+    // The defaults agree: accepted.
+    let out = check(&wasm, &[], &["HOOK_URL", "HOOK_ALLOW"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    // The environment moves the URL elsewhere: refused.
+    let out = check(
+        &wasm,
+        &[("HOOK_URL", "http://127.0.0.1:8081/hook?token=s3cret")],
+        &["HOOK_ALLOW"],
+    );
+    let text = stdout(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("verdict: refused"), "{text}");
+    assert!(
+        text.contains("config.url is a URL outside the manifest's grant")
+            && text.contains("http://127.0.0.1:8081 is not in the plugin's allow-list")
+            && text.contains("capabilities.http = [\"http://127.0.0.1:9\"]"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("s3cret"),
+        "a config value was printed: {text}"
+    );
+}

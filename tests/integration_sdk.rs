@@ -8,6 +8,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Output;
+use std::time::Duration;
 
 use common::*;
 use serde_json::json;
@@ -81,10 +82,23 @@ async fn the_sdk_posts_and_maps_each_answer_to_its_outcome() {
         seen[0].header("content-type").as_deref(),
         Some("application/json")
     );
+    // The length is given, so the body is not sent chunked: a receiver
+    // reading only Content-Length bodies gets it whole.
+    for r in &seen {
+        assert_eq!(
+            r.header("content-length"),
+            Some(r.body.len().to_string()),
+            "{r:?}"
+        );
+        assert_eq!(r.header("transfer-encoding"), None, "{r:?}");
+    }
 }
 
+/// A request the manifest's grant refuses is a configuration error: the
+/// event is rejected at its first attempt with a reason naming the origin
+/// and the grant, not retried for the retry window (nor a trap).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_the_allow_list_refuses_is_a_named_retry_not_a_trap() {
+async fn a_request_the_allow_list_refuses_is_rejected_naming_the_grant_not_retried() {
     let receiver = Receiver::start().await;
     let dir = tempfile::tempdir().unwrap();
     // Allowed: another port than the receiver's.
@@ -97,13 +111,78 @@ async fn a_request_the_allow_list_refuses_is_a_named_retry_not_a_trap() {
     .await;
     let text = shown(&out);
     assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("d1 s#1: "))
+        .unwrap_or_else(|| panic!("{text}"));
     assert!(
-        text.contains("d1 s#1: retry: request denied by host policy"),
-        "{text}"
+        line.starts_with("d1 s#1: reject: HTTP-request-denied by the manifest"),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!(
+            "{} is not in the plugin's allow-list",
+            receiver.origin()
+        )) && line.contains("capabilities.http = [\"http://127.0.0.1:9\"]")
+            && line.contains("request denied by host policy (HTTP-request-denied)"),
+        "{line}"
     );
     assert_eq!(
         receiver.count(),
         0,
         "the denied request reached the receiver"
     );
+}
+
+/// In a daemon: dead at the first attempt, with that reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_daemon_dead_letters_a_denied_request_at_its_first_attempt() {
+    init_logs();
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_component(
+        "sdkpost",
+        &test_component("sdkpost"),
+        &format!(
+            "[capabilities]\nhttp = [\"http://127.0.0.1:9\"]\n[config]\nurl = {:?}\n",
+            receiver.url()
+        ),
+    );
+    let d = TestDaemon::start(plugins.path()).await;
+    d.post_event(&event("dd1", "s", "t", json!({}))).await;
+    let dead = d
+        .wait_sink("dd1", "sdkpost", Duration::from_secs(30), |x| {
+            x["status"] == "dead"
+        })
+        .await;
+    assert_eq!(dead["attempts"], 1, "{dead}");
+    let reason = dead["last_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("HTTP-request-denied by the manifest")
+            && reason.contains("capabilities.http = [\"http://127.0.0.1:9\"]"),
+        "{dead}"
+    );
+    assert_eq!(receiver.count(), 0);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_error_is_named_as_the_wit_spells_it() {
+    // Nothing listens there: the connection is refused.
+    let closed = free_loopback_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &format!("http://{closed}/hook"),
+        &format!("http://{closed}"),
+        &[event("c1", "s", "t", json!({}))],
+    )
+    .await;
+    let text = shown(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("c1 s#1: retry: connection refused (connection-refused)"),
+        "{text}"
+    );
+    assert!(!text.contains("ErrorCode::"), "{text}");
 }

@@ -10,13 +10,14 @@
 //! references this shell leaves unset, named as what the daemon will need in
 //! its environment at start.
 //!
-//! Must never: hand the plugin an event (`init` runs with an empty batch,
-//! exactly as the daemon's sandbox runs it), or count an `init` refusal
+//! Must never: hand the plugin an event (`init` runs in the sandbox a batch
+//! gets, and `deliver` is not called), or count an `init` refusal
 //! caused by an unset `${VAR}` as the component's fault.
 
 use std::path::Path;
 use std::process::ExitCode;
 
+use super::egress::EgressPolicy;
 use super::manifest::Unresolved;
 use super::{compile_checked, Manifest, Plugin, Runtime, SinkFailure};
 
@@ -59,6 +60,12 @@ async fn check(
     print_interface(file, bytes.len(), &ty, runtime.engine());
     let (manifest, unresolved) = manifest_for(file, manifest)?;
     let plugin = runtime.prepare(manifest, &component)?;
+    if ty
+        .imports(runtime.engine())
+        .any(|(name, _)| name.starts_with("wasi:http/"))
+    {
+        check_config_urls(plugin.manifest())?;
+    }
     admit(&plugin)?;
     check_init(&plugin, &unresolved).await?;
     println!("verdict: ok (matches world outboxd:sink/sink)");
@@ -145,17 +152,47 @@ fn manifest_for(
     Ok((m, Vec::new()))
 }
 
-/// Call `init` as the daemon does at the start of every batch: an empty
-/// batch runs exactly that, in the same sandbox, and sends nothing. A
-/// refusal while a `config` value is unset is only reported.
+/// Refuse a `[config]` value that is an `http://` or `https://` URL (as the
+/// daemon resolves it, `${VAR}`s included) outside `capabilities.http`:
+/// every request to it would be denied, and the daemon would dead-letter
+/// each event at its first attempt (`runtime::denied_by_manifest`). The
+/// reason names the key, the URL's origin (never its path or query, which
+/// may carry a token) and the grant.
+fn check_config_urls(manifest: &Manifest) -> Result<(), String> {
+    let policy = EgressPolicy::new(&manifest.capabilities.http)?;
+    for (key, value) in &manifest.config {
+        let lower = value.to_ascii_lowercase();
+        if !lower.starts_with("http://") && !lower.starts_with("https://") {
+            continue;
+        }
+        let Ok(uri) = value.parse::<http::Uri>() else {
+            continue;
+        };
+        if let Err(reason) = policy.check(&uri) {
+            return Err(format!(
+                "config.{key} is a URL outside the manifest's grant: {reason} ({}); \
+                 every request to it would be denied (HTTP-request-denied) and the daemon \
+                 would dead-letter each event at its first attempt: add its origin to \
+                 capabilities.http or fix config.{key}",
+                policy.grant()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Call `init` as the daemon does at the start of every batch, in the same
+/// sandbox, without `deliver`: nothing is sent, and the plugin's
+/// per-batch log lines (such as a count of events delivered) do not show.
+/// A refusal while a `config` value is unset is only reported.
 async fn check_init(plugin: &Plugin, unresolved: &[Unresolved]) -> Result<(), String> {
     let unset_config: Vec<&str> = unresolved
         .iter()
         .filter(|u| u.key.starts_with("config."))
         .map(|u| u.key.as_str())
         .collect();
-    match plugin.deliver(&[]).await {
-        Ok(_) => println!("init: ok (accepted the manifest's configuration)"),
+    match plugin.init().await {
+        Ok(()) => println!("init: ok (accepted the manifest's configuration)"),
         Err(SinkFailure::Init(reason)) if !unset_config.is_empty() => println!(
             "init: refused with {} left empty: {reason} (check again with the environment set)",
             unset_config.join(", ")

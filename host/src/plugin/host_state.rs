@@ -69,6 +69,11 @@ impl HostState {
         &mut self.limits
     }
 
+    /// What this batch's requests came to against the manifest's grant.
+    pub fn denials(&self) -> Arc<super::egress::Denials> {
+        self.hooks.denials.clone()
+    }
+
     /// The memory growth refused (bytes asked for), if any was.
     pub fn refused_memory(&self) -> Option<usize> {
         self.limits.refused

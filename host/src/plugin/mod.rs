@@ -16,7 +16,9 @@
 //! use nothing above them.
 //!
 //! Must never: decide retries, leases or durability (the delivery engine
-//! owns those), or let one plugin's failure affect another.
+//! owns those; the one outcome the host sets is a `reject` for a batch
+//! whose every request the manifest denied, see [`runtime`]), or let one
+//! plugin's failure affect another.
 
 pub mod amqp;
 pub mod bindings;

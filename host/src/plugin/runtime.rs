@@ -28,6 +28,12 @@
 //! bottom of a recursion (the backtrace is a few functions repeated), is
 //! reported as a stack overflow too; the detail keeps the original trap.
 //!
+//! One outcome the host decides over the guest's answer: when the manifest's
+//! grant denied every outbound request of a batch, a `retry` becomes a
+//! `reject` naming the origin and the grant (`denied_by_manifest`): the
+//! same request is denied on every attempt, so it is a configuration error,
+//! not something the retry window fixes.
+//!
 //! Must never: let a guest fault, hang or allocate its way into the host —
 //! every failure becomes a value; keep a store after it trapped.
 
@@ -438,6 +444,18 @@ impl Plugin {
     /// Returns one outcome per event, or a [`SinkFailure`] for the whole
     /// batch (trap, deadline, wrong number of outcomes, init refused).
     pub async fn deliver(&self, batch: &[Event]) -> Result<Vec<Outcome>, SinkFailure> {
+        self.run(batch, true).await
+    }
+
+    /// Instantiate and call `init` with the configuration, in the sandbox a
+    /// batch gets, without calling `deliver` (what `plugin check` runs: the
+    /// plugin is handed no batch, not even an empty one).
+    pub async fn init(&self) -> Result<(), SinkFailure> {
+        self.run(&[], false).await.map(|_| ())
+    }
+
+    /// [`Plugin::deliver`], or only its `init` when `deliver` is false.
+    async fn run(&self, batch: &[Event], deliver: bool) -> Result<Vec<Outcome>, SinkFailure> {
         let pre = match &self.body {
             Body::Component(pre) => pre,
             Body::Builtin(Builtin::Discard) => {
@@ -451,6 +469,9 @@ impl Plugin {
             let sink = pre.instantiate_async(&mut store).await?;
             if let Err(reason) = sink.call_init(&mut store, &self.config).await? {
                 return Ok(Err(reason));
+            }
+            if !deliver {
+                return Ok(Ok(Vec::new()));
             }
             let outcomes = sink.call_deliver(&mut store, batch).await?;
             Ok::<_, wasmtime::Error>(Ok(outcomes))
@@ -466,6 +487,7 @@ impl Plugin {
             });
         };
         let refused_memory = store.data().refused_memory();
+        let denied = store.data().denials().all_denied();
         match result {
             Ok(Err(reason)) => Err(SinkFailure::Init(guest_text::clean(
                 &reason,
@@ -475,7 +497,14 @@ impl Plugin {
                 kind: TrapKind::WrongNumberOfOutcomes,
                 detail: format!("{} outcomes for {} events", outcomes.len(), batch.len()),
             }),
-            Ok(Ok(outcomes)) => Ok(outcomes.into_iter().map(clean_outcome).collect()),
+            Ok(Ok(outcomes)) => Ok(outcomes
+                .into_iter()
+                .map(clean_outcome)
+                .map(|o| match &denied {
+                    Some(denial) => denied_by_manifest(o, denial),
+                    None => o,
+                })
+                .collect()),
             Err(e) => Err(classify_trap(
                 &e,
                 refused_memory,
@@ -500,6 +529,7 @@ impl Plugin {
             policy: self.policy.clone(),
             client: self.client.clone(),
             requests_left: limits.max_requests,
+            denials: Arc::default(),
             max_response_bytes: limits.max_response_bytes,
             timeouts: Timeouts {
                 first_byte: limits.first_byte_timeout,
@@ -548,6 +578,31 @@ fn hostcall_fuel(events: usize, memory_bytes: usize) -> usize {
     let answer =
         events.saturating_mul(std::mem::size_of::<Outcome>() + REASON_TRANSFER_PER_OUTCOME);
     answer.max(MIN_GUEST_TRANSFER).min(memory_bytes)
+}
+
+/// `outcome` of a batch whose every outbound request the manifest denied
+/// (`denial`: the first one, naming the URL and the grant): a `retry`
+/// becomes a `reject`. A request outside `capabilities.http` is denied the
+/// same way on every attempt, so retrying it for the whole retry window
+/// (24 h by default) only hides a configuration error; dead-lettered at
+/// once, with a reason saying what to fix, it shows at the first attempt
+/// and is replayed (`outboxd dead replay`) once the manifest or the URL is
+/// fixed. Outcomes the guest already decided (`delivered`, `reject`) stand.
+/// A batch in which any request went out is left as the guest answered:
+/// which of its retries a denial caused cannot be told.
+fn denied_by_manifest(outcome: Outcome, denial: &str) -> Outcome {
+    match outcome {
+        Outcome::Retry(info) => Outcome::Reject(guest_text::clean(
+            &format!(
+                "HTTP-request-denied by the manifest, not retried: {denial}; \
+                 grant the origin in capabilities.http or fix the URL, then replay \
+                 (plugin said: {})",
+                info.reason
+            ),
+            guest_text::MAX_REASON_BYTES,
+        )),
+        other => other,
+    }
 }
 
 /// An outcome whose reason passed [`guest_text::clean`].

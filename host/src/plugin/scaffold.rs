@@ -178,7 +178,7 @@ mod tests {
         let project = create("my-sink", Lang::Rust, dir.path()).unwrap();
         let manifest = std::fs::read_to_string(project.join("my-sink.toml")).unwrap();
         assert!(manifest.contains("name = \"my-sink\""), "{manifest}");
-        assert!(manifest.contains("${MY_SINK_URL:-"), "{manifest}");
+        assert!(manifest.contains("${MY_SINK_ORIGIN:-"), "{manifest}");
         for token in ["@NAME@", "@CRATE@", "@ENV@", "@WIT@"] {
             assert!(!manifest.contains(token), "{manifest}");
         }

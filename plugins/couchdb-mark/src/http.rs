@@ -67,13 +67,7 @@ pub fn send_all(config: &Config, requests: &[Request]) -> Vec<Result<Response, S
 
 /// Hands `r` to the host and writes its body; returns the response future.
 fn start(config: &Config, r: &Request) -> Result<FutureIncomingResponse, String> {
-    let mut headers: Vec<(String, Vec<u8>)> = vec![("accept".into(), b"application/json".to_vec())];
-    if r.body.is_some() {
-        headers.push(("content-type".into(), b"application/json".to_vec()));
-    }
-    if let Some(auth) = &config.authorization {
-        headers.push(("authorization".into(), auth.as_bytes().to_vec()));
-    }
+    let headers = headers(config, r);
     let fields =
         Fields::from_list(&headers).map_err(|e| format!("request headers refused: {e:?}"))?;
     let request = OutgoingRequest::new(fields);
@@ -112,6 +106,21 @@ fn start(config: &Config, r: &Request) -> Result<FutureIncomingResponse, String>
     Ok(future)
 }
 
+/// The headers of `r`. A body goes with its `content-length`: without one
+/// `wasi:http` sends it chunked, which a receiver reading only
+/// `Content-Length` bodies takes for an empty request.
+fn headers(config: &Config, r: &Request) -> Vec<(String, Vec<u8>)> {
+    let mut headers: Vec<(String, Vec<u8>)> = vec![("accept".into(), b"application/json".to_vec())];
+    if let Some(body) = &r.body {
+        headers.push(("content-type".into(), b"application/json".to_vec()));
+        headers.push(("content-length".into(), body.len().to_string().into_bytes()));
+    }
+    if let Some(auth) = &config.authorization {
+        headers.push(("authorization".into(), auth.as_bytes().to_vec()));
+    }
+    headers
+}
+
 /// The answer of a ready response future, its body read whole.
 fn finish(future: &FutureIncomingResponse) -> Result<Response, String> {
     let response = match future.get() {
@@ -144,11 +153,107 @@ fn read_all(incoming: &IncomingBody) -> Result<Vec<u8>, String> {
     Ok(body)
 }
 
+/// A transport error as a retry reason, ending in the `wasi:http` code as
+/// the WIT spells it.
 fn transport(code: &ErrorCode) -> String {
+    let name = wit_name(code);
     match code {
-        ErrorCode::ConnectionRefused => "connection refused".into(),
-        ErrorCode::ConnectionTimeout => "connection timed out".into(),
-        ErrorCode::HttpRequestDenied => "request denied by the host (capabilities.http)".into(),
-        other => format!("HTTP transport error: {other:?}"),
+        ErrorCode::ConnectionRefused => format!("connection refused ({name})"),
+        ErrorCode::ConnectionTimeout => format!("connection timed out ({name})"),
+        ErrorCode::HttpRequestDenied => {
+            format!("request denied by the host (capabilities.http) ({name})")
+        }
+        _ => format!("HTTP transport error: {name}"),
+    }
+}
+
+/// The case name of a `wasi:http/types.error-code` as the WIT spells it
+/// (`connection-refused`, `HTTP-request-denied`), payload left out.
+fn wit_name(code: &ErrorCode) -> &'static str {
+    use ErrorCode as E;
+    match code {
+        E::DnsTimeout => "DNS-timeout",
+        E::DnsError(_) => "DNS-error",
+        E::DestinationNotFound => "destination-not-found",
+        E::DestinationUnavailable => "destination-unavailable",
+        E::DestinationIpProhibited => "destination-IP-prohibited",
+        E::DestinationIpUnroutable => "destination-IP-unroutable",
+        E::ConnectionRefused => "connection-refused",
+        E::ConnectionTerminated => "connection-terminated",
+        E::ConnectionTimeout => "connection-timeout",
+        E::ConnectionReadTimeout => "connection-read-timeout",
+        E::ConnectionWriteTimeout => "connection-write-timeout",
+        E::ConnectionLimitReached => "connection-limit-reached",
+        E::TlsProtocolError => "TLS-protocol-error",
+        E::TlsCertificateError => "TLS-certificate-error",
+        E::TlsAlertReceived(_) => "TLS-alert-received",
+        E::HttpRequestDenied => "HTTP-request-denied",
+        E::HttpRequestLengthRequired => "HTTP-request-length-required",
+        E::HttpRequestBodySize(_) => "HTTP-request-body-size",
+        E::HttpRequestMethodInvalid => "HTTP-request-method-invalid",
+        E::HttpRequestUriInvalid => "HTTP-request-URI-invalid",
+        E::HttpRequestUriTooLong => "HTTP-request-URI-too-long",
+        E::HttpRequestHeaderSectionSize(_) => "HTTP-request-header-section-size",
+        E::HttpRequestHeaderSize(_) => "HTTP-request-header-size",
+        E::HttpRequestTrailerSectionSize(_) => "HTTP-request-trailer-section-size",
+        E::HttpRequestTrailerSize(_) => "HTTP-request-trailer-size",
+        E::HttpResponseIncomplete => "HTTP-response-incomplete",
+        E::HttpResponseHeaderSectionSize(_) => "HTTP-response-header-section-size",
+        E::HttpResponseHeaderSize(_) => "HTTP-response-header-size",
+        E::HttpResponseBodySize(_) => "HTTP-response-body-size",
+        E::HttpResponseTrailerSectionSize(_) => "HTTP-response-trailer-section-size",
+        E::HttpResponseTrailerSize(_) => "HTTP-response-trailer-size",
+        E::HttpResponseTransferCoding(_) => "HTTP-response-transfer-coding",
+        E::HttpResponseContentCoding(_) => "HTTP-response-content-coding",
+        E::HttpResponseTimeout => "HTTP-response-timeout",
+        E::HttpUpgradeFailed => "HTTP-upgrade-failed",
+        E::HttpProtocolError => "HTTP-protocol-error",
+        E::LoopDetected => "loop-detected",
+        E::ConfigurationError => "configuration-error",
+        E::InternalError(_) => "internal-error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_goes_with_its_length() {
+        let pairs: Vec<(String, String)> = [("url", "http://127.0.0.1:5984"), ("database", "d")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let config = Config::parse(&pairs).unwrap();
+        let get = |name: &str, r: &Request| {
+            headers(&config, r)
+                .into_iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| String::from_utf8(v).unwrap())
+        };
+        let put = Request {
+            method: Method::Put,
+            path: "/d/x".into(),
+            body: Some(b"{\"a\":1}".to_vec()),
+        };
+        assert_eq!(get("content-length", &put).as_deref(), Some("7"));
+        let read = Request {
+            method: Method::Get,
+            path: "/d/x".into(),
+            body: None,
+        };
+        assert_eq!(get("content-length", &read), None);
+    }
+
+    #[test]
+    fn transport_errors_name_the_wit_code() {
+        assert_eq!(
+            transport(&ErrorCode::ConnectionRefused),
+            "connection refused (connection-refused)"
+        );
+        assert_eq!(
+            transport(&ErrorCode::HttpResponseTimeout),
+            "HTTP transport error: HTTP-response-timeout"
+        );
     }
 }

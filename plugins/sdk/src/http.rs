@@ -110,7 +110,7 @@ impl Response {
 /// code when no response came (refused by the host's allow-list, DNS,
 /// connection, timeout, …); [`crate::outcome::transport_error`] names it.
 pub fn send(request: &Request) -> Result<Response, ErrorCode> {
-    let headers = Fields::from_list(request.headers)
+    let headers = Fields::from_list(&with_content_length(request.headers, request.body.len()))
         .map_err(|_| ErrorCode::InternalError(Some("a request header is not valid".into())))?;
     let outgoing = OutgoingRequest::new(headers);
     let scheme = if request.url.https {
@@ -180,6 +180,25 @@ pub fn send(request: &Request) -> Result<Response, ErrorCode> {
     })
 }
 
+/// `headers` with a `content-length` of `len` added unless one is there.
+///
+/// Without it `wasi:http` sends the body chunked (`Transfer-Encoding:
+/// chunked`), and a receiver that reads only `Content-Length` bodies (some
+/// frameworks and proxies do) sees an empty request, which it may still
+/// answer 2xx: the event would count as delivered with nothing delivered.
+/// The body is always known in full before it is sent here, so its length
+/// is always given.
+pub fn with_content_length(headers: &[(String, Vec<u8>)], len: usize) -> Vec<(String, Vec<u8>)> {
+    let mut out = headers.to_vec();
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+    {
+        out.push(("content-length".into(), len.to_string().into_bytes()));
+    }
+    out
+}
+
 /// Read up to `max` bytes of `body` into `out`; a failed or closed stream
 /// ends the read (the status still decides).
 fn read_body(body: &IncomingBody, max: usize, out: &mut Vec<u8>) {
@@ -200,6 +219,20 @@ fn read_body(body: &IncomingBody, max: usize, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_body_length_is_always_given() {
+        let added = with_content_length(&[("a".into(), b"1".to_vec())], 42);
+        assert_eq!(
+            added,
+            vec![
+                ("a".to_string(), b"1".to_vec()),
+                ("content-length".to_string(), b"42".to_vec())
+            ]
+        );
+        let kept = with_content_length(&[("Content-Length".into(), b"7".to_vec())], 7);
+        assert_eq!(kept.len(), 1);
+    }
 
     #[test]
     fn url_forms() {

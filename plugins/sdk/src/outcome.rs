@@ -102,8 +102,65 @@ pub fn transport_error(code: &ErrorCode) -> Outcome {
     retry(describe(code))
 }
 
-/// A short operator-facing name for a `wasi:http` error code.
+/// A short operator-facing account of a `wasi:http` error code, ending in
+/// the code as the WIT spells it: `connection refused (connection-refused)`,
+/// `request denied by host policy (HTTP-request-denied)`.
 pub fn describe(code: &ErrorCode) -> String {
+    format!("{} ({})", prose(code), wit_name(code))
+}
+
+/// The case name of a `wasi:http/types.error-code` as the WIT spells it
+/// (WASI 0.2 `wasi:http/types`, `variant error-code`), payload left out:
+/// `connection-refused`, `HTTP-request-denied`, `DNS-error`. The name
+/// docs/plugins.md and the host's log use; Rust's `Debug` text
+/// (`ErrorCode::ConnectionRefused`) is neither.
+pub fn wit_name(code: &ErrorCode) -> &'static str {
+    use ErrorCode as E;
+    match code {
+        E::DnsTimeout => "DNS-timeout",
+        E::DnsError(_) => "DNS-error",
+        E::DestinationNotFound => "destination-not-found",
+        E::DestinationUnavailable => "destination-unavailable",
+        E::DestinationIpProhibited => "destination-IP-prohibited",
+        E::DestinationIpUnroutable => "destination-IP-unroutable",
+        E::ConnectionRefused => "connection-refused",
+        E::ConnectionTerminated => "connection-terminated",
+        E::ConnectionTimeout => "connection-timeout",
+        E::ConnectionReadTimeout => "connection-read-timeout",
+        E::ConnectionWriteTimeout => "connection-write-timeout",
+        E::ConnectionLimitReached => "connection-limit-reached",
+        E::TlsProtocolError => "TLS-protocol-error",
+        E::TlsCertificateError => "TLS-certificate-error",
+        E::TlsAlertReceived(_) => "TLS-alert-received",
+        E::HttpRequestDenied => "HTTP-request-denied",
+        E::HttpRequestLengthRequired => "HTTP-request-length-required",
+        E::HttpRequestBodySize(_) => "HTTP-request-body-size",
+        E::HttpRequestMethodInvalid => "HTTP-request-method-invalid",
+        E::HttpRequestUriInvalid => "HTTP-request-URI-invalid",
+        E::HttpRequestUriTooLong => "HTTP-request-URI-too-long",
+        E::HttpRequestHeaderSectionSize(_) => "HTTP-request-header-section-size",
+        E::HttpRequestHeaderSize(_) => "HTTP-request-header-size",
+        E::HttpRequestTrailerSectionSize(_) => "HTTP-request-trailer-section-size",
+        E::HttpRequestTrailerSize(_) => "HTTP-request-trailer-size",
+        E::HttpResponseIncomplete => "HTTP-response-incomplete",
+        E::HttpResponseHeaderSectionSize(_) => "HTTP-response-header-section-size",
+        E::HttpResponseHeaderSize(_) => "HTTP-response-header-size",
+        E::HttpResponseBodySize(_) => "HTTP-response-body-size",
+        E::HttpResponseTrailerSectionSize(_) => "HTTP-response-trailer-section-size",
+        E::HttpResponseTrailerSize(_) => "HTTP-response-trailer-size",
+        E::HttpResponseTransferCoding(_) => "HTTP-response-transfer-coding",
+        E::HttpResponseContentCoding(_) => "HTTP-response-content-coding",
+        E::HttpResponseTimeout => "HTTP-response-timeout",
+        E::HttpUpgradeFailed => "HTTP-upgrade-failed",
+        E::HttpProtocolError => "HTTP-protocol-error",
+        E::LoopDetected => "loop-detected",
+        E::ConfigurationError => "configuration-error",
+        E::InternalError(_) => "internal-error",
+    }
+}
+
+/// What [`describe`] says before the code.
+fn prose(code: &ErrorCode) -> String {
     use ErrorCode as E;
     let text = match code {
         E::DnsTimeout => "DNS timeout",
@@ -241,6 +298,24 @@ mod tests {
             }
             _ => panic!("503 must be retried"),
         }
+    }
+
+    #[test]
+    fn error_codes_are_named_as_the_wit_spells_them() {
+        assert_eq!(
+            describe(&ErrorCode::ConnectionRefused),
+            "connection refused (connection-refused)"
+        );
+        assert_eq!(
+            describe(&ErrorCode::HttpRequestDenied),
+            "request denied by host policy (HTTP-request-denied)"
+        );
+        assert_eq!(
+            wit_name(&ErrorCode::HttpRequestUriInvalid),
+            "HTTP-request-URI-invalid"
+        );
+        let internal = describe(&ErrorCode::InternalError(Some("boom".into())));
+        assert_eq!(internal, "internal HTTP error: boom (internal-error)");
     }
 
     #[test]

@@ -150,7 +150,7 @@ impl<'a> Request<'a> {
     /// Sends `POST` with `body` as `post` says and makes as much progress
     /// as possible without blocking.
     pub fn start(post: Post<'_>, body: Cow<'a, [u8]>) -> Progress<'a> {
-        match begin(post) {
+        match begin(post, body.len()) {
             Ok(phase) => Request { body, phase }.advance(),
             Err(outcome) => Progress::Done(Answer::Decided(outcome)),
         }
@@ -189,9 +189,12 @@ impl<'a> Request<'a> {
     }
 }
 
-/// Builds the request, hands it to the host and opens the body for writing.
-fn begin(post: Post<'_>) -> Result<Phase, Outcome> {
-    let fields = Fields::from_list(post.headers).map_err(|err| {
+/// Builds the request (with a `content-length` of `body_len` unless the
+/// caller gave one, see [`crate::http::with_content_length`]), hands it to
+/// the host and opens the body for writing.
+fn begin(post: Post<'_>, body_len: usize) -> Result<Phase, Outcome> {
+    let headers = crate::http::with_content_length(post.headers, body_len);
+    let fields = Fields::from_list(&headers).map_err(|err| {
         Outcome::Reject(match err {
             HeaderError::Forbidden => "a request header is forbidden by the host".into(),
             _ => "a request header is not valid HTTP".into(),

@@ -8,7 +8,8 @@
 //! timeout longer than the plugin's ceilings, or tell a guest more about a
 //! refusal than `HTTP-request-denied` (the reason goes to the host's log).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
@@ -23,6 +24,41 @@ use crate::limits::REFUSED_BODY_DRAIN_TIMEOUT;
 /// Most request-body bytes drained from a guest whose request was refused
 /// (the guest's body write must finish before it can see the refusal).
 const DRAIN_LIMIT: usize = 8 << 20;
+
+/// What one batch's requests came to against the manifest's grant: how
+/// many the guest sent, and why each one the grant refused was refused (its
+/// allow-list, or the address rule). A request over the batch's
+/// `limits.max-requests` is not counted as denied: the next batch may send
+/// it.
+#[derive(Debug, Default)]
+pub struct Denials {
+    requests: AtomicU32,
+    denied: Mutex<Vec<String>>,
+}
+
+impl Denials {
+    fn sent(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Note a denial. `reason` names the origin (`scheme://host:port`),
+    /// never the path or query, which may carry a token.
+    fn deny(&self, reason: &str, policy: &EgressPolicy) {
+        let mut denied = self.denied.lock().unwrap_or_else(|e| e.into_inner());
+        denied.push(format!("{reason} ({})", policy.grant()));
+    }
+
+    /// Why the manifest denied the batch's requests, when it denied every
+    /// one it sent (at least one): the first refusal, naming the URL and
+    /// the grant. `None` when no request was sent, none was denied, or
+    /// some went out (a denial then cannot be told apart from the
+    /// other answers).
+    pub fn all_denied(&self) -> Option<String> {
+        let denied = self.denied.lock().unwrap_or_else(|e| e.into_inner());
+        let requests = self.requests.load(Ordering::Relaxed) as usize;
+        (requests > 0 && denied.len() == requests).then(|| denied[0].clone())
+    }
+}
 
 /// The `wasi:http` hooks of one plugin instance.
 pub struct EgressHooks {
@@ -42,6 +78,8 @@ pub struct EgressHooks {
     /// instant every response must be complete by (the batch deadline less
     /// [`crate::limits::DEADLINE_MARGIN`]).
     pub timeouts: Timeouts,
+    /// This batch's requests denied by the manifest.
+    pub denials: Arc<Denials>,
 }
 
 type SendResult = wasmtime_wasi_http::Result<(
@@ -63,14 +101,18 @@ impl WasiHttpHooks for EgressHooks {
         let ceilings = self.timeouts;
         let over_budget = self.requests_left == 0;
         self.requests_left = self.requests_left.saturating_sub(1);
+        let denials = self.denials.clone();
+        denials.sent();
         Box::new(async move {
             let refusal = if over_budget {
                 Err("the batch used up its limits.max-requests".to_string())
             } else {
-                policy.check(request.uri())
+                policy
+                    .check(request.uri())
+                    .inspect_err(|reason| denials.deny(reason, &policy))
             };
             if let Err(reason) = refusal {
-                tracing::warn!(plugin = %plugin, uri = %request.uri(), "outbound request refused: {reason}");
+                tracing::warn!(plugin = %plugin, uri = %request.uri(), code = wit_name(&HttpError::HttpRequestDenied), "outbound request refused: {reason}");
                 // Let the guest finish writing its body so it sees the refusal
                 // on the response, not as an opaque write error.
                 let body = http_body_util::Limited::new(request.into_body(), DRAIN_LIMIT);
@@ -93,19 +135,21 @@ impl WasiHttpHooks for EgressHooks {
                 .await
             {
                 Err(stall) => {
-                    tracing::warn!(plugin = %plugin, uri = %uri, "outbound request given up: {stall}");
+                    tracing::warn!(plugin = %plugin, uri = %uri, code = wit_name(&stall.code()), "outbound request given up: {stall}");
                     return Err(stall.code());
                 }
                 Ok(Err(e)) => {
                     if let Some(refused @ ConnectError::AddressRefused(_)) = connect_error(&e) {
-                        tracing::warn!(plugin = %plugin, uri = %uri, "outbound request refused: {refused}");
+                        denials.deny(&refused.to_string(), &policy);
+                        tracing::warn!(plugin = %plugin, uri = %uri, code = wit_name(&HttpError::HttpRequestDenied), "outbound request refused: {refused}");
                         return Err(HttpError::HttpRequestDenied);
                     }
                     let chain: Vec<String> = std::iter::once(e.to_string())
                         .chain(causes(&e).map(|c| c.to_string()))
                         .collect();
-                    tracing::debug!(plugin = %plugin, uri = %uri, "outbound request failed: {}", chain.join(": "));
-                    return Err(classify(&e));
+                    let code = classify(&e);
+                    tracing::debug!(plugin = %plugin, uri = %uri, code = wit_name(&code), "outbound request failed: {}", chain.join(": "));
+                    return Err(code);
                 }
                 Ok(Ok(r)) => r,
             };
@@ -201,6 +245,57 @@ fn classify(e: &hyper_util::client::legacy::Error) -> HttpError {
     }
 }
 
+/// The case name of the `wasi:http/types.error-code` a guest is handed for
+/// `code`, as the WIT spells it (`connection-refused`,
+/// `HTTP-request-denied`): what the host's log names, matching
+/// docs/plugins.md and what a guest built on the SDK reports. Variants
+/// that are not a WIT case (the embedder's own `Hyper`, `Connect`, …) are
+/// never returned by these hooks and read `internal-error`.
+pub fn wit_name(code: &HttpError) -> &'static str {
+    use HttpError as E;
+    match code {
+        E::DnsTimeout => "DNS-timeout",
+        E::DnsError { .. } => "DNS-error",
+        E::DestinationNotFound => "destination-not-found",
+        E::DestinationUnavailable => "destination-unavailable",
+        E::DestinationIpProhibited => "destination-IP-prohibited",
+        E::DestinationIpUnroutable => "destination-IP-unroutable",
+        E::ConnectionRefused => "connection-refused",
+        E::ConnectionTerminated => "connection-terminated",
+        E::ConnectionTimeout => "connection-timeout",
+        E::ConnectionReadTimeout => "connection-read-timeout",
+        E::ConnectionWriteTimeout => "connection-write-timeout",
+        E::ConnectionLimitReached => "connection-limit-reached",
+        E::TlsProtocolError => "TLS-protocol-error",
+        E::TlsCertificateError => "TLS-certificate-error",
+        E::TlsAlertReceived { .. } => "TLS-alert-received",
+        E::HttpRequestDenied => "HTTP-request-denied",
+        E::HttpRequestLengthRequired => "HTTP-request-length-required",
+        E::HttpRequestBodySize(_) => "HTTP-request-body-size",
+        E::HttpRequestMethodInvalid => "HTTP-request-method-invalid",
+        E::HttpRequestUriInvalid => "HTTP-request-URI-invalid",
+        E::HttpRequestUriTooLong => "HTTP-request-URI-too-long",
+        E::HttpRequestHeaderSectionSize(_) => "HTTP-request-header-section-size",
+        E::HttpRequestHeaderSize { .. } => "HTTP-request-header-size",
+        E::HttpRequestTrailerSectionSize(_) => "HTTP-request-trailer-section-size",
+        E::HttpRequestTrailerSize { .. } => "HTTP-request-trailer-size",
+        E::HttpResponseIncomplete => "HTTP-response-incomplete",
+        E::HttpResponseHeaderSectionSize(_) => "HTTP-response-header-section-size",
+        E::HttpResponseHeaderSize { .. } => "HTTP-response-header-size",
+        E::HttpResponseBodySize(_) => "HTTP-response-body-size",
+        E::HttpResponseTrailerSectionSize(_) => "HTTP-response-trailer-section-size",
+        E::HttpResponseTrailerSize { .. } => "HTTP-response-trailer-size",
+        E::HttpResponseTransferCoding(_) => "HTTP-response-transfer-coding",
+        E::HttpResponseContentCoding(_) => "HTTP-response-content-coding",
+        E::HttpResponseTimeout => "HTTP-response-timeout",
+        E::HttpUpgradeFailed => "HTTP-upgrade-failed",
+        E::HttpProtocolError => "HTTP-protocol-error",
+        E::LoopDetected => "loop-detected",
+        E::ConfigurationError => "configuration-error",
+        _ => "internal-error",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +351,7 @@ mod tests {
             client: http_client(policy.clone()),
             policy,
             requests_left: 1000,
+            denials: Arc::default(),
             max_response_bytes: 1 << 20,
             timeouts: Timeouts {
                 first_byte: Duration::from_secs(30),
@@ -263,6 +359,22 @@ mod tests {
                 until: Instant::now() + Duration::from_secs(60),
             },
         }
+    }
+
+    #[test]
+    fn codes_are_named_as_the_wit_spells_them() {
+        assert_eq!(
+            wit_name(&HttpError::ConnectionRefused),
+            "connection-refused"
+        );
+        assert_eq!(
+            wit_name(&HttpError::HttpRequestDenied),
+            "HTTP-request-denied"
+        );
+        assert_eq!(
+            wit_name(&HttpError::HttpRequestUriInvalid),
+            "HTTP-request-URI-invalid"
+        );
     }
 
     #[tokio::test]

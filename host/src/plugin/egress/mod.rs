@@ -33,6 +33,6 @@ mod policy;
 mod watch;
 
 pub use connector::{http_client, ConnectError, GuardedConnector, HttpClient};
-pub use hooks::EgressHooks;
+pub use hooks::{wit_name, Denials, EgressHooks};
 pub use policy::{internal_kind, AllowRule, EgressPolicy};
 pub use watch::{Metered, Stall, Timeouts};

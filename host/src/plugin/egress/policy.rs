@@ -153,6 +153,8 @@ pub fn internal_kind(ip: IpAddr) -> Option<&'static str> {
 #[derive(Debug, Clone, Default)]
 pub struct EgressPolicy {
     rules: Vec<AllowRule>,
+    /// The manifest's patterns as written (resolved), for messages.
+    patterns: Vec<String>,
 }
 
 impl EgressPolicy {
@@ -163,7 +165,14 @@ impl EgressPolicy {
                 .iter()
                 .map(|p| AllowRule::parse(p))
                 .collect::<Result<_, _>>()?,
+            patterns: patterns.to_vec(),
         })
+    }
+
+    /// The grant as the manifest states it, for a message naming it:
+    /// `capabilities.http = ["http://127.0.0.1:9090"]`.
+    pub fn grant(&self) -> String {
+        format!("capabilities.http = {:?}", self.patterns)
     }
 
     /// Whether `uri` may be called; `Err` says why not.
