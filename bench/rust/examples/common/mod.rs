@@ -61,7 +61,8 @@ pub async fn get_json(client: &reqwest::Client, url: &str) -> Value {
 /// daemon loads a plugins folder. Errors name a missing build or what the
 /// loader refused.
 pub fn load_plugin(name: &str, manifest: &str) -> anyhow::Result<outboxd::plugin::Plugin> {
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    // This crate is bench/rust/: the repository is two folders up.
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let wasm = root.join(format!("target/plugins/{name}.wasm"));
     anyhow::ensure!(
         wasm.is_file(),
