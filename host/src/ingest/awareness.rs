@@ -132,11 +132,17 @@ fn secret_matches(state: &AwarenessState, headers: &HeaderMap) -> bool {
     given.ct_eq(&*state.secret_digest).into()
 }
 
-async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Body) -> Response {
-    // A producer token (`Authorization: Bearer obx_…`) may stand in for
-    // the shared secret: checked by the same gate as `POST /v1/events`
-    // (a wrong one is refused, never tried as a secret). Any other
-    // `Authorization` a producer of the service sends is left alone.
+/// Who posts a request with `headers`: `Ok(Some)` a producer by its token,
+/// `Ok(None)` a producer of the service by its shared secret; `Err` the
+/// refusal to answer (counted). A producer token (`Authorization: Bearer
+/// obx_…`) may stand in for the shared secret and is checked by the same
+/// gate as `POST /v1/events` (a wrong one is refused, never tried as a
+/// secret); any other `Authorization` a producer of the service sends is
+/// left alone.
+fn who_posts(
+    state: &AwarenessState,
+    headers: &HeaderMap,
+) -> Result<Option<crate::auth::Principal>, Box<Response>> {
     let bearer_token = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -147,43 +153,46 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
                     .trim_start_matches(' ')
                     .starts_with(crate::auth::token::PREFIX)
         });
-    let limit = state.ingest.limits.max_body_bytes;
-    let principal = if bearer_token {
-        match state
-            .ingest
-            .gate
+    if bearer_token {
+        let gate = &state.ingest.gate;
+        return gate
             .authenticate(headers, crate::auth::gate::now_ms())
-        {
-            Ok(p) => p,
-            Err(refusal) => {
-                // Read (and drop) the body first, as `POST /v1/events`
-                // does: an HTTP/2 answer before it resets the stream.
-                let _ = axum::body::to_bytes(body, limit).await;
-                return super::http::gate_refusal(
+            .map_err(|refusal| {
+                Box::new(super::http::gate_refusal(
                     &state.ingest.metrics,
                     "awareness",
                     &refusal,
                     None,
-                );
-            }
-        }
-    } else {
-        None
-    };
-    if principal.is_none() && !secret_matches(state, headers) {
-        state
-            .ingest
-            .metrics
-            .refused("awareness", "invalid-ingest-secret");
-        let _ = axum::body::to_bytes(body, limit).await;
-        // The service's answer (`IngestController`): 401 "invalid ingest
-        // secret", for a missing header as for a wrong one.
-        return error(
-            StatusCode::UNAUTHORIZED,
-            Some(SECRET_HEADER),
-            "invalid ingest secret",
-        );
+                ))
+            });
     }
+    if secret_matches(state, headers) {
+        return Ok(None);
+    }
+    state
+        .ingest
+        .metrics
+        .refused("awareness", "invalid-ingest-secret");
+    // The service's answer (`IngestController`): 401 "invalid ingest
+    // secret", for a missing header as for a wrong one.
+    Err(Box::new(error(
+        StatusCode::UNAUTHORIZED,
+        Some(SECRET_HEADER),
+        "invalid ingest secret",
+    )))
+}
+
+async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Body) -> Response {
+    let limit = state.ingest.limits.max_body_bytes;
+    let principal = match who_posts(state, headers) {
+        Ok(p) => p,
+        Err(refused) => {
+            // Read (and drop) the body first, as `POST /v1/events` does:
+            // an HTTP/2 answer before it resets the stream.
+            let _ = axum::body::to_bytes(body, limit).await;
+            return *refused;
+        }
+    };
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => {
@@ -215,7 +224,7 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
             );
         }
     }
-    match super::submit_as(
+    let submitted = super::submit_as(
         &*state.ingest.store,
         &state.ingest.routes,
         &state.ingest.wake,
@@ -223,8 +232,20 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
         events,
         principal.as_ref().map(|p| p.name.as_str()),
     )
-    .await
-    {
+    .await;
+    answer(submitted, &packet_id, &event_id)
+}
+
+/// The service's answer to a submitted body of packet `packet_id` and
+/// event `event_id`: `200 {ok, packetId, eventId, duplicate,
+/// deliveriesQueued}`, `409` naming what differs or the version that does
+/// not advance, `503` when the store failed.
+fn answer(
+    submitted: Result<Vec<crate::store::Ingested>, IngestError>,
+    packet_id: &str,
+    event_id: &str,
+) -> Response {
+    match submitted {
         Ok(results) => {
             let r = &results[0];
             (

@@ -187,28 +187,10 @@ async fn post_events_inner(
             )
         }
     };
-    let events = if batch {
-        match event::parse_batch(&bytes) {
-            Ok(evs) => evs,
-            Err(e) => return bad_event(e),
-        }
-    } else {
-        match event::parse_one(&bytes) {
-            Ok(ev) => vec![ev],
-            Err(e) => return bad_event(e),
-        }
+    let events = match parse_events(state, batch, &bytes) {
+        Ok(events) => events,
+        Err(refused) => return *refused,
     };
-    if batch && events.len() > state.limits.max_batch_items {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Some("body"),
-            format!(
-                "batch has {} events, over the limit of {} (ingest.max-batch-items)",
-                events.len(),
-                state.limits.max_batch_items
-            ),
-        );
-    }
     // An empty batch is a valid batch (CloudEvents JSON format §4, "JSON
     // Batch Format"): nothing to store, nothing stored.
     if batch && events.is_empty() {
@@ -231,16 +213,6 @@ async fn post_events_inner(
     .await
     {
         Ok(results) => {
-            if let Some(producer) = producer {
-                let stored = results.iter().filter(|r| !r.duplicate).count() as u64;
-                state
-                    .metrics
-                    .producer_events
-                    .get_or_create(&crate::metrics::ProducerLabel {
-                        producer: producer.to_string(),
-                    })
-                    .inc_by(stored);
-            }
             let created = results.iter().any(|r| !r.duplicate);
             let status = if created {
                 StatusCode::CREATED
@@ -255,6 +227,33 @@ async fn post_events_inner(
         }
         Err(e) => refusal(e, batch),
     }
+}
+
+/// The events of a request body: one event, or a batch (`batch`) of at
+/// most `ingest.max-batch-items`. `Err` the 400 naming the attribute at
+/// fault, or the 413 of a batch over the limit.
+fn parse_events(
+    state: &IngestState,
+    batch: bool,
+    bytes: &[u8],
+) -> Result<Vec<crate::event::NewEvent>, Box<Response>> {
+    let events = if batch {
+        event::parse_batch(bytes).map_err(|e| Box::new(bad_event(e)))?
+    } else {
+        vec![event::parse_one(bytes).map_err(|e| Box::new(bad_event(e)))?]
+    };
+    if batch && events.len() > state.limits.max_batch_items {
+        return Err(Box::new(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Some("body"),
+            format!(
+                "batch has {} events, over the limit of {} (ingest.max-batch-items)",
+                events.len(),
+                state.limits.max_batch_items
+            ),
+        )));
+    }
+    Ok(events)
 }
 
 /// Whether the request is a batch, by its content type; for any other

@@ -35,7 +35,8 @@ pub async fn submit(
 }
 
 /// [`submit`] for events an authenticated producer posted: `producer`
-/// (its name, [`crate::auth`]) is stored with each event.
+/// (its name, [`crate::auth`]) is stored with each event, and the events
+/// stored are counted in `outboxd_producer_events_total{producer}`.
 pub async fn submit_as(
     store: &dyn Store,
     routes: &Router,
@@ -65,7 +66,16 @@ pub async fn submit_as(
             .flat_map(|(i, _)| i.sinks.iter().map(String::as_str)),
     );
     let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
-    metrics.ingested("stored", results.len() as u64 - duplicates);
+    let stored = results.len() as u64 - duplicates;
+    metrics.ingested("stored", stored);
     metrics.ingested("duplicate", duplicates);
+    if let Some(producer) = producer {
+        metrics
+            .producer_events
+            .get_or_create(&crate::metrics::ProducerLabel {
+                producer: producer.to_string(),
+            })
+            .inc_by(stored);
+    }
     Ok(results)
 }
