@@ -215,12 +215,6 @@ async fn list_sinks(config: &Config) -> anyhow::Result<ExitCode> {
             ),
             None => text("state"),
         };
-        // A refused version: the running one (if any) keeps serving.
-        let state = match s["refused"].as_str() {
-            Some(reason) if state == "loaded" => format!("loaded, replacement refused ({reason})"),
-            Some(reason) => format!("{state} ({reason})"),
-            None => state,
-        };
         println!(
             "{}\t{}\t{state}\t{}",
             text("sink"),

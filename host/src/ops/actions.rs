@@ -285,10 +285,6 @@ pub struct SinkView {
     pub paused: bool,
     /// Why its deliveries wait, when they do.
     pub parked: Option<&'static str>,
-    /// Why the last version offered was refused, while it is: a loaded
-    /// sink keeps serving its running version (state `loaded`), one never
-    /// loaded is `refused`.
-    pub refused: Option<String>,
     /// Its quarantine, while quarantined.
     pub quarantine: Option<crate::delivery::quarantine::QuarantineState>,
     /// In the store's sink registry.
@@ -313,7 +309,6 @@ pub async fn list_sinks(
 ) -> Result<(Vec<SinkView>, String), AdminError> {
     let paused = store.paused_sinks().await?;
     let states = plugins.states();
-    let mut refusals = plugins.refusals();
     let mut quarantined = quarantines.current();
     let fleet = fleet.status();
     let known = plugins.known();
@@ -343,7 +338,6 @@ pub async fn list_sinks(
                 version,
                 paused: paused.contains(&sink),
                 parked,
-                refused: refusals.remove(&sink),
                 quarantine,
                 registered: f.is_some_and(|f| f.registered),
                 retired: f.is_some_and(|f| f.retired),

@@ -63,8 +63,6 @@ struct Entry {
     /// `None` while removed.
     fingerprint: Option<[u8; 32]>,
     version: String,
-    /// [`component_sha`] of the serving version.
-    component_sha: String,
     current: watch::Sender<Option<Plugin>>,
 }
 
@@ -157,7 +155,6 @@ impl Registry {
         for (name, plugin) in plugins.loaded {
             let manifest_path = plugin.manifest().file.clone();
             let fingerprint = Some(fingerprint(&manifest_path));
-            let component_sha = component_sha(&plugin);
             let (tx, rx) = watch::channel(Some(plugin.clone()));
             (registry.start_sink)(&name, rx);
             state.sinks.insert(
@@ -166,7 +163,6 @@ impl Registry {
                     manifest_path,
                     fingerprint,
                     version: plugin.manifest().version.clone(),
-                    component_sha,
                     current: tx,
                 },
             );
@@ -175,18 +171,18 @@ impl Registry {
         registry
     }
 
-    /// The identity (name, manifest version, [`component_sha`]) of every
-    /// sink with a version loaded.
+    /// The identity (name, version, hex SHA-256 of manifest and component
+    /// bytes) of every sink with a version loaded.
     pub fn identities(&self) -> Vec<crate::store::SinkIdentity> {
         let state = self.state.lock().unwrap();
         state
             .sinks
             .iter()
             .filter_map(|(name, e)| {
-                e.fingerprint.map(|_| crate::store::SinkIdentity {
+                e.fingerprint.map(|f| crate::store::SinkIdentity {
                     name: name.clone(),
                     version: e.version.clone(),
-                    component_sha: e.component_sha.clone(),
+                    component_sha: hex::encode(f),
                 })
             })
             .collect()
@@ -237,19 +233,6 @@ impl Registry {
         let mut names: BTreeSet<String> = state.sinks.keys().cloned().collect();
         names.extend(state.failed.iter().filter_map(|f| f.name.clone()));
         names.into_iter().collect()
-    }
-
-    /// Why the last version of each sink offered was refused, while it is
-    /// (a sink already serving keeps its running version), by sink name.
-    /// A refused manifest that could not be read names no sink and is only
-    /// in [`Registry::failures`].
-    pub fn refusals(&self) -> BTreeMap<String, String> {
-        let state = self.state.lock().unwrap();
-        state
-            .failed
-            .iter()
-            .filter_map(|f| Some((f.name.clone()?, f.reason.clone())))
-            .collect()
     }
 
     /// Plugins refused at the last scan, as `file: reason`.
@@ -476,24 +459,6 @@ impl Registry {
                 tracing::warn!(sink = %name, "plugin removed; its deliveries are parked ({REMOVED_REASON}) until it returns");
             }
         }
-        // A refusal that no longer holds (a good version loaded, the file
-        // put back or removed) is said once, as the refusal was.
-        for old in &state.failed {
-            let still = plan
-                .failed
-                .iter()
-                .any(|f| f.manifest == old.manifest && f.name == old.name);
-            if !still {
-                match &old.name {
-                    Some(sink) => {
-                        tracing::info!(sink = %sink, file = %old.manifest.display(), "plugin refusal cleared (was: {})", old.reason)
-                    }
-                    None => {
-                        tracing::info!(file = %old.manifest.display(), "plugin refusal cleared (was: {})", old.reason)
-                    }
-                }
-            }
-        }
         state.failed = plan.failed;
         state.refused = plan.refused;
     }
@@ -503,7 +468,6 @@ impl Registry {
     /// with its delivery loop started.
     fn serve(&self, state: &mut State, name: String, path: PathBuf, fp: [u8; 32], plugin: Plugin) {
         let version = plugin.manifest().version.clone();
-        let component_sha = component_sha(&plugin);
         self.metrics
             .plugin_loads
             .get_or_create(&PluginLabel {
@@ -516,7 +480,6 @@ impl Registry {
                 entry.manifest_path = path;
                 entry.fingerprint = Some(fp);
                 entry.version = version.clone();
-                entry.component_sha = component_sha;
                 entry.current.send_replace(Some(plugin));
                 if was {
                     tracing::info!(sink = %name, %version, "plugin replaced; new batches run on the new version");
@@ -534,7 +497,6 @@ impl Registry {
                         manifest_path: path,
                         fingerprint: Some(fp),
                         version,
-                        component_sha,
                         current: tx,
                     },
                 );
@@ -589,17 +551,6 @@ pub(super) fn manifest_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
-}
-
-/// The hex SHA-256 of `plugin`'s `.wasm` file, as `sha256sum` prints it
-/// (what `/v1/admin/sinks` shows as `component_sha`, and what the fleet
-/// compares across replicas); for a builtin sink, which has no component,
-/// of its manifest file. Read from disk again after the load; a file that
-/// cannot be read hashes as nothing (the SHA-256 of no bytes).
-fn component_sha(plugin: &Plugin) -> String {
-    let manifest = plugin.manifest();
-    let file = manifest.component_path().unwrap_or(&manifest.file);
-    hex::encode(Sha256::digest(std::fs::read(file).unwrap_or_default()))
 }
 
 /// SHA-256 over a manifest's bytes and, when it parses and names one, its

@@ -312,8 +312,7 @@ pub struct SinkIdentity {
     pub name: String,
     /// Manifest `version`.
     pub version: String,
-    /// Hex SHA-256 of the component's `.wasm` file, as `sha256sum` prints
-    /// it (of the manifest file for a builtin sink).
+    /// Hex SHA-256 of the manifest and component bytes.
     pub component_sha: String,
 }
 
@@ -324,8 +323,7 @@ pub struct RegisteredSink {
     pub name: String,
     /// The identity it was first registered with.
     pub version: String,
-    /// Hex SHA-256 of the component's `.wasm` file, as `sha256sum` prints
-    /// it (of the manifest file for a builtin sink).
+    /// Hex SHA-256 of its manifest and component bytes.
     pub component_sha: String,
     /// Unix ms, database clock.
     pub registered_at_ms: i64,
@@ -342,8 +340,7 @@ pub struct SinkReplica {
     pub sink: String,
     /// The manifest version it runs.
     pub version: String,
-    /// Hex SHA-256 of the component's `.wasm` file, as `sha256sum` prints
-    /// it (of the manifest file for a builtin sink).
+    /// Hex SHA-256 of its manifest and component bytes.
     pub component_sha: String,
     /// Time since that report, ms (database clock).
     pub age_ms: i64,
