@@ -156,7 +156,7 @@ fn read_all(incoming: &IncomingBody) -> Result<Vec<u8>, String> {
 /// A transport error as a retry reason, ending in the `wasi:http` code as
 /// the WIT spells it.
 fn transport(code: &ErrorCode) -> String {
-    let name = wit_name(code);
+    let name = outboxd_sink::outcome::wit_name(code);
     match code {
         ErrorCode::ConnectionRefused => format!("connection refused ({name})"),
         ErrorCode::ConnectionTimeout => format!("connection timed out ({name})"),
@@ -164,53 +164,6 @@ fn transport(code: &ErrorCode) -> String {
             format!("request denied by the host (capabilities.http) ({name})")
         }
         _ => format!("HTTP transport error: {name}"),
-    }
-}
-
-/// The case name of a `wasi:http/types.error-code` as the WIT spells it
-/// (`connection-refused`, `HTTP-request-denied`), payload left out.
-fn wit_name(code: &ErrorCode) -> &'static str {
-    use ErrorCode as E;
-    match code {
-        E::DnsTimeout => "DNS-timeout",
-        E::DnsError(_) => "DNS-error",
-        E::DestinationNotFound => "destination-not-found",
-        E::DestinationUnavailable => "destination-unavailable",
-        E::DestinationIpProhibited => "destination-IP-prohibited",
-        E::DestinationIpUnroutable => "destination-IP-unroutable",
-        E::ConnectionRefused => "connection-refused",
-        E::ConnectionTerminated => "connection-terminated",
-        E::ConnectionTimeout => "connection-timeout",
-        E::ConnectionReadTimeout => "connection-read-timeout",
-        E::ConnectionWriteTimeout => "connection-write-timeout",
-        E::ConnectionLimitReached => "connection-limit-reached",
-        E::TlsProtocolError => "TLS-protocol-error",
-        E::TlsCertificateError => "TLS-certificate-error",
-        E::TlsAlertReceived(_) => "TLS-alert-received",
-        E::HttpRequestDenied => "HTTP-request-denied",
-        E::HttpRequestLengthRequired => "HTTP-request-length-required",
-        E::HttpRequestBodySize(_) => "HTTP-request-body-size",
-        E::HttpRequestMethodInvalid => "HTTP-request-method-invalid",
-        E::HttpRequestUriInvalid => "HTTP-request-URI-invalid",
-        E::HttpRequestUriTooLong => "HTTP-request-URI-too-long",
-        E::HttpRequestHeaderSectionSize(_) => "HTTP-request-header-section-size",
-        E::HttpRequestHeaderSize(_) => "HTTP-request-header-size",
-        E::HttpRequestTrailerSectionSize(_) => "HTTP-request-trailer-section-size",
-        E::HttpRequestTrailerSize(_) => "HTTP-request-trailer-size",
-        E::HttpResponseIncomplete => "HTTP-response-incomplete",
-        E::HttpResponseHeaderSectionSize(_) => "HTTP-response-header-section-size",
-        E::HttpResponseHeaderSize(_) => "HTTP-response-header-size",
-        E::HttpResponseBodySize(_) => "HTTP-response-body-size",
-        E::HttpResponseTrailerSectionSize(_) => "HTTP-response-trailer-section-size",
-        E::HttpResponseTrailerSize(_) => "HTTP-response-trailer-size",
-        E::HttpResponseTransferCoding(_) => "HTTP-response-transfer-coding",
-        E::HttpResponseContentCoding(_) => "HTTP-response-content-coding",
-        E::HttpResponseTimeout => "HTTP-response-timeout",
-        E::HttpUpgradeFailed => "HTTP-upgrade-failed",
-        E::HttpProtocolError => "HTTP-protocol-error",
-        E::LoopDetected => "loop-detected",
-        E::ConfigurationError => "configuration-error",
-        E::InternalError(_) => "internal-error",
     }
 }
 
