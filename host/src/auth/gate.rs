@@ -154,7 +154,7 @@ impl Refusal {
 /// Whole seconds for `Retry-After` (RFC 9110 §10.2.3): rounded up, at
 /// least 1.
 pub fn retry_after_secs(wait: Duration) -> u64 {
-    wait.as_secs() + u64::from(wait.subsec_nanos() > 0).max(u64::from(wait.is_zero()))
+    (wait.as_nanos().div_ceil(1_000_000_000) as u64).max(1)
 }
 
 /// Unix milliseconds now, by this process's clock: the time tokens'
