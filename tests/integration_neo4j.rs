@@ -510,9 +510,32 @@ async fn a_stolen_lease_makes_the_old_tokens_finish_change_nothing() {
 #[tokio::test]
 async fn every_relay_query_is_index_backed() {
     let label = unique_label();
-    let c = config(&label);
-    let r = outbox(&c).await;
-    add_nodes(r.graph(), &label, &[("A", 1)]).await;
+    assert_index_backed(&config(&label)).await;
+}
+
+/// The same with an owner's vocabulary: other state words, epoch
+/// milliseconds for every time, no dead state, a lease owner.
+#[tokio::test]
+async fn every_relay_query_is_index_backed_in_an_owners_vocabulary() {
+    let label = unique_label();
+    let mut c = config(&label);
+    c.statuses = outboxd::sources::neo4j::StatusWords {
+        pending: "pending".into(),
+        in_flight: "delivering".into(),
+        failed: "failed".into(),
+        delivered: "delivered".into(),
+        dead: None,
+    };
+    c.time_encoding = outboxd::sources::neo4j::TimeEncoding::EpochMillisFloat;
+    c.properties.delivered_at = "acknowledgedAt".into();
+    c.properties.lease_owner = Some("leaseOwner".into());
+    c.properties.lock = "claimProbe".into();
+    assert_index_backed(&c).await;
+}
+
+async fn assert_index_backed(c: &Neo4jSourceConfig) {
+    let r = outbox(c).await;
+    add_nodes(r.graph(), &c.label, &[("A", 1)]).await;
     let server = Neo4jServer::shared();
     let mut checked = BTreeMap::new();
     for (name, text) in r.queries().all() {
@@ -539,7 +562,7 @@ async fn every_relay_query_is_index_backed() {
         assert!(sorts.is_empty(), "query {name:?} sorts: {plan:?}\n{text}");
         checked.insert(name, plan);
     }
-    assert_eq!(checked.len(), 12, "{checked:?}");
+    assert_eq!(checked.len(), 14, "{checked:?}");
 }
 
 #[tokio::test]

@@ -29,6 +29,7 @@
 pub mod amqp;
 pub mod couchdb;
 pub mod neo4j;
+pub mod template;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

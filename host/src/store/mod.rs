@@ -159,6 +159,19 @@ pub struct DeliveryInfo {
     pub finished_at_ms: Option<i64>,
 }
 
+/// How far one event's deliveries have got ([`Store::delivery_progress`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryProgress {
+    /// Deliveries not finished yet (waiting, retrying or leased).
+    pub open: u32,
+    /// Deliveries the target acknowledged.
+    pub delivered: u32,
+    /// Dead-lettered deliveries.
+    pub dead: u32,
+    /// The last error of one dead-lettered delivery.
+    pub dead_reason: Option<String>,
+}
+
 /// A delivery handed to a worker by [`Store::claim`].
 #[derive(Debug, Clone)]
 pub struct Claimed {
@@ -386,6 +399,15 @@ pub trait Store: Send + Sync + 'static {
     /// An event, by id, without its deliveries.
     async fn stored_event(&self, id: &str) -> Result<Option<StoredEvent>, StoreError> {
         shared::stored_event(self.sql(), id).await
+    }
+
+    /// How far the deliveries of each of `ids` have got, by event id;
+    /// events without deliveries (routed nowhere) or unknown are absent.
+    async fn delivery_progress(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::BTreeMap<String, DeliveryProgress>, StoreError> {
+        shared::delivery_progress(self.sql(), ids).await
     }
 
     /// Store a request's events and their deliveries in one transaction.

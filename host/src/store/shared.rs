@@ -14,8 +14,8 @@ use std::time::Duration;
 use super::plan::{self, RowState};
 use super::sql::{Arg, Col, Rows, Sql, SqlTx, Stmt, Val};
 use super::{
-    DeadFilter, DeadLetter, DeliveryInfo, DestinationRow, ProducerRow, Purged, PutMode, QueueStats,
-    RegisteredSink, SinkIdentity, SinkQueue, SinkReplica, StoreError,
+    DeadFilter, DeadLetter, DeliveryInfo, DeliveryProgress, DestinationRow, ProducerRow, Purged,
+    PutMode, QueueStats, RegisteredSink, SinkIdentity, SinkQueue, SinkReplica, StoreError,
 };
 
 /// SQL text with its arguments, numbering placeholders as they are added.
@@ -107,6 +107,38 @@ pub async fn deliveries_of(sql: &dyn Sql, id: &str) -> Result<Vec<DeliveryInfo>,
             })
         })
         .collect()
+}
+
+/// How far the deliveries of each of `ids` have got (events with no
+/// delivery — routed nowhere — are absent). One query per call, `ids` at
+/// most a few hundred.
+pub async fn delivery_progress(
+    sql: &dyn Sql,
+    ids: &[String],
+) -> Result<BTreeMap<String, DeliveryProgress>, StoreError> {
+    let mut progress: BTreeMap<String, DeliveryProgress> = BTreeMap::new();
+    if ids.is_empty() {
+        return Ok(progress);
+    }
+    let mut q = Builder::new("SELECT event_id, status, CAST(COUNT(*) AS BIGINT), MAX(last_error) FROM {s}deliveries WHERE event_id IN (");
+    let marks: Vec<String> = ids.iter().map(|id| q.arg(id.as_str())).collect();
+    q.push(&marks.join(", "));
+    q.push(") GROUP BY event_id, status");
+    use Col::*;
+    let rows = sql.read(q.build(sql, &[Text, Text, Int, OptText])).await?;
+    for r in rows.iter() {
+        let entry = progress.entry(r[0].text()).or_default();
+        let n = r[2].int() as u32;
+        match r[1].text().as_str() {
+            "delivered" => entry.delivered += n,
+            "dead" => {
+                entry.dead += n;
+                entry.dead_reason = entry.dead_reason.take().or(r[3].opt_text());
+            }
+            _ => entry.open += n,
+        }
+    }
+    Ok(progress)
 }
 
 /// Queue figures per sink, counting at most `cap` live-or-dead rows.

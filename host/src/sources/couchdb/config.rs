@@ -212,7 +212,7 @@ impl CouchdbConfig {
         if p.pending == p.published {
             return bad("paths.published", "must differ from paths.pending".into());
         }
-        if let Err(e) = super::template::Template::parse(&self.event_type) {
+        if let Err(e) = crate::sources::template::Template::parse(&self.event_type) {
             return bad("event-type", e);
         }
         Ok(())

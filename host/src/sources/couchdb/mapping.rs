@@ -18,8 +18,8 @@
 use serde_json::{json, Value};
 
 use super::config::CouchdbConfig;
-use super::template::{at_path, Template};
 use crate::event::{self, NewEvent};
+use crate::sources::template::{at_path, Template};
 
 /// What one document revision holds for the relay.
 #[derive(Debug, Default)]

@@ -28,7 +28,6 @@ mod config;
 mod design;
 mod mapping;
 mod relay;
-mod template;
 
 // The imports and constants of this file serve relay.rs too, which
 // opens with `use super::*`.
@@ -41,11 +40,11 @@ use tokio::sync::watch;
 pub use config::{CouchdbConfig, EntryPaths};
 pub use relay::run;
 
+use super::template::Template;
 use super::{Source, SourceConfig, SourceContext, SourceError, StatusHandle};
 use crate::event::NewEvent;
 use crate::store::{IngestError, StoreError};
 use client::{Changes, Client, CouchError};
-use template::Template;
 
 /// Why a run of the source stopped (it is started again after a backoff).
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,7 @@
 //! A claimed outbox node made an event: its properties read by the
 //! configured names, the payload in its data format, the stream and
-//! version, the extensions.
+//! version, the type (a property, or a template over the properties), the
+//! time in its encoding, the extensions the configuration lets through.
 //!
 //! Must never: guess a missing or malformed property (the node is refused
 //! with a reason naming the property), or read Neo4j.
@@ -17,10 +18,7 @@ pub(super) fn to_event(
     let p = &config.properties;
     let m = &config.event;
     let (stream, version) = stream_and_version(p, node)?;
-    let ty = node
-        .ty
-        .clone()
-        .ok_or_else(|| format!("property `{}` (the event type) is missing", m.type_property))?;
+    let ty = event_type(config, node)?;
     let source = node
         .source
         .clone()
@@ -37,10 +35,20 @@ pub(super) fn to_event(
     if let Some(s) = &node.subject {
         attrs.insert("subject".into(), raw(s.clone().into()));
     }
-    if let Some(t) = &node.time {
-        attrs.insert("time".into(), raw(t.clone().into()));
+    let (time_property, time_encoding) = event_time(config);
+    match (&node.time, node.has_time) {
+        (Some(t), _) => {
+            attrs.insert("time".into(), raw(t.clone().into()));
+        }
+        (None, true) => {
+            return Err(format!(
+                "property `{time_property}` (the event time) is not {}",
+                encoding_name(time_encoding)
+            ))
+        }
+        (None, false) => {}
     }
-    let from_property = insert_extensions(node, &mut attrs)?;
+    let from_property = insert_extensions(config, node, &mut attrs)?;
     match (&node.data, node.has_data, m.data_format) {
         (None, false, _) => {}
         (None, true, _) => {
@@ -66,7 +74,7 @@ pub(super) fn to_event(
             "partitionkey" => p.stream.clone(),
             "sequence" => p.stream_version.clone(),
             "type" => m.type_property.clone(),
-            "time" => p.created_at.clone(),
+            "time" => time_property.clone(),
             "data" => m.data_property.clone(),
             "source" => m
                 .source_property
@@ -114,16 +122,59 @@ fn stream_and_version(p: &PropertyNames, node: &ClaimedNode) -> Result<(String, 
     Ok((stream, version))
 }
 
-/// Each other property of `node` as an extension attribute of `attrs`
-/// (its name lowercased, letters and digits only). Returns which property
-/// each extension came from, for error messages.
+/// The CloudEvents `type`: the template rendered over the node's
+/// properties, or the type property.
+fn event_type(config: &Neo4jSourceConfig, node: &ClaimedNode) -> Result<String, String> {
+    let m = &config.event;
+    let Some(template) = &m.type_template else {
+        return node
+            .ty
+            .clone()
+            .ok_or_else(|| format!("property `{}` (the event type) is missing", m.type_property));
+    };
+    let template = crate::sources::template::Template::parse(template)
+        .map_err(|e| format!("event.type: {e}"))?;
+    let fields: serde_json::Map<String, serde_json::Value> = node
+        .properties
+        .iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v.into())))
+        .collect();
+    template
+        .render(&serde_json::Value::Object(fields))
+        .map_err(|e| format!("event.type: {}", e.replacen("field", "property", 1)))
+}
+
+/// How `encoding` is named in reasons.
+fn encoding_name(encoding: TimeEncoding) -> &'static str {
+    match encoding {
+        TimeEncoding::Datetime => "a Neo4j datetime",
+        TimeEncoding::EpochMillis | TimeEncoding::EpochMillisFloat => {
+            "a number of epoch milliseconds"
+        }
+        TimeEncoding::Iso8601 => "ISO-8601 text",
+    }
+}
+
+/// The properties of `node` that the configuration lets become extension
+/// attributes of `attrs` (its name lowercased, letters and digits only):
+/// the allow-list `event.extensions` when set, else every property that is
+/// not the relay's own ([`own_properties`]) nor in
+/// `event.ignore-properties`. Returns which property each extension came
+/// from, for error messages.
 fn insert_extensions(
+    config: &Neo4jSourceConfig,
     node: &ClaimedNode,
     attrs: &mut BTreeMap<String, Box<RawValue>>,
 ) -> Result<BTreeMap<String, String>, String> {
     let raw = |v: serde_json::Value| serde_json::value::to_raw_value(&v).expect("JSON value");
+    let own = own_properties(config);
+    let m = &config.event;
+    let lets_through = |name: &str| match &m.extensions {
+        Some(allowed) => allowed.iter().any(|a| a == name),
+        None => !own.iter().any(|o| o == name) && !m.ignore_properties.iter().any(|i| i == name),
+    };
     let mut from_property: BTreeMap<String, String> = BTreeMap::new();
-    for (name, value) in &node.extensions {
+    for (name, value) in node.properties.iter().filter(|(n, _)| lets_through(n)) {
         let ext: String = name
             .chars()
             .filter(|c| c.is_ascii_alphanumeric())

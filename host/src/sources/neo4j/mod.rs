@@ -40,7 +40,7 @@
 
 // The imports and constants of this file serve the whole folder: each
 // file of it opens with `use super::*`.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,22 +66,13 @@ pub use outbox::*;
 pub use queries::*;
 pub use relay::*;
 
-/// Status of a node waiting for its first relay.
+/// The shortlist lane of waiting nodes (and outboxd's default word for
+/// the state, [`StatusWords`]).
 pub const PENDING: &str = "pending";
-/// Status of a claimed node (lease token and expiry set).
+/// The lane of in-flight nodes whose lease expired.
 pub const INFLIGHT: &str = "inflight";
-/// Status of a node stored in outboxd (with `deliveredAt`).
-pub const DELIVERED: &str = "delivered";
-/// Status of a node whose relay failed; tried again at `nextAttemptAt`.
+/// The lane of failed nodes that are due.
 pub const FAILED: &str = "failed";
-/// Status of a node refused for good (`lastError` says why).
-pub const DEAD: &str = "dead";
-/// Statuses that block later versions of the same stream.
-pub const LIVE: [&str; 3] = [PENDING, FAILED, INFLIGHT];
-
-/// Property written and removed again at the start of a claim, only to
-/// take the node's write lock before eligibility is re-read.
-pub const LOCK_PROPERTY: &str = "outboxdClaimLock";
 
 /// Most rounds of retention deletes in one cycle.
 const RETENTION_ROUNDS: u32 = 10;

@@ -1,10 +1,12 @@
 //! The outbox protocol over Neo4j: the lock-first claim of stream heads,
-//! the fenced finishes (`{eventId, leaseToken}`), retention and the
-//! checks `/ready` shows ([`Outbox`]), and what fails in them
+//! the fenced finishes and lease renewals (`{eventId, leaseToken}`),
+//! retention, the sweeps for nodes it cannot read, the leases it waits out
+//! and the checks `/ready` shows ([`Outbox`]), and what fails in them
 //! ([`OutboxError`]). The Cypher text is in [`super::queries`].
 //!
 //! Must never: set a node's status without holding its lock and having
-//! re-read it, or finish a node whose lease token changed.
+//! re-read it, finish a node whose lease token changed, or take a node
+//! whose lease it cannot read before that lease has been waited out.
 
 use super::*;
 
@@ -88,15 +90,34 @@ pub struct ClaimedNode {
     pub source: Option<String>,
     /// The subject property (CloudEvents `subject`) when it is a string.
     pub subject: Option<String>,
-    /// The created-at property as RFC 3339 text (CloudEvents `time`).
+    /// The node was in flight under another lease (expired, or unreadable
+    /// and waited out) when this claim took it.
+    pub reclaimed: bool,
+    /// The time property as RFC 3339 text (CloudEvents `time`), when it is
+    /// in its configured encoding.
     pub time: Option<String>,
+    /// The time property is set (in any encoding).
+    pub has_time: bool,
     /// The data property when it is a string.
     pub data: Option<String>,
     /// The data property is set (of any type).
     pub has_data: bool,
-    /// Other properties as (name, value as text; `None` when not
-    /// representable).
-    pub extensions: Vec<(String, Option<String>)>,
+    /// Every property but the data, as (name, value as text; `None` when
+    /// not representable): the extension attributes and the type
+    /// template's fields are taken from these.
+    pub properties: Vec<(String, Option<String>)>,
+}
+
+/// A node the relay read but cannot use as it is: a time or lease property
+/// in another encoding than configured, or a status none of the words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    /// The node's event id (or `<none>`).
+    pub event_id: String,
+    /// The configured key of the property (`lease-expires-at`, `status` …).
+    pub property: String,
+    /// What happens to it.
+    pub consequence: &'static str,
 }
 
 /// A claim transaction that has taken its nodes and not yet committed
@@ -136,7 +157,26 @@ pub struct Outbox {
     /// first, at most [`SUCCESSORS_KEPT`]: their next node is the likely
     /// next head.
     successors: Mutex<Finished>,
+    /// In-flight nodes whose lease expiry cannot be read, with when this
+    /// relay first and last saw them: taken once `unreadable-lease-wait`
+    /// has passed since first seen. Forgotten when not seen for as long
+    /// (the holder finished them); at most [`UNREADABLE_KEPT`].
+    unreadable: Mutex<HashMap<String, (Instant, Instant)>>,
+    /// Malformed nodes found since [`Outbox::take_malformed`] last ran,
+    /// each node and property reported once ([`REPORTED_KEPT`] remembered).
+    malformed: Mutex<Reported>,
+    /// Written into `properties.lease-owner` at claim: `outboxd-HOST-PID`.
+    owner: String,
 }
+
+/// Malformed nodes found and not taken yet, and every (node, property)
+/// reported so far.
+type Reported = (Vec<Malformed>, HashSet<(String, String)>);
+
+/// Most unreadable leases [`Outbox`] waits out at once.
+const UNREADABLE_KEPT: usize = 10_000;
+/// Most malformed (node, property) pairs remembered as reported.
+const REPORTED_KEPT: usize = 100_000;
 
 /// The streams [`Outbox::note_finished`] remembers, oldest first, each
 /// once (the set mirrors the queue, so remembering one is O(1)).
@@ -144,6 +184,18 @@ pub struct Outbox {
 struct Finished {
     order: std::collections::VecDeque<String>,
     kept: HashSet<String>,
+}
+
+/// `outboxd-HOST-PID`, as a dispatcher names itself in a lease owner
+/// property (`$HOSTNAME`, else `/etc/hostname`, else `host`).
+fn lease_owner() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    format!("outboxd-{host}-{}", std::process::id())
 }
 
 /// Most streams [`Outbox`] remembers as just finished; older ones are
@@ -174,7 +226,63 @@ impl Outbox {
             cursors: Mutex::new(Default::default()),
             walked: Mutex::new(String::new()),
             successors: Mutex::new(Default::default()),
+            unreadable: Mutex::new(HashMap::new()),
+            malformed: Mutex::new(Default::default()),
+            owner: lease_owner(),
         })
+    }
+
+    /// The value written into `properties.lease-owner`.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The malformed nodes found since the last call, each (node,
+    /// property) once.
+    pub fn take_malformed(&self) -> Vec<Malformed> {
+        std::mem::take(&mut self.malformed.lock().unwrap().0)
+    }
+
+    fn report(&self, event_id: &str, property: &str, consequence: &'static str) {
+        let mut m = self.malformed.lock().unwrap();
+        if m.1.len() >= REPORTED_KEPT {
+            m.1.clear();
+        }
+        if m.1.insert((event_id.to_string(), property.to_string())) {
+            m.0.push(Malformed {
+                event_id: event_id.to_string(),
+                property: property.to_string(),
+                consequence,
+            });
+        }
+    }
+
+    /// Note a node the relay read with `bad` (its unreadable property), and
+    /// the ids of in-flight nodes whose unreadable lease has been waited
+    /// out.
+    fn note_bad(&self, id: &str, bad: &str) {
+        if bad == "lease-expires-at" {
+            let now = Instant::now();
+            let mut u = self.unreadable.lock().unwrap();
+            if u.len() < UNREADABLE_KEPT || u.contains_key(id) {
+                u.entry(id.to_string()).or_insert((now, now)).1 = now;
+            }
+            self.report(id, bad, "waited for, then reclaimed");
+        } else {
+            self.report(id, bad, "not due until repaired; blocks its stream");
+        }
+    }
+
+    /// In-flight nodes whose unreadable lease has been waited out: the
+    /// claim may take them. Forgets the ones not seen for as long.
+    fn reclaimable(&self) -> Vec<String> {
+        let wait = self.config.unreadable_lease_wait;
+        let mut u = self.unreadable.lock().unwrap();
+        u.retain(|_, (_, last)| last.elapsed() < wait.max(Duration::from_secs(60)));
+        u.iter()
+            .filter(|(_, (first, _))| first.elapsed() >= wait)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// The queries in use.
@@ -292,6 +400,7 @@ impl Outbox {
             self.config.max_pages
         };
         let mut behind = false;
+        let reclaim = self.reclaimable();
         for (lane, (_, text)) in self.queries.shortlist.iter().enumerate() {
             let mut after = self.cursors.lock().unwrap()[lane].clone();
             'pages: for _ in 0..pages {
@@ -300,7 +409,8 @@ impl Outbox {
                 }
                 let q = query(text)
                     .param("after", after.clone())
-                    .param("page", self.config.page_size as i64);
+                    .param("page", self.config.page_size as i64)
+                    .param("reclaim", reclaim.clone());
                 let rows = self.rows("shortlist", q, true).await?;
                 let full = rows.len() >= self.config.page_size as usize;
                 let mut heads = 0;
@@ -312,6 +422,10 @@ impl Outbox {
                     let id: String = row.get("id").map_err(shape)?;
                     let due: Option<bool> = row.get("due").map_err(shape)?;
                     let head: Option<bool> = row.get("head").map_err(shape)?;
+                    let bad: Option<String> = row.get("bad").map_err(shape)?;
+                    if let Some(bad) = &bad {
+                        self.note_bad(&id, bad);
+                    }
                     match (due.unwrap_or(false), head.unwrap_or(false)) {
                         (true, true) if !seen.contains(&id) => {
                             if found.len() >= limit {
@@ -433,7 +547,9 @@ impl Outbox {
         if streams.is_empty() || found.len() >= limit {
             return Ok(());
         }
-        let q = query(&self.queries.successors).param("streams", streams);
+        let q = query(&self.queries.successors)
+            .param("streams", streams)
+            .param("reclaim", self.reclaimable());
         for row in self.rows("successors", q, true).await? {
             let shape = |e: neo4rs::DeError| OutboxError::Shape {
                 what: "successors",
@@ -441,6 +557,10 @@ impl Outbox {
             };
             let id: String = row.get("id").map_err(shape)?;
             let due: Option<bool> = row.get("due").map_err(shape)?;
+            let bad: Option<String> = row.get("bad").map_err(shape)?;
+            if let Some(bad) = &bad {
+                self.note_bad(&id, bad);
+            }
             if due.unwrap_or(false) && found.len() < limit && seen.insert(id.clone()) {
                 found.push(id);
             }
@@ -464,7 +584,9 @@ impl Outbox {
         let q = query(&self.queries.claim)
             .param("ids", ids)
             .param("token", token.clone())
-            .param("lease_ms", self.config.lease.as_millis() as i64);
+            .param("lease_ms", self.config.lease.as_millis() as i64)
+            .param("reclaim", self.reclaimable())
+            .param("owner", self.owner.clone());
         let rows = self
             .timed(what, async {
                 let mut stream = txn.execute(q).await?;
@@ -481,8 +603,8 @@ impl Outbox {
                 what,
                 detail: e.to_string(),
             };
-            let keys: Vec<String> = row.get("ext_keys").map_err(shape)?;
-            let values: Vec<Option<String>> = row.get("ext_values").map_err(shape)?;
+            let keys: Vec<String> = row.get("prop_keys").map_err(shape)?;
+            let values: Vec<Option<String>> = row.get("prop_values").map_err(shape)?;
             nodes.push(ClaimedNode {
                 event_id: row.get("id").map_err(shape)?,
                 lease_token: token.clone(),
@@ -494,11 +616,19 @@ impl Outbox {
                 ty: row.get("type").map_err(shape)?,
                 source: row.get("source").map_err(shape)?,
                 subject: row.get("subject").map_err(shape)?,
+                reclaimed: row.get("reclaimed").map_err(shape)?,
                 time: row.get("time").map_err(shape)?,
+                has_time: row.get("has_time").map_err(shape)?,
                 data: row.get("data").map_err(shape)?,
                 has_data: row.get("has_data").map_err(shape)?,
-                extensions: keys.into_iter().zip(values).collect(),
+                properties: keys.into_iter().zip(values).collect(),
             });
+        }
+        {
+            let mut u = self.unreadable.lock().unwrap();
+            for node in &nodes {
+                u.remove(&node.event_id);
+            }
         }
         Ok(OpenClaim {
             txn,
@@ -545,11 +675,8 @@ impl Outbox {
         if ids.is_empty() {
             return Ok(0);
         }
-        let q = extra(
-            query(text)
-                .param("ids", ids)
-                .param("token", token.to_string()),
-        );
+        let tokens = vec![token.to_string(); ids.len()];
+        let q = extra(query(text).param("ids", ids).param("tokens", tokens));
         let rows = self.rows(what, q, false).await?;
         let kept: i64 = match rows.first() {
             Some(row) => row.get("kept").map_err(|e| OutboxError::Shape {
@@ -603,18 +730,62 @@ impl Outbox {
         .await
     }
 
-    /// Mark nodes dead (refused for good), with their reasons. Returns how
-    /// many still held the lease.
+    /// Mark nodes refused for good, with their reasons: the owner's dead
+    /// word, or — it has none — failed, due again after `retry-cap`.
+    /// Returns how many still held the lease.
     pub async fn finish_dead(
         &self,
         token: &str,
         items: Vec<(String, String)>,
     ) -> Result<u64, OutboxError> {
         let (ids, reasons): (Vec<String>, Vec<String>) = items.into_iter().unzip();
+        let delays = vec![self.config.retry_cap.as_millis() as i64; ids.len()];
         self.finish("finish dead", &self.queries.finish_dead, token, ids, |q| {
-            q.param("reasons", reasons)
+            q.param("reasons", reasons).param("delays", delays)
         })
         .await
+    }
+
+    /// Extend by `lease` the leases of `ids`, claimed under `token`, that
+    /// still hold it. Returns the ids whose lease was extended.
+    pub async fn renew(&self, token: &str, ids: Vec<String>) -> Result<Vec<String>, OutboxError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let what = "renew lease";
+        let tokens = vec![token.to_string(); ids.len()];
+        let q = query(&self.queries.renew)
+            .param("ids", ids)
+            .param("tokens", tokens)
+            .param("lease_ms", self.config.lease.as_millis() as i64);
+        let rows = self.rows(what, q, false).await?;
+        match rows.first() {
+            Some(row) => row.get("kept").map_err(|e| OutboxError::Shape {
+                what,
+                detail: e.to_string(),
+            }),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Up to `limit` nodes whose status is a string but none of the
+    /// configured words, reported as [`Malformed`] (never ingested).
+    pub async fn sweep_unknown_statuses(&self, limit: i64) -> Result<usize, OutboxError> {
+        let what = "unknown status";
+        let q = query(&self.queries.unknown_status).param("limit", limit);
+        let rows = self.rows(what, q, true).await?;
+        for row in &rows {
+            let id: Option<String> = row.get("id").map_err(|e| OutboxError::Shape {
+                what,
+                detail: e.to_string(),
+            })?;
+            self.report(
+                id.as_deref().unwrap_or("<none>"),
+                "status",
+                "none of the configured words: never relayed",
+            );
+        }
+        Ok(rows.len())
     }
 
     /// Delete up to `limit` delivered nodes older than `older_than`.
@@ -649,7 +820,8 @@ impl Outbox {
         );
         let q = query(&self.queries.missing_id)
             .param("limit", limit)
-            .param("reason", reason);
+            .param("reason", reason)
+            .param("delay_ms", self.config.retry_cap.as_millis() as i64);
         let rows = self.rows(what, q, false).await?;
         let dead: i64 = match rows.first() {
             Some(row) => row.get("dead").map_err(|e| OutboxError::Shape {
@@ -661,7 +833,7 @@ impl Outbox {
         Ok(dead.max(0) as u64)
     }
 
-    /// Age of the oldest pending node (by its creation time), if any.
+    /// Age of the oldest waiting node (by its creation time), if any.
     pub async fn oldest_pending_age(&self) -> Result<Option<Duration>, OutboxError> {
         let what = "oldest pending";
         let rows = self

@@ -1,10 +1,14 @@
 //! The relay loop: prepare (the password variable), connect, create the
 //! indexes, then claim cycles — ingest each claimed batch through
-//! [`crate::ingest::submit`], finish its nodes fenced, retry failed ones
-//! with backoff — renewing the reachability check `/ready` shows.
+//! [`crate::ingest::submit`], finish its nodes fenced (at once, or with
+//! `delivered-when = "acknowledged"` once every destination acknowledged,
+//! renewing their leases meanwhile), retry failed ones with backoff, report
+//! the nodes it cannot read — renewing the reachability check `/ready`
+//! shows.
 //!
-//! Must never: finish a node before its event is stored, or let a store
-//! failure lose a claimed node (it is marked failed, to retry).
+//! Must never: finish a node before its event is stored (or, when waiting
+//! for acknowledgements, before they came), or let a store failure lose a
+//! claimed node (it is marked failed, to retry).
 
 use super::*;
 
@@ -21,6 +25,21 @@ pub struct CycleReport {
     pub dead: u64,
     /// Finishes whose lease token no longer matched.
     pub lease_lost: u64,
+    /// Nodes taken over from an expired (or unreadable, waited-out) lease.
+    pub reclaimed: u64,
+    /// Stored and now waiting for their destinations' acknowledgements
+    /// (`delivered-when = "acknowledged"`).
+    pub awaiting: u64,
+}
+
+/// A node stored in outboxd whose destinations have not all acknowledged
+/// its event yet (`delivered-when = "acknowledged"`).
+#[derive(Debug, Clone)]
+struct Awaiting {
+    token: String,
+    stream: Option<String>,
+    /// When its lease was last set (claim or renewal).
+    leased_at: Instant,
 }
 
 /// Name of the readiness check renewed by every cycle that reached Neo4j.
@@ -68,7 +87,17 @@ struct RelayInner {
     config: Neo4jSourceConfig,
     password: String,
     ctx: SourceContext,
+    /// By event id: nodes waiting for acknowledgements, at most
+    /// [`AWAITING_BATCHES`] × `batch-size`.
+    awaiting: Mutex<BTreeMap<String, Awaiting>>,
 }
+
+/// With `delivered-when = "acknowledged"`, claims stop while this many
+/// batches of nodes wait for their acknowledgements.
+const AWAITING_BATCHES: usize = 20;
+/// With nodes waiting for acknowledgements and nothing claimed, the pause
+/// before the store is asked again.
+const AWAITING_POLL: Duration = Duration::from_millis(50);
 
 impl Relay {
     /// Read what is only known at run time (the password variable).
@@ -91,6 +120,7 @@ impl Relay {
                 config,
                 password,
                 ctx,
+                awaiting: Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -137,9 +167,14 @@ impl Relay {
                 last_missing = Some(Instant::now());
                 let n = outbox.mark_missing_ids(MISSING_ID_BATCH).await?;
                 if n > 0 {
-                    tracing::warn!(source = %inner.name, nodes = n, "outbox nodes without a usable event id marked dead");
+                    tracing::warn!(source = %inner.name, nodes = n, "outbox nodes without a usable event id refused");
                     metrics.source_entries(&inner.name, "dead", n);
                 }
+                outbox.sweep_unknown_statuses(MISSING_ID_BATCH).await?;
+            }
+            for m in outbox.take_malformed() {
+                tracing::warn!(source = %inner.name, event_id = %m.event_id, property = %m.property, consequence = m.consequence, "outbox node property not as configured");
+                metrics.source_entries(&inner.name, "malformed", 1);
             }
             if last_oldest.is_none_or(|t| t.elapsed() >= OLDEST_EVERY) {
                 last_oldest = Some(Instant::now());
@@ -162,8 +197,13 @@ impl Relay {
             if report.claimed > 0 {
                 continue;
             }
+            let pause = if inner.awaiting.lock().unwrap().is_empty() {
+                inner.config.poll_interval
+            } else {
+                AWAITING_POLL.min(inner.config.poll_interval)
+            };
             tokio::select! {
-                _ = tokio::time::sleep(inner.config.poll_interval) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.wait_for(|s| *s) => return Ok(()),
             }
         }
@@ -175,14 +215,31 @@ impl Relay {
     /// fails the cycle.
     pub async fn cycle(&self, outbox: &Outbox) -> Result<CycleReport, OutboxError> {
         let inner = &self.inner;
-        let claimed = outbox.claim(inner.config.batch_size as usize).await?;
-        let mut report = CycleReport {
-            claimed: claimed.len(),
-            ..Default::default()
+        let mut report = CycleReport::default();
+        let acknowledged = inner.config.delivered_when == DeliveredWhen::Acknowledged;
+        if acknowledged {
+            self.settle(outbox, &mut report).await?;
+        }
+        let batch = inner.config.batch_size as usize;
+        let room = if acknowledged {
+            (batch * AWAITING_BATCHES).saturating_sub(inner.awaiting.lock().unwrap().len())
+        } else {
+            batch
         };
+        let claimed = if room == 0 {
+            Vec::new()
+        } else {
+            outbox.claim(room.min(batch)).await?
+        };
+        report.claimed = claimed.len();
+        report.reclaimed = claimed.iter().filter(|n| n.reclaimed).count() as u64;
         let Some(token) = claimed.first().map(|n| n.lease_token.clone()) else {
+            self.count(&report);
             return Ok(report);
         };
+        if report.reclaimed > 0 {
+            tracing::info!(source = %inner.name, nodes = report.reclaimed, "took over in-flight nodes whose lease had run out (or could not be read and was waited out)");
+        }
         let streams: Vec<String> = claimed.iter().filter_map(|n| n.stream.clone()).collect();
         let mut dead: Vec<(String, String)> = Vec::new();
         let mut good: Vec<(ClaimedNode, NewEvent)> = Vec::new();
@@ -196,7 +253,6 @@ impl Relay {
             }
         }
         let store_error = self.ingest(&mut good, &mut dead).await;
-        let metrics = &inner.ctx.metrics;
         if !dead.is_empty() {
             let n = dead.len() as u64;
             let kept = outbox.finish_dead(&token, dead).await?;
@@ -218,6 +274,27 @@ impl Relay {
             let kept = outbox.finish_failed(&token, items).await?;
             report.failed += kept;
             report.lease_lost += n - kept;
+        } else if acknowledged {
+            // Stored: the node stays in flight until its destinations have
+            // it ([`Relay::settle`]).
+            let mut awaiting = inner.awaiting.lock().unwrap();
+            for (node, _) in &good {
+                awaiting.insert(
+                    node.event_id.clone(),
+                    Awaiting {
+                        token: token.clone(),
+                        stream: node.stream.clone(),
+                        leased_at: Instant::now(),
+                    },
+                );
+            }
+            report.awaiting += good.len() as u64;
+            drop(awaiting);
+            // The refused ones' streams moved on.
+            outbox.note_finished(claimed_streams_of(
+                &streams,
+                &good.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            ));
         } else {
             let ids: Vec<String> = good.iter().map(|(n, _)| n.event_id.clone()).collect();
             let n = ids.len() as u64;
@@ -228,17 +305,122 @@ impl Relay {
             // node is likely due.
             outbox.note_finished(streams);
         }
-        metrics.source_entries(&inner.name, "relayed", report.relayed);
-        metrics.source_entries(&inner.name, "failed", report.failed);
-        metrics.source_entries(&inner.name, "dead", report.dead);
-        metrics.source_entries(&inner.name, "lease_lost", report.lease_lost);
-        if report.lease_lost > 0 {
-            tracing::warn!(source = %inner.name, lost = report.lease_lost, "finishes with a lease token no longer in force changed nothing");
-        }
+        self.count(&report);
         match store_error {
             Some(e) => Err(OutboxError::Ingest(e)),
             None => Ok(report),
         }
+    }
+
+    /// Count `report` in the metrics and warn of lost leases.
+    fn count(&self, report: &CycleReport) {
+        let inner = &self.inner;
+        let metrics = &inner.ctx.metrics;
+        metrics.source_entries(&inner.name, "relayed", report.relayed);
+        metrics.source_entries(&inner.name, "failed", report.failed);
+        metrics.source_entries(&inner.name, "dead", report.dead);
+        metrics.source_entries(&inner.name, "lease_lost", report.lease_lost);
+        metrics.source_entries(&inner.name, "reclaimed", report.reclaimed);
+        if report.lease_lost > 0 {
+            tracing::warn!(source = %inner.name, lost = report.lease_lost, "finishes with a lease token no longer in force changed nothing");
+        }
+    }
+
+    /// The nodes waiting for acknowledgements: those whose every delivery
+    /// was acknowledged (or that have none) are marked delivered, those
+    /// with a dead-lettered delivery and none open are marked refused, the
+    /// rest have their leases renewed once a third of the lease has passed.
+    /// A node whose lease was lost meanwhile is forgotten (its new holder
+    /// finishes it).
+    async fn settle(&self, outbox: &Outbox, report: &mut CycleReport) -> Result<(), OutboxError> {
+        let inner = &self.inner;
+        let waiting: Vec<(String, Awaiting)> = inner
+            .awaiting
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, a)| (id.clone(), a.clone()))
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = waiting.iter().map(|(id, _)| id.clone()).collect();
+        let ctx = &inner.ctx;
+        let progress =
+            match tokio::time::timeout(ctx.db_timeout, ctx.store.delivery_progress(&ids)).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => return Err(OutboxError::Ingest(e.to_string())),
+                Err(_) => {
+                    return Err(OutboxError::Ingest(format!(
+                        "no answer within {:?}",
+                        ctx.db_timeout
+                    )))
+                }
+            };
+        // By lease token: (delivered ids, refused (id, reason), to renew).
+        type Groups = BTreeMap<String, (Vec<String>, Vec<(String, String)>, Vec<String>)>;
+        let mut groups: Groups = BTreeMap::new();
+        let renew_after = inner.config.lease / 3;
+        for (id, a) in &waiting {
+            let group = groups.entry(a.token.clone()).or_default();
+            match progress.get(id) {
+                None => group.0.push(id.clone()),
+                Some(p) if p.open == 0 && p.dead == 0 => group.0.push(id.clone()),
+                Some(p) if p.open == 0 => group.1.push((
+                    id.clone(),
+                    format!(
+                        "dead-lettered in outboxd: {}",
+                        p.dead_reason.as_deref().unwrap_or("no reason recorded")
+                    ),
+                )),
+                Some(_) if a.leased_at.elapsed() >= renew_after => group.2.push(id.clone()),
+                Some(_) => {}
+            }
+        }
+        let mut done: Vec<String> = Vec::new();
+        let mut moved_on: Vec<String> = Vec::new();
+        for (token, (delivered, refused, renew)) in groups {
+            if !delivered.is_empty() {
+                let n = delivered.len() as u64;
+                let kept = outbox.finish_delivered(&token, delivered.clone()).await?;
+                report.relayed += kept;
+                report.lease_lost += n - kept;
+                done.extend(delivered);
+            }
+            if !refused.is_empty() {
+                let n = refused.len() as u64;
+                for (id, reason) in &refused {
+                    tracing::warn!(source = %inner.name, event_id = %id, %reason, "outbox node refused");
+                }
+                done.extend(refused.iter().map(|(id, _)| id.clone()));
+                let kept = outbox.finish_dead(&token, refused).await?;
+                report.dead += kept;
+                report.lease_lost += n - kept;
+            }
+            if !renew.is_empty() {
+                let kept = outbox.renew(&token, renew.clone()).await?;
+                let mut awaiting = inner.awaiting.lock().unwrap();
+                for id in &renew {
+                    if kept.contains(id) {
+                        if let Some(a) = awaiting.get_mut(id) {
+                            a.leased_at = Instant::now();
+                        }
+                    } else {
+                        report.lease_lost += 1;
+                        awaiting.remove(id);
+                    }
+                }
+            }
+        }
+        let mut awaiting = inner.awaiting.lock().unwrap();
+        for id in done {
+            if let Some(a) = awaiting.remove(&id) {
+                moved_on.extend(a.stream);
+            }
+        }
+        drop(awaiting);
+        outbox.note_finished(moved_on);
+        Ok(())
     }
 
     /// Ingest the events of `good` in one store transaction. An event the
@@ -290,6 +472,11 @@ impl Relay {
         store_error
     }
 
+    /// Nodes waiting for their destinations' acknowledgements.
+    pub fn awaiting(&self) -> usize {
+        self.inner.awaiting.lock().unwrap().len()
+    }
+
     /// Retry delay after `attempts` attempts: base × 2^(attempts−1), capped,
     /// with up to 20% jitter.
     fn retry_delay(&self, attempts: i64) -> Duration {
@@ -299,4 +486,15 @@ impl Relay {
         d.mul_f64(1.0 + rand::random::<f64>() * 0.2)
             .min(c.retry_cap)
     }
+}
+
+/// The streams of `claimed` that are not among `kept` (their nodes were
+/// refused, so the stream moved on).
+fn claimed_streams_of(claimed: &[String], kept: &[&ClaimedNode]) -> Vec<String> {
+    let kept: HashSet<&str> = kept.iter().filter_map(|n| n.stream.as_deref()).collect();
+    claimed
+        .iter()
+        .filter(|s| !kept.contains(s.as_str()))
+        .cloned()
+        .collect()
 }

@@ -1,12 +1,13 @@
-//! Field paths inside a CouchDB document and the `event-type` template
-//! rendered over an outbox entry's fields.
+//! Field paths inside a JSON value and the event-type template a source
+//! renders over an outbox entry's fields (a CouchDB entry's `event-type`,
+//! a Neo4j node's `event.type`).
 //!
 //! Owns the dotted-path lookup ([`at_path`]) and the `{field}` template
-//! ([`Template`]); [`super::config`] parses the template to check the
-//! configuration and [`super::entry`] renders it per entry.
+//! ([`Template`]); each source parses its template to check the
+//! configuration and renders it per entry.
 //!
-//! Must never: know the entry shape's rules (what makes an entry
-//! malformed lives in [`super::entry`]).
+//! Must never: know an entry shape's rules (what makes an entry malformed
+//! lives with each source).
 
 use serde_json::Value;
 
