@@ -186,4 +186,15 @@ if [[ ! -d "$pouch/node_modules" ]] || [[ "$pouch/package-lock.json" -nt "$pouch
         fail "npm ci --prefix tests/couchdb" "run it by hand; it needs the npm registry once"
 fi
 
+# --- the vault's programs (tests) --------------------------------------------
+# The vault's outbox writer and dispatcher of the takeover tests run on the
+# official Neo4j JavaScript driver, pinned by tests/vault/package-lock.json
+# (tests/integration_takeover.rs runs the same install when it is missing).
+vault="$root/tests/vault"
+if [[ ! -d "$vault/node_modules" ]] || [[ "$vault/package-lock.json" -nt "$vault/node_modules" ]]; then
+    say "installing neo4j-driver (tests/vault)"
+    npm ci --prefix "$vault" --no-audit --no-fund --loglevel=error ||
+        fail "npm ci --prefix tests/vault" "run it by hand; it needs the npm registry once"
+fi
+
 say "ready: PostgreSQL $pg_version on 127.0.0.1:5432, RabbitMQ on 127.0.0.1:5672, wasm32-wasip2, $(java -version 2>&1 | head -n1), node $(node --version)"
