@@ -1198,7 +1198,7 @@ def main():
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
     ap.add_argument("--out", help="stem of the results files in bench/results (default latest, --ci: ci)")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,schemas,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,neo4j,couchdb,debezium,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,schemas,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,neo4j,takeover,couchdb,debezium,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -1208,7 +1208,7 @@ def main():
         # Peers, and the stages that start servers of their own (Neo4j,
         # pouchdb-server, a logical-replication PostgreSQL), stay out of the
         # tiny run: it proves the harness, within the test suite's time.
-        ctx.skip.update({"peers", "neo4j", "couchdb", "debezium"})
+        ctx.skip.update({"peers", "neo4j", "takeover", "couchdb", "debezium"})
     os.makedirs(RUN, exist_ok=True)
     for f in os.listdir(RUN):
         if f.endswith(".log"):
@@ -1285,6 +1285,10 @@ def main():
             log("neo4j source: 1 and 3 relays against plain neo4rs + sqlx; claim against backlog")
             ctx.results["neo4j"] = sources.neo4j(ctx)
             log(json.dumps(ctx.results["neo4j"]))
+        if "takeover" not in ctx.skip:
+            log("vault takeover: outboxd with deploy/vault against the vault's own dispatcher")
+            ctx.results["takeover"] = sources.takeover(ctx)
+            log(json.dumps(ctx.results["takeover"]))
         if "couchdb" not in ctx.skip:
             log("couchdb source against plain reqwest + lapin")
             ctx.results["couchdb"] = sources.couchdb(ctx)

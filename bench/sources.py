@@ -1,6 +1,7 @@
 """The new sources' benchmark stages (4f Neo4j, 4g CouchDB), called by run.py.
 
-Owns: running bench/rust/examples/neo4j_bench.rs and bench/rust/examples/couchdb_bench.rs
+Owns: running bench/rust/examples/neo4j_bench.rs (the relay, and --takeover against
+the vault's dispatcher) and bench/rust/examples/couchdb_bench.rs
 at the run's size and reading the one JSON line each prints last. Each
 function takes run.py's ctx (ctx.mode, ctx.example(name), ctx.bin) and
 returns a dict for ctx.results. Must never measure anything itself or start
@@ -21,6 +22,13 @@ NEO4J_SIZES = {
     "ci": dict(nodes=1_000, streams=10, claim=[1_000, 5_000], claim_samples=5),
     "small": dict(nodes=10_000, streams=100, claim=[10_000, 100_000], claim_samples=20),
     "full": dict(nodes=100_000, streams=1_000, claim=[10_000, 1_000_000], claim_samples=40),
+}
+
+TAKEOVER_SIZES = {
+    # vault nodes, packets, longest drain per side (s)
+    "ci": dict(nodes=1_000, packets=10, window=30),
+    "small": dict(nodes=10_000, packets=100, window=60),
+    "full": dict(nodes=100_000, packets=1_000, window=120),
 }
 
 COUCHDB_SIZES = {
@@ -59,6 +67,17 @@ def neo4j(ctx):
            "--relays", "1,3", "--claim", ",".join(str(c) for c in s["claim"]),
            "--claim-samples", str(s["claim_samples"]), "--outboxd", os.path.join(ctx.bin, "outboxd")]
     return _last_json(cmd, "neo4j_bench", cwd=ROOT)
+
+
+def takeover(ctx):
+    """Vault nodes delivered per second from a backlog by the vault's own
+    dispatcher (1 and 3 processes, its defaults) against outboxd with
+    deploy/vault/ (1 and 3 relays), both to the same receiver."""
+    s = TAKEOVER_SIZES[ctx.mode]
+    cmd = [ctx.example("neo4j_bench"), "--takeover", "--vault-nodes", str(s["nodes"]),
+           "--vault-packets", str(s["packets"]), "--vault-window", str(s["window"]),
+           "--dispatchers", "1,3", "--relays", "1,3", "--outboxd", os.path.join(ctx.bin, "outboxd")]
+    return _last_json(cmd, "neo4j_bench --takeover", cwd=ROOT)
 
 
 def couchdb(ctx):
@@ -103,6 +122,21 @@ def markdown(R):
         for c in n4["claim"]:
             out.append(f"| {c['pending']:,} | {c['p50_ms']:.1f} | {c['mean_ms']:.1f} | {c['claimed_per_call']:.0f} |")
         out += ["", f"Largest / smallest backlog (p50): **{fmt(n4.get('claim_large_vs_small'), 2)}** (aim ≤ 2)."]
+    tk = R.get("takeover")
+    if tk:
+        out += ["", "## 4h. Taking over a vault's outbox", "",
+                f"`bench/rust/examples/neo4j_bench.rs --takeover`: {tk['nodes']:,} outbox nodes over "
+                f"{tk['packets']:,} packets written in the vault's own shape and types, drained into one "
+                "awareness-shaped receiver by the vault's dispatcher (`tests/vault/vault.mjs`, its protocol and "
+                "defaults: batch 50, poll 1 s) and, on a fresh backlog, by outboxd with `deploy/vault/` "
+                "(`delivered-when = \"acknowledged\"`, the `awareness` sink). Both lease lock-first, keep one "
+                "node per packet in flight and mark a node delivered once the receiver answered. "
+                f"*delivered/s*: nodes over first → last `acknowledgedAt`, within {tk['window_s']} s.", "",
+                "| side | processes | delivered/s | delivered |", "|---|---|---|---|"]
+        for r in tk["runs"]:
+            out.append(f"| {r['side']} | {r['processes']} | {fmt(r['delivered_per_s'])} | {r['delivered']:,} |")
+        out += ["", f"outboxd 1 / dispatcher 1: **{fmt(tk.get('relays_1_vs_dispatchers_1'), 2)}**; "
+                    f"3 / 3: **{fmt(tk.get('relays_3_vs_dispatchers_3'), 2)}** (aim ≥ 1)."]
     cd = R.get("couchdb")
     if cd:
         out += ["", "## 4g. The couchdb source", "",
@@ -130,6 +164,11 @@ def summary(R, s):
         if n4.get("claim_large_vs_small") is not None:
             c = n4["claim"]
             s[f"neo4j claim {c[-1]['pending']:,} / {c[0]['pending']:,} pending (p50)"] = n4["claim_large_vs_small"]
+    tk = R.get("takeover")
+    if tk:
+        for key, name in [("relays_1_vs_dispatchers_1", "1"), ("relays_3_vs_dispatchers_3", "3")]:
+            if tk.get(key) is not None:
+                s[f"vault takeover: outboxd {name} / the vault's dispatcher {name}"] = tk[key]
     cd = R.get("couchdb")
     if cd:
         s["couchdb source / plain reqwest + lapin"] = cd["ratio"]

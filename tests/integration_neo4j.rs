@@ -596,6 +596,28 @@ async fn config_errors_name_the_key() {
     assert!(e.contains("lease"), "{e}");
     let e = load("[sources.graph]\nkind = \"neo5j\"\nurl = \"bolt://x\"\n");
     assert!(e.contains("neo5j"), "{e}");
+    // An owner's vocabulary: words that collide, a word that is not plain,
+    // text for the relay's own times, a bad type template.
+    let base = "[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://x\"\n";
+    let e = load(&format!(
+        "{base}[sources.graph.statuses]\npending = \"new\"\nin-flight = \"busy\"\nfailed = \"new\"\ndelivered = \"done\"\n"
+    ));
+    assert!(
+        e.contains("sources.graph.statuses.failed") && e.contains("statuses.pending"),
+        "{e}"
+    );
+    let e = load(&format!(
+        "{base}[sources.graph.statuses]\nin-flight = \"in flight\"\n"
+    ));
+    assert!(e.contains("sources.graph.statuses.in-flight"), "{e}");
+    let e = load(&format!("{base}time-encoding = \"iso8601\"\n"));
+    assert!(e.contains("sources.graph.time-encoding"), "{e}");
+    let e = load(&format!("{base}[sources.graph.event]\ntype = \"a.{{op\"\n"));
+    assert!(e.contains("sources.graph.event.type"), "{e}");
+    let e = load(&format!(
+        "{base}[sources.graph.event]\nextensions = [\"leaseToken\"]\n"
+    ));
+    assert!(e.contains("sources.graph.event.extensions"), "{e}");
     // A good one loads.
     std::fs::write(&file, "[sources.graph]\nkind = \"neo4j\"\nurl = \"bolt://127.0.0.1:7687\"\nbatch-size = 10\nlease = \"30s\"\n[sources.graph.properties]\nstream = \"streamKey\"\n").unwrap();
     let config = outboxd::config::Config::load(Some(&file), serde_json::json!({})).unwrap();

@@ -24,11 +24,26 @@
 //!   the claim test of `tests/integration_neo4j.rs`), each claim's nodes
 //!   then finished untimed; median and mean per backlog.
 //!
+//! - **Takeover** (`--takeover`, run on its own): a backlog of
+//!   `--vault-nodes` outbox nodes over `--vault-packets` packets written in
+//!   the vault's own shape and types (`Date.now()` FLOATs, ISO
+//!   `occurredAt`, `dataJson`), drained into one awareness-shaped receiver
+//!   (`POST /ingest`, 200) by D of the vault's dispatchers
+//!   (`tests/vault/vault.mjs dispatch`, its protocol with its defaults:
+//!   batch 50, poll 1 s, lease 30 s) and, on a fresh backlog, by R outboxd
+//!   processes with `deploy/vault/` (`delivered-when = "acknowledged"`, the
+//!   `awareness` sink). Both do the same safe work: lock-first lease, one
+//!   node per packet at a time, marked delivered only once the receiver
+//!   answered. *Delivered/s* is the nodes marked delivered over first →
+//!   last `acknowledgedAt`, within `--vault-window` seconds.
+//!
 //! ```sh
 //! scripts/setup.sh    # Java 17 + Maven; builds tests/neo4j once
 //! cargo build --release -p outboxd --bin outboxd && cargo build --release -p outboxd-bench --example neo4j_bench
 //! target/release/examples/neo4j_bench [--nodes 10000] [--streams 100] [--relays 1,3] \
 //!     [--claim 10000,100000] [--claim-samples 20] [--bolt bolt://127.0.0.1:7687] [--outboxd PATH]
+//! target/release/examples/neo4j_bench --takeover [--vault-nodes 100000] [--vault-packets 1000] \
+//!     [--dispatchers 1,3] [--relays 1,3] [--vault-window 120]
 //! ```
 //!
 //! Without `--bolt` it starts the embedded Neo4j 5.26 of `tests/neo4j/`
@@ -81,6 +96,11 @@ struct Args {
     claim_samples: usize,
     bolt: Option<String>,
     outboxd: Option<PathBuf>,
+    takeover: bool,
+    vault_nodes: usize,
+    vault_packets: usize,
+    dispatchers: Vec<usize>,
+    vault_window: Duration,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -92,6 +112,11 @@ fn args() -> anyhow::Result<Args> {
         claim_samples: 20,
         bolt: None,
         outboxd: None,
+        takeover: false,
+        vault_nodes: 10_000,
+        vault_packets: 100,
+        dispatchers: vec![1, 3],
+        vault_window: Duration::from_secs(120),
     };
     let list = |v: &str| -> anyhow::Result<Vec<usize>> {
         v.split(',')
@@ -100,6 +125,10 @@ fn args() -> anyhow::Result<Args> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--takeover" {
+            a.takeover = true;
+            continue;
+        }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--nodes" => a.nodes = value.parse()?,
@@ -109,9 +138,14 @@ fn args() -> anyhow::Result<Args> {
             "--claim-samples" => a.claim_samples = value.parse()?,
             "--bolt" => a.bolt = Some(value),
             "--outboxd" => a.outboxd = Some(value.into()),
+            "--vault-nodes" => a.vault_nodes = value.parse()?,
+            "--vault-packets" => a.vault_packets = value.parse()?,
+            "--dispatchers" => a.dispatchers = list(&value)?,
+            "--vault-window" => a.vault_window = Duration::from_secs(value.parse()?),
             other => bail!(
                 "unknown flag {other} (known: --nodes, --streams, --relays, --claim, \
-                 --claim-samples, --bolt, --outboxd)"
+                 --claim-samples, --bolt, --outboxd, --takeover, --vault-nodes, --vault-packets, \
+                 --dispatchers, --vault-window)"
             ),
         }
     }
@@ -661,6 +695,9 @@ async fn main() -> anyhow::Result<()> {
             (uri, Some((child, home)))
         }
     };
+    if a.takeover {
+        return takeover(&a, &bin, &uri).await;
+    }
     let mut relays = Vec::new();
     let mut plain = None;
     for (i, &r) in a.relays.iter().enumerate() {
@@ -723,6 +760,281 @@ async fn main() -> anyhow::Result<()> {
             "claim": claim,
             "claim_samples": a.claim_samples,
             "claim_large_vs_small": claim_ratio,
+        })
+    );
+    Ok(())
+}
+
+/// `nodes` outbox nodes over `packets` packets as the vault writes them
+/// (`tests/vault/vault.mjs write`): epoch-millisecond FLOATs, ISO text
+/// `occurredAt`, JSON text `dataJson`, integer `streamVersion` and
+/// `attempts`, no type property.
+async fn fill_vault_backlog(
+    g: &Graph,
+    label: &str,
+    nodes: usize,
+    packets: usize,
+) -> anyhow::Result<()> {
+    let mut from = 0;
+    while from < nodes {
+        let to = (from + FILL_CHUNK).min(nodes);
+        g.run(
+            query(&format!(
+                "UNWIND range($from, $to - 1) AS k \
+                 WITH k, k % $packets AS p, k / $packets + 1 AS v, toFloat(datetime().epochMillis) AS now \
+                 CREATE (:`{label}` {{eventId: 'P' + toString(p) + '-' + toString(v), \
+                   packetId: 'P' + toString(p), schemaId: '550e8400-e29b-41d4-a716-446655440000', \
+                   w3id: '@user-' + toString(p), evaultPublicKey: 'z6Mk-bench', \
+                   dataJson: '{{\"packet\": ' + toString(p) + ', \"v\": ' + toString(v) + '}}', \
+                   operation: 'update', occurredAt: toString(datetime()), streamVersion: v, \
+                   status: 'pending', attempts: 0, nextAttemptAt: now, createdAt: now}})"
+            ))
+            .param("from", from as i64)
+            .param("to", to as i64)
+            .param("packets", packets as i64),
+        )
+        .await?;
+        from = to;
+    }
+    Ok(())
+}
+
+/// (delivered count, milliseconds from the first `acknowledgedAt` to the
+/// last).
+async fn acknowledged(g: &Graph, label: &str) -> anyhow::Result<(usize, i64)> {
+    let mut rows = g
+        .execute(query(&format!(
+            "MATCH (n:`{label}`) WHERE n.status = 'delivered' \
+             WITH count(n) AS c, min(n.acknowledgedAt) AS a, max(n.acknowledgedAt) AS b \
+             RETURN c, CASE WHEN c = 0 THEN 0 ELSE toInteger(b - a) END AS ms"
+        )))
+        .await?;
+    let row = rows.next().await?.context("a count row")?;
+    Ok((row.get::<i64>("c")? as usize, row.get::<i64>("ms")?))
+}
+
+/// An awareness service's `POST /ingest` on loopback that answers 200 to
+/// every post; returns its origin and the count of posts.
+async fn ingest_receiver() -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicU64>)>
+{
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let posts = std::sync::Arc::new(AtomicU64::new(0));
+    let counted = posts.clone();
+    let app = axum::Router::new().route(
+        "/ingest",
+        axum::routing::post(move |_body: bytes::Bytes| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::Relaxed);
+                r#"{"ok":true}"#
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((format!("http://{addr}"), posts))
+}
+
+/// One side of the takeover comparison: what drained how much, how fast.
+struct Drain {
+    delivered: usize,
+    per_s: f64,
+}
+
+/// Wait until every node of `label` is delivered or `window` passed, with
+/// `children` running; then the rate over first → last `acknowledgedAt`.
+async fn drain(
+    g: &Graph,
+    label: &str,
+    nodes: usize,
+    window: Duration,
+    children: &mut [Killed],
+    what: &str,
+) -> anyhow::Result<Drain> {
+    let started = Instant::now();
+    loop {
+        let (done, _) = acknowledged(g, label).await?;
+        if done >= nodes || started.elapsed() >= window {
+            break;
+        }
+        for (i, c) in children.iter_mut().enumerate() {
+            if let Some(status) = c.0.try_wait()? {
+                bail!("{what} {i} exited ({status}) after {done} of {nodes} nodes");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (delivered, span_ms) = acknowledged(g, label).await?;
+    ensure!(delivered > 0, "{what}: nothing delivered within {window:?}");
+    Ok(Drain {
+        delivered,
+        per_s: delivered as f64 / (span_ms.max(1) as f64 / 1e3),
+    })
+}
+
+/// `n` of the vault's dispatchers (its defaults) drain a fresh backlog.
+async fn run_dispatchers(a: &Args, uri: &str, n: usize, target: &str) -> anyhow::Result<Drain> {
+    let label = unique("Vault");
+    let outbox = indexes(uri, &label).await?;
+    fill_vault_backlog(outbox.graph(), &label, a.vault_nodes, a.vault_packets).await?;
+    let script = repo().join("tests/vault/vault.mjs");
+    ensure!(
+        repo()
+            .join("tests/vault/node_modules/neo4j-driver")
+            .exists(),
+        "tests/vault/node_modules is missing: run scripts/setup.sh (npm ci --prefix tests/vault)"
+    );
+    let dir = tempfile::tempdir()?;
+    let mut children = Vec::new();
+    for i in 0..n {
+        let log = std::fs::File::create(dir.path().join(format!("dispatcher{i}.log")))?;
+        let child = Command::new("node")
+            .arg(&script)
+            .args([
+                "dispatch", "--url", uri, "--label", &label, "--target", target,
+            ])
+            .args(["--secret", "bench", "--worker", &format!("vault-{i}")])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("run node tests/vault/vault.mjs")?;
+        children.push(Killed(child));
+    }
+    let result = drain(
+        outbox.graph(),
+        &label,
+        a.vault_nodes,
+        a.vault_window,
+        &mut children,
+        "dispatcher",
+    )
+    .await;
+    drop(children);
+    delete_label(outbox.graph(), &label).await;
+    result
+}
+
+/// `n` outboxd processes with `deploy/vault/` drain a fresh backlog into
+/// the receiver through the `awareness` sink.
+async fn run_vault_relays(
+    a: &Args,
+    bin: &Path,
+    uri: &str,
+    n: usize,
+    target: &str,
+) -> anyhow::Result<Drain> {
+    let label = unique("Vault");
+    let outbox = indexes(uri, &label).await?;
+    fill_vault_backlog(outbox.graph(), &label, a.vault_nodes, a.vault_packets).await?;
+    let (db, url) = new_db(&format!("v{n}")).await?;
+    let dir = tempfile::tempdir()?;
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    let wasm = repo().join("target/plugins/awareness.wasm");
+    ensure!(
+        wasm.exists(),
+        "{} is missing: run scripts/build-plugins.sh",
+        wasm.display()
+    );
+    std::fs::copy(&wasm, plugins.join("awareness.wasm"))?;
+    std::fs::copy(
+        repo().join("deploy/vault/awareness.toml"),
+        plugins.join("awareness.toml"),
+    )?;
+    let mut children = Vec::new();
+    for i in 0..n {
+        let log = std::fs::File::create(dir.path().join(format!("relay{i}.log")))?;
+        let child = Command::new(bin)
+            .arg("run")
+            .env("OUTBOXD_CONFIG", repo().join("deploy/vault/outboxd.toml"))
+            .env("OUTBOXD_DATABASE_URL", &url)
+            .env("OUTBOXD_LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env("OUTBOXD_PLUGINS_DIR", &plugins)
+            .env("OUTBOXD_DATA_DIR", dir.path().join(format!("data{i}")))
+            .env("OUTBOXD_SOURCES__VAULT__URL", uri)
+            .env("OUTBOXD_SOURCES__VAULT__LABEL", &label)
+            .env("VAULT_NEO4J_PASSWORD", "")
+            .env("OUTBOXD_AWARENESS_URL", target)
+            .env("OUTBOXD_AWARENESS_ALLOW", target)
+            .env("OUTBOXD_AWARENESS_INGEST_SECRET", "bench")
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_OUTBOXD_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("run {}", bin.display()))?;
+        children.push(Killed(child));
+    }
+    let result = drain(
+        outbox.graph(),
+        &label,
+        a.vault_nodes,
+        a.vault_window,
+        &mut children,
+        "relay",
+    )
+    .await;
+    drop(children);
+    for i in 0..n {
+        let trouble = log_trouble(dir.path(), i, 5);
+        if !trouble.is_empty() {
+            eprintln!(
+                "neo4j_bench: vault relay {i} of {n} logged (first {}):\n{}",
+                trouble.len(),
+                trouble.join("\n")
+            );
+        }
+    }
+    drop_db(&db).await;
+    delete_label(outbox.graph(), &label).await;
+    result
+}
+
+/// The takeover comparison: the vault's dispatchers against outboxd's
+/// relays doing the same safe work on the same backlog shape.
+async fn takeover(a: &Args, bin: &Path, uri: &str) -> anyhow::Result<()> {
+    let (target, posts) = ingest_receiver().await?;
+    let mut rows = Vec::new();
+    let mut rate = std::collections::BTreeMap::new();
+    for &d in &a.dispatchers {
+        let run = run_dispatchers(a, uri, d, &target).await?;
+        eprintln!(
+            "neo4j_bench: {d} vault dispatcher(s): {:.0} nodes/s ({} delivered)",
+            run.per_s, run.delivered
+        );
+        rate.insert(format!("dispatchers_{d}"), run.per_s);
+        rows.push(json!({"side": "vault dispatcher", "processes": d, "delivered_per_s": run.per_s.round(), "delivered": run.delivered}));
+    }
+    for &r in &a.relays {
+        let run = run_vault_relays(a, bin, uri, r, &target).await?;
+        eprintln!(
+            "neo4j_bench: {r} outboxd relay(s), deploy/vault: {:.0} nodes/s ({} delivered)",
+            run.per_s, run.delivered
+        );
+        rate.insert(format!("relays_{r}"), run.per_s);
+        rows.push(json!({"side": "outboxd", "processes": r, "delivered_per_s": run.per_s.round(), "delivered": run.delivered}));
+    }
+    let vs = |r: usize, d: usize| match (
+        rate.get(&format!("relays_{r}")),
+        rate.get(&format!("dispatchers_{d}")),
+    ) {
+        (Some(o), Some(v)) => Some(ratio(*o, *v)),
+        _ => None,
+    };
+    println!(
+        "{}",
+        json!({
+            "stage": "takeover",
+            "nodes": a.vault_nodes,
+            "packets": a.vault_packets,
+            "window_s": a.vault_window.as_secs(),
+            "runs": rows,
+            "posts": posts.load(std::sync::atomic::Ordering::Relaxed),
+            "relays_1_vs_dispatchers_1": vs(1, 1),
+            "relays_3_vs_dispatchers_3": vs(3, 3),
         })
     );
     Ok(())
