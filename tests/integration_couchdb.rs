@@ -10,6 +10,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -1182,6 +1183,264 @@ async fn an_entry_published_meanwhile_or_a_deleted_document_is_success_without_a
         "the deleted document stays deleted"
     );
     d.stop().await;
+    queue.delete().await;
+    delete_exchange(&exchange).await;
+}
+
+/// The document service's own publisher, as its protocol goes: each
+/// pending entry of a document, in sequence order, published (confirmed)
+/// with its routing key and the event id as message id, then marked
+/// `published` in a new revision of its document (re-read and tried again
+/// on 409; an entry found published already is left as it is — someone
+/// else published and marked it). Runs until `stop` turns true.
+async fn document_service_publisher(couch_url: String, exchange: String, stop: Arc<AtomicBool>) {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (_conn, ch) = channel().await;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        let all: Value = match http
+            .get(format!("{couch_url}/{DB}/_all_docs?include_docs=true"))
+            .send()
+            .await
+        {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        };
+        for row in all["rows"].as_array().cloned().unwrap_or_default() {
+            let id = row["id"].as_str().unwrap_or("").to_string();
+            if id.starts_with("_design/") {
+                continue;
+            }
+            let mut entries = row["doc"]["extensions"]["_server_outbox"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            entries.sort_by_key(|e| e["sequence"].as_u64());
+            for e in entries.iter().filter(|e| e["status"] == "pending") {
+                let event_id = e["event_id"].as_str().unwrap().to_string();
+                let props =
+                    lapin::BasicProperties::default().with_message_id(event_id.as_str().into());
+                let published = async {
+                    ch.basic_publish(
+                        exchange.as_str().into(),
+                        e["routing_key"].as_str().unwrap().into(),
+                        BasicPublishOptions::default(),
+                        e["payload"].to_string().as_bytes(),
+                        props,
+                    )
+                    .await?
+                    .await
+                }
+                .await;
+                if !matches!(published, Ok(c) if c.is_ack()) {
+                    break; // the next entries of this document wait
+                }
+                if !mark_published(&http, &couch_url, &id, &event_id).await {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Mark `event_id` published in document `id`, re-reading on 409; false
+/// when CouchDB failed otherwise.
+async fn mark_published(http: &reqwest::Client, couch_url: &str, id: &str, event_id: &str) -> bool {
+    for _ in 0..20 {
+        let Ok(r) = http.get(format!("{couch_url}/{DB}/{id}")).send().await else {
+            return false;
+        };
+        let Ok(mut doc) = r.json::<Value>().await else {
+            return false;
+        };
+        let Some(entry) = doc["extensions"]["_server_outbox"]
+            .as_array_mut()
+            .and_then(|es| es.iter_mut().find(|e| e["event_id"] == event_id))
+        else {
+            return true;
+        };
+        if entry["status"] == "published" {
+            return true;
+        }
+        entry["status"] = json!("published");
+        entry["published_at"] = json!("2026-12-04T12:00:00.000Z");
+        match http
+            .put(format!("{couch_url}/{DB}/{id}"))
+            .json(&doc)
+            .send()
+            .await
+        {
+            Ok(r) if r.status().as_u16() == 409 => continue,
+            Ok(r) => return r.status().is_success(),
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Append entry `sequence` to document `id` in a new revision, as the
+/// document service does on a mutation (re-read on 409).
+async fn append_entry(couch: &CouchServer, id: &str, sequence: u64) {
+    let event_id = format!("{id}-e{sequence:03}");
+    loop {
+        let mut doc = couch.get(DB, id).await.unwrap();
+        let e = entry(&event_id, id, sequence, "updated", "person");
+        doc["extensions"]["_server_outbox"]
+            .as_array_mut()
+            .unwrap()
+            .push(e.clone());
+        doc["extensions"]["_server_mutations"][e["mutation_id"].as_str().unwrap()] =
+            e["content_hash"].clone();
+        let (status, body) = couch.put(DB, id, &doc).await;
+        match status {
+            201 | 202 => return,
+            409 => continue,
+            _ => panic!("append to {id}: {status} {body}"),
+        }
+    }
+}
+
+/// Taking over from the document service's own publisher: it runs alone,
+/// then beside outboxd (SIGKILLed three times) while the service keeps
+/// writing revisions, then outboxd alone, then outboxd is killed and the
+/// service's publisher finishes (handing back). Every entry reaches the
+/// consumer, the first arrivals of each document in sequence order, every
+/// entry ends `published`, and no entry is marked twice (each document has
+/// exactly one revision per write and one per mark).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_document_services_publisher_beside_outboxd_then_handed_back_loses_nothing() {
+    const DOCS: usize = 12;
+    const ENTRIES: u64 = 8;
+    let couch = Arc::new(CouchServer::start().await);
+    couch.create_db(DB).await;
+    let exchange = unique("x");
+    declare_exchange(&exchange).await;
+    let queue = Queue::bind(&exchange, "documents.#").await;
+    let plugins = plugins_with(&couch, &exchange, "2s");
+    let db = TestDb::new(Backend::Sqlite).await;
+    let data = tempfile::tempdir().unwrap();
+    let config = child_config(&couch, &plugins, &db, data.path(), "couchdb-takeover");
+    let doc_id = |d: usize| format!("t-{d:02}");
+
+    // The document service: each document created with its first entry,
+    // then one mutation after another.
+    for d in 0..DOCS {
+        let id = doc_id(d);
+        let first = entry(&format!("{id}-e001"), &id, 1, "new", "person");
+        couch
+            .save(DB, &id, &document("person", json!({}), &[first]))
+            .await;
+    }
+    let writer = {
+        let couch = couch.clone();
+        tokio::spawn(async move {
+            for sequence in 2..=ENTRIES {
+                for d in 0..DOCS {
+                    append_entry(&couch, &doc_id(d), sequence).await;
+                }
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+        })
+    };
+
+    // Its publisher alone, then outboxd beside it, SIGKILLed three times.
+    let stop_first = Arc::new(AtomicBool::new(false));
+    let first = tokio::spawn(document_service_publisher(
+        couch.url.clone(),
+        exchange.clone(),
+        stop_first.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut child = ChildDaemon::spawn(&config);
+    child.wait_healthy(WAIT).await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        child.kill();
+        child = ChildDaemon::spawn(&config);
+        child.wait_healthy(WAIT).await;
+    }
+    // The switch: the service's publisher off, outboxd alone.
+    stop_first.store(true, Ordering::Relaxed);
+    first.await.unwrap();
+    writer.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Handing back: outboxd killed mid-flight, the service's publisher on.
+    child.kill();
+    let stop_second = Arc::new(AtomicBool::new(false));
+    let second = tokio::spawn(document_service_publisher(
+        couch.url.clone(),
+        exchange.clone(),
+        stop_second.clone(),
+    ));
+    let all_published = || async {
+        let mut n = 0;
+        for d in 0..DOCS {
+            let doc = couch.get(DB, &doc_id(d)).await.unwrap();
+            n += doc["extensions"]["_server_outbox"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["status"] == "published")
+                .count();
+        }
+        n
+    };
+    let total = DOCS * ENTRIES as usize;
+    let start = std::time::Instant::now();
+    while all_published().await < total {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{} of {total} published",
+            all_published().await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop_second.store(true, Ordering::Relaxed);
+    second.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Every entry consumed; per document the first arrivals in order.
+    let mut first_seen: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    let mut ids = std::collections::BTreeSet::new();
+    for got in queue.seen() {
+        let id = got.message_id.clone().expect("a message id");
+        if ids.insert(id.clone()) {
+            let (doc, seq) = id.rsplit_once("-e").unwrap();
+            first_seen
+                .entry(doc.to_string())
+                .or_default()
+                .push(seq.parse().unwrap());
+        }
+    }
+    assert_eq!(ids.len(), total, "entries consumed");
+    for (doc, seqs) in &first_seen {
+        assert_eq!(
+            seqs,
+            &(1..=ENTRIES).collect::<Vec<_>>(),
+            "first arrivals of {doc}"
+        );
+    }
+    // One revision per write and one per mark: nothing marked twice.
+    for d in 0..DOCS {
+        let doc = couch.get(DB, &doc_id(d)).await.unwrap();
+        let rev = doc["_rev"].as_str().unwrap();
+        assert!(
+            rev.starts_with(&format!("{}-", 2 * ENTRIES)),
+            "{}: {rev}",
+            doc_id(d)
+        );
+        for e in doc["extensions"]["_server_outbox"].as_array().unwrap() {
+            assert_eq!(e["status"], "published", "{e}");
+            assert!(e["published_at"].is_string(), "{e}");
+        }
+    }
     queue.delete().await;
     delete_exchange(&exchange).await;
 }

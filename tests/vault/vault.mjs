@@ -41,7 +41,12 @@ const flag = (name) => args.includes(`--${name}`);
 
 const url = opt("url", "bolt://127.0.0.1:7687");
 const label = opt("label", "AwarenessOutbox");
-const streamLabel = opt("stream-label", "AwarenessStream");
+// The vault's counter label; per outbox label apart from the vault's own,
+// so that outboxes side by side in one database count their streams apart.
+const streamLabel = opt(
+    "stream-label",
+    label === "AwarenessOutbox" ? "AwarenessStream" : `${label}Stream`,
+);
 const driver = neo4j.driver(url, neo4j.auth.basic("neo4j", ""), {
     disableLosslessIntegers: true,
 });
@@ -155,7 +160,8 @@ async function dispatch() {
         `CREATE INDEX \`vault_${label}_stream\` IF NOT EXISTS FOR (a:\`${label}\`) ON (a.packetId, a.streamVersion)`,
         `CREATE INDEX \`vault_${label}_acknowledged\` IF NOT EXISTS FOR (a:\`${label}\`) ON (a.acknowledgedAt)`,
     ]) {
-        await driver.executeQuery(statement);
+        // Another dispatcher starting at the same time may be creating it.
+        await driver.executeQuery(statement).catch(() => {});
     }
     await driver.executeQuery("CALL db.awaitIndexes(60)");
     const stats = { delivered: 0, failed: 0, lost: 0 };
