@@ -157,11 +157,15 @@ pub struct Outbox {
     /// first, at most [`SUCCESSORS_KEPT`]: their next node is the likely
     /// next head.
     successors: Mutex<Finished>,
-    /// In-flight nodes whose lease expiry cannot be read, with when this
-    /// relay first and last saw them: taken once `unreadable-lease-wait`
-    /// has passed since first seen. Forgotten when not seen for as long
-    /// (the holder finished them); at most [`UNREADABLE_KEPT`].
-    unreadable: Mutex<HashMap<String, (Instant, Instant)>>,
+    /// Nodes read with a property not as configured, by (event id,
+    /// property key): when this relay first and last saw it so, and how
+    /// many times. A node is reported on its second sighting (a read racing
+    /// another relay's finish can see a status with the properties of the
+    /// next state: Neo4j reads committed data, not a snapshot), and an
+    /// unreadable lease is taken once `unreadable-lease-wait` has passed
+    /// since first seen. Forgotten when not seen for as long (the holder
+    /// finished it); at most [`UNREADABLE_KEPT`].
+    unreadable: Mutex<HashMap<(String, String), Sighting>>,
     /// Malformed nodes found since [`Outbox::take_malformed`] last ran,
     /// each node and property reported once ([`REPORTED_KEPT`] remembered).
     malformed: Mutex<Reported>,
@@ -173,7 +177,15 @@ pub struct Outbox {
 /// reported so far.
 type Reported = (Vec<Malformed>, HashSet<(String, String)>);
 
-/// Most unreadable leases [`Outbox`] waits out at once.
+/// One node's unreadable property as seen by the relay.
+#[derive(Debug, Clone, Copy)]
+struct Sighting {
+    first: Instant,
+    last: Instant,
+    times: u32,
+}
+
+/// Most unreadable properties [`Outbox`] keeps track of at once.
 const UNREADABLE_KEPT: usize = 10_000;
 /// Most malformed (node, property) pairs remembered as reported.
 const REPORTED_KEPT: usize = 100_000;
@@ -257,31 +269,47 @@ impl Outbox {
         }
     }
 
-    /// Note a node the relay read with `bad` (its unreadable property), and
-    /// the ids of in-flight nodes whose unreadable lease has been waited
-    /// out.
+    /// Note a node the relay read with `bad` (the key of its property not
+    /// as configured). Reported on the second sighting.
     fn note_bad(&self, id: &str, bad: &str) {
-        if bad == "lease-expires-at" {
-            let now = Instant::now();
+        let now = Instant::now();
+        let times = {
             let mut u = self.unreadable.lock().unwrap();
-            if u.len() < UNREADABLE_KEPT || u.contains_key(id) {
-                u.entry(id.to_string()).or_insert((now, now)).1 = now;
+            let key = (id.to_string(), bad.to_string());
+            if u.len() >= UNREADABLE_KEPT && !u.contains_key(&key) {
+                return;
             }
+            let seen = u.entry(key).or_insert(Sighting {
+                first: now,
+                last: now,
+                times: 0,
+            });
+            seen.last = now;
+            seen.times += 1;
+            seen.times
+        };
+        if times < 2 {
+            return;
+        }
+        if bad == "lease-expires-at" {
             self.report(id, bad, "waited for, then reclaimed");
         } else {
             self.report(id, bad, "not due until repaired; blocks its stream");
         }
     }
 
-    /// In-flight nodes whose unreadable lease has been waited out: the
-    /// claim may take them. Forgets the ones not seen for as long.
+    /// In-flight nodes whose unreadable lease has been seen twice and
+    /// waited out: the claim may take them. Forgets the sightings not
+    /// renewed for as long as the wait (a minute at least).
     fn reclaimable(&self) -> Vec<String> {
         let wait = self.config.unreadable_lease_wait;
         let mut u = self.unreadable.lock().unwrap();
-        u.retain(|_, (_, last)| last.elapsed() < wait.max(Duration::from_secs(60)));
+        u.retain(|_, s| s.last.elapsed() < wait.max(Duration::from_secs(60)));
         u.iter()
-            .filter(|(_, (first, _))| first.elapsed() >= wait)
-            .map(|(id, _)| id.clone())
+            .filter(|((_, prop), s)| {
+                prop == "lease-expires-at" && s.times >= 2 && s.first.elapsed() >= wait
+            })
+            .map(|((id, _), _)| id.clone())
             .collect()
     }
 
@@ -627,7 +655,8 @@ impl Outbox {
         {
             let mut u = self.unreadable.lock().unwrap();
             for node in &nodes {
-                u.remove(&node.event_id);
+                u.remove(&(node.event_id.clone(), "lease-expires-at".to_string()));
+                u.remove(&(node.event_id.clone(), "next-attempt-at".to_string()));
             }
         }
         Ok(OpenClaim {

@@ -192,12 +192,15 @@ impl Queries {
             "CASE WHEN {} THEN n.{expires} <= {now} ELSE n.{id} IN $reclaim END",
             t.is_time(&format!("n.{expires}"))
         );
+        // Re-reading the status narrows the race with another relay's
+        // finish (read committed); the relay reports a node only when it
+        // sees it so twice.
         let bad_failed = format!(
-            "CASE WHEN n.{next_at} IS NOT NULL AND NOT ({}) THEN 'next-attempt-at' END",
+            "CASE WHEN n.{status} = {failed} AND n.{next_at} IS NOT NULL AND NOT ({}) THEN 'next-attempt-at' END",
             t.is_time(&format!("n.{next_at}"))
         );
         let bad_inflight = format!(
-            "CASE WHEN NOT ({}) THEN 'lease-expires-at' END",
+            "CASE WHEN n.{status} = {inflight} AND NOT ({}) THEN 'lease-expires-at' END",
             t.is_time(&format!("n.{expires}"))
         );
         // Every ORDER BY names the index's properties from the first one:
