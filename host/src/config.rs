@@ -86,6 +86,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The key the secrets kept in the database are sealed under.
     pub secrets: SecretsConfig,
+    /// Traces over OTLP (`[otel]`). Default off.
+    pub otel: crate::otel::OtelConfig,
 }
 
 /// `[metrics]`.
@@ -154,6 +156,7 @@ impl Default for Config {
             tls: None,
             metrics: MetricsConfig::default(),
             secrets: SecretsConfig::default(),
+            otel: crate::otel::OtelConfig::default(),
         }
     }
 }
@@ -284,6 +287,9 @@ impl Config {
                 "secrets.key",
                 "set either secrets.key-file or secrets.key (OUTBOXD_SECRETS__KEY), not both",
             );
+        }
+        if let Err((key, problem)) = self.otel.validate() {
+            return value(&format!("otel.{key}"), &problem);
         }
         if let Some(routes) = &self.routes {
             if let Err((key, problem)) = crate::routing::settings::validate(routes) {

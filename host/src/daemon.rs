@@ -77,6 +77,8 @@ pub struct Daemon {
     tasks: Vec<JoinHandle<()>>,
     /// Delivery loops, one per sink; plugins added while running add theirs.
     sink_tasks: SinkTasks,
+    /// The tracer (off unless `[otel]` enables it), flushed at shutdown.
+    telemetry: crate::otel::Telemetry,
 }
 
 type SinkTasks = Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>;
@@ -93,6 +95,8 @@ impl Daemon {
             Some(t) => Some((t.clone(), crate::tls::server_config(t)?)),
             None => None,
         };
+        let telemetry = crate::otel::Telemetry::start(&config.otel)
+            .map_err(|e| StartError::Config(format!("[otel]: {e}")))?;
         let url = config.effective_database_url();
         let store = open_store(&url, config.delivery.db_timeout, migrations).await?;
         let runtime = Runtime::new()
@@ -119,6 +123,7 @@ impl Daemon {
             metrics: metrics.clone(),
             quarantines: Arc::new(crate::delivery::Quarantines::default()),
             paused: Arc::default(),
+            telemetry: telemetry.clone(),
         };
         let mut tasks = background(&config, &shared, &routes, &live, &shutdown_rx);
         let sink_tasks: SinkTasks = Arc::default();
@@ -158,6 +163,7 @@ impl Daemon {
                 metrics: metrics.clone(),
                 db_timeout: config.delivery.db_timeout,
                 amqp: runtime.amqp().clone(),
+                telemetry: telemetry.clone(),
             },
             sources.clone(),
             shutdown_rx.clone(),
@@ -187,7 +193,7 @@ impl Daemon {
             wake,
             fleet,
         };
-        let app = http_app(&config, ops)?;
+        let app = http_app(&config, ops, &telemetry)?;
         let (addr, server) = serve(config.listen, tls, app, shutdown_rx).await?;
         tasks.extend(server);
         if config.tls.is_none() && !config.listen.ip().is_loopback() {
@@ -211,6 +217,7 @@ impl Daemon {
             shutdown,
             tasks,
             sink_tasks,
+            telemetry,
         })
     }
 
@@ -225,6 +232,7 @@ impl Daemon {
         if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
             tracing::warn!("in-flight batches did not finish within {SHUTDOWN_GRACE:?}; their leases will expire");
         }
+        self.telemetry.shutdown().await;
         tracing::info!("outboxd stopped");
     }
 }
@@ -436,8 +444,13 @@ fn sync_destinations(
 
 /// The HTTP API: ingest and the read API, the awareness-compatible
 /// `POST /ingest` when `[ingest.awareness]` enables it, and operations.
-fn http_app(config: &Config, ops: OpsState) -> Result<axum::Router, StartError> {
+fn http_app(
+    config: &Config,
+    ops: OpsState,
+    telemetry: &crate::otel::Telemetry,
+) -> Result<axum::Router, StartError> {
     let ingest = IngestState {
+        telemetry: telemetry.clone(),
         store: ops.store.clone(),
         routes: ops.routes.clone(),
         limits: config.ingest.clone(),

@@ -16,8 +16,11 @@
 //! `datacontenttype`, `application/json` or any `+json` type) is compared as
 //! canonical JSON — object keys sorted, no insignificant whitespace, numbers
 //! as parsed — so key order and spacing do not make two events different.
-//! Other data is compared byte for byte. `specversion` and the `id` itself
-//! are not part of the content.
+//! Other data is compared byte for byte. `specversion`, the `id` itself
+//! and the trace context (the `traceparent` and `tracestate` extensions:
+//! where the event was sent from, not what it is — a producer that resends
+//! an event from a new trace sends the same event) are not part of the
+//! content.
 
 use std::collections::BTreeMap;
 
@@ -347,7 +350,7 @@ impl NewEvent {
         field("stream", Some(self.stream.as_bytes()));
         let seq = self.sequence.map(|s| s.to_string());
         field("sequence", seq.as_deref().map(str::as_bytes));
-        for (k, v) in &self.extensions {
+        for (k, v) in self.extensions.iter().filter(|(k, _)| !is_trace_context(k)) {
             field(&format!("ext:{k}"), Some(v.as_bytes()));
         }
         field("data", Some(&self.canonical_data()));
@@ -380,12 +383,18 @@ impl NewEvent {
             .keys()
             .chain(other.extensions.keys())
             .collect();
-        for k in keys {
+        for k in keys.into_iter().filter(|k| !is_trace_context(k)) {
             cmp(k, self.extensions.get(k) == other.extensions.get(k));
         }
         cmp("data", self.canonical_data() == other.canonical_data());
         out
     }
+}
+
+/// Whether extension `name` is the trace context (CloudEvents
+/// distributed-tracing extension), left out of the content.
+fn is_trace_context(name: &str) -> bool {
+    name == "traceparent" || name == "tracestate"
 }
 
 /// Canonical form of stored data (see [`NewEvent::canonical_data`]).
@@ -711,6 +720,20 @@ mod tests {
 
     fn ev(json: &str) -> Result<NewEvent, EventError> {
         parse_one(json.as_bytes())
+    }
+
+    #[test]
+    fn the_trace_context_is_not_part_of_the_content() {
+        let base = r#""specversion":"1.0","id":"1","source":"s","type":"t""#;
+        let a = ev(&format!(
+            "{{{base},\"traceparent\":\"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\"}}"
+        ))
+        .unwrap();
+        let b = ev(&format!("{{{base},\"tracestate\":\"x=1\"}}")).unwrap();
+        assert_eq!(a.content_hash(), b.content_hash());
+        assert!(a.differences(&b).is_empty());
+        let c = ev(&format!("{{{base},\"tenant\":\"x\"}}")).unwrap();
+        assert_ne!(a.content_hash(), c.content_hash());
     }
 
     #[test]

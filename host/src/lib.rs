@@ -32,6 +32,7 @@ pub mod interpolate;
 pub mod limits;
 pub mod metrics;
 pub mod ops;
+pub mod otel;
 pub mod plugin;
 pub mod redact;
 pub mod rfc3339;

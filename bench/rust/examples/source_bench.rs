@@ -177,6 +177,7 @@ async fn run_outboxd(url: &str, queue: &str, n: usize, batch: usize) -> f64 {
         wake: outboxd::wakeups::Wakeups::new(),
         db_timeout: outboxd::delivery::settings::DeliveryConfig::default().db_timeout,
         amqp: outboxd::plugin::amqp::AmqpPool::new(),
+        telemetry: Default::default(),
     };
     let config: SourceConfig = toml::from_str(&format!(
         "kind = \"amqp\"\nurl = {:?}\nqueue = {queue:?}\nprefetch = {}\nbatch-size = {batch}\n\

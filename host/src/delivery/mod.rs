@@ -67,6 +67,8 @@ pub struct Shared {
     pub quarantines: Arc<Quarantines>,
     /// Which sinks an operator paused (one read per second for every loop).
     pub paused: Arc<paused::PausedSinks>,
+    /// The tracer: a span per claim, attempt and finish when on.
+    pub telemetry: crate::otel::Telemetry,
 }
 
 /// The stale limit of a sink's loop: its longest healthy turn (plugin

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use super::{retry, Shared, Target};
 use crate::metrics::{SinkLabel, TrapLabel};
+use crate::otel::{SpanHandle, Telemetry, TraceContext, TurnCall};
 use crate::plugin::bindings::{Event, Outcome};
+use crate::plugin::trace::BatchTrace;
 use crate::plugin::SinkFailure;
 use crate::store::{Claimed, Finish, Store, StoreError};
 
@@ -116,6 +118,7 @@ pub(super) async fn turn(
     // plugins loaded, however many destinations each serves.
     let label = plugin.name();
     let db_timeout = shared.config.db_timeout;
+    let claim_started = shared.telemetry.is_on().then(std::time::SystemTime::now);
     let claimed = TurnError::bounded(
         DbCall::Claim,
         db_timeout,
@@ -134,14 +137,20 @@ pub(super) async fn turn(
     if claimed.is_empty() {
         return Ok(TurnReport::default());
     }
+    drop(
+        shared
+            .telemetry
+            .turn_call(TurnCall::Claim, sink, claimed.len(), &[], claim_started),
+    );
     let (claimed, over_budget) = fit_bytes(claimed, plugin.manifest().limits.batch_bytes());
     let fitted = (!over_budget.is_empty()).then_some(claimed.len() as u32);
     if !over_budget.is_empty() {
         release(shared, label, &over_budget).await?;
     }
     let batch: Vec<Event> = claimed.iter().map(to_wit_event).collect();
+    let (attempts, trace) = start_attempts(&shared.telemetry, sink, &claimed);
     let started = std::time::Instant::now();
-    let outcomes = plugin.deliver(&batch).await;
+    let outcomes = plugin.deliver_traced(&batch, trace).await;
     shared
         .metrics
         .attempt_duration
@@ -152,6 +161,7 @@ pub(super) async fn turn(
     let decided = decide(shared, target, sink, &claimed, outcomes);
     let mut finishes = decided.finishes;
     hold_back_behind_failures(&claimed, &mut finishes);
+    let links = end_attempts(attempts, &finishes, decided.failure.as_ref());
     // Every outcome of the batch in one transaction: one commit, not one
     // per delivery (each commit is an fsync, docs/measurements.md).
     let items: Vec<(i64, &str, &Finish)> = claimed
@@ -159,7 +169,18 @@ pub(super) async fn turn(
         .zip(&finishes)
         .map(|(c, f)| (c.delivery_id, c.lease_token.as_str(), f))
         .collect();
-    let kept = finish_with_retries(&*shared.store, &items, db_timeout).await?;
+    let mut finish_span =
+        shared
+            .telemetry
+            .turn_call(TurnCall::Finish, sink, items.len(), &links, None);
+    let kept = finish_with_retries(&*shared.store, &items, db_timeout)
+        .await
+        .inspect_err(|e| {
+            if let Some(span) = finish_span.as_mut() {
+                span.fail("finish_failed", &e.to_string());
+            }
+        })?;
+    drop(finish_span);
     for ((c, finish), kept) in claimed.iter().zip(&finishes).zip(kept) {
         record(shared, label, sink, c, finish, kept);
     }
@@ -442,6 +463,68 @@ fn log_failure(sink: &str, failure: &SinkFailure, events: usize) {
         }
         SinkFailure::Init(reason) => tracing::warn!(sink, events, "plugin init refused: {reason}"),
     }
+}
+
+/// The attempt spans of a batch (one per claimed delivery, each a child
+/// of its event's creation context; none with tracing off) and the
+/// contexts the plugin propagates: each attempt's, or with tracing off
+/// the event's creation context.
+fn start_attempts(
+    telemetry: &Telemetry,
+    sink: &str,
+    claimed: &[Claimed],
+) -> (Vec<Option<SpanHandle>>, BatchTrace) {
+    let mut spans = Vec::with_capacity(claimed.len());
+    let mut contexts = std::collections::HashMap::new();
+    for c in claimed {
+        let ev = &c.event.event;
+        let creation = TraceContext::of_extensions(&ev.extensions);
+        let span = telemetry.attempt(sink, &ev.id, creation.as_ref(), c.attempts, claimed.len());
+        let propagated = span.as_ref().map(SpanHandle::context).or(creation);
+        if let Some(context) = propagated {
+            contexts.insert(ev.id.clone(), context.traceparent);
+        }
+        spans.push(span);
+    }
+    let trace = BatchTrace {
+        telemetry: telemetry.clone(),
+        contexts,
+    };
+    (spans, trace)
+}
+
+/// End each attempt span with its outcome (`outboxd.outcome`:
+/// `delivered`, `retry`, `dead` or `released`, for an event not tried
+/// behind a failed one) and, unless delivered, `error.type`; returns their
+/// contexts, which the finish span links to.
+fn end_attempts(
+    spans: Vec<Option<SpanHandle>>,
+    finishes: &[Finish],
+    failure: Option<&SinkFailure>,
+) -> Vec<TraceContext> {
+    let mut links = Vec::new();
+    for (span, finish) in spans.into_iter().zip(finishes) {
+        let Some(mut span) = span else { continue };
+        let (outcome, error) = match finish {
+            Finish::Delivered => ("delivered", None),
+            Finish::Retry { reason, .. } => ("retry", Some(reason.as_str())),
+            Finish::Dead { reason, .. } => ("dead", Some(reason.as_str())),
+            Finish::Release => ("released", None),
+        };
+        span.set("outboxd.outcome", outcome);
+        if let Some(reason) = error {
+            let error_type = match failure {
+                Some(SinkFailure::Trap { kind, .. }) => kind.to_string().replace(' ', "_"),
+                Some(SinkFailure::Init(_)) => "init_refused".to_string(),
+                None if outcome == "dead" => "rejected".to_string(),
+                None => "retryable".to_string(),
+            };
+            span.fail(&error_type, reason);
+        }
+        links.push(span.context());
+        span.end();
+    }
+    links
 }
 
 /// The WIT view of a claimed delivery.

@@ -224,6 +224,14 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
             );
         }
     }
+    let mut events = events;
+    let transport = super::http::transport_context(headers);
+    let mut span = super::trace_ingest(
+        &state.ingest.telemetry,
+        "awareness",
+        transport.as_ref(),
+        &mut events,
+    );
     let submitted = super::submit_as(
         &*state.ingest.store,
         &state.ingest.routes,
@@ -233,6 +241,10 @@ async fn post_ingest_inner(state: &AwarenessState, headers: &HeaderMap, body: Bo
         principal.as_ref().map(|p| p.name.as_str()),
     )
     .await;
+    if let (Some(span), Err(e)) = (span.as_mut(), &submitted) {
+        span.fail(super::error_type(e), &e.to_string());
+    }
+    drop(span);
     answer(submitted, &packet_id, &event_id)
 }
 

@@ -53,6 +53,8 @@ pub struct IngestState {
     pub metrics: Arc<Metrics>,
     /// Who may post: producer tokens, scopes and rates.
     pub gate: Arc<crate::auth::Gate>,
+    /// The tracer: a span per ingest request when on.
+    pub telemetry: crate::otel::Telemetry,
 }
 
 /// The ingest and read routes.
@@ -202,7 +204,15 @@ async fn post_events_inner(
         }
     }
     let producer = principal.map(|p| p.name.as_str());
-    match super::submit_as(
+    let mut events = events;
+    let transport = transport_context(&headers);
+    let mut span = super::trace_ingest(
+        &state.telemetry,
+        "/v1/events",
+        transport.as_ref(),
+        &mut events,
+    );
+    let submitted = super::submit_as(
         &*state.store,
         &state.routes,
         &state.wake,
@@ -210,8 +220,12 @@ async fn post_events_inner(
         events,
         producer,
     )
-    .await
-    {
+    .await;
+    if let (Some(span), Err(e)) = (span.as_mut(), &submitted) {
+        span.fail(super::error_type(e), &e.to_string());
+    }
+    drop(span);
+    match submitted {
         Ok(results) => {
             let created = results.iter().any(|r| !r.duplicate);
             let status = if created {
@@ -227,6 +241,23 @@ async fn post_events_inner(
         }
         Err(e) => refusal(e, batch),
     }
+}
+
+/// The W3C trace context of a request: its `traceparent` and
+/// `tracestate` headers (ignored when malformed, W3C Trace Context
+/// §3.2.2.1; several `tracestate` lines joined by `,`, §3.3.1.1).
+pub(crate) fn transport_context(headers: &HeaderMap) -> Option<crate::otel::TraceContext> {
+    let traceparent = headers
+        .get(crate::otel::context::TRACEPARENT)?
+        .to_str()
+        .ok()?;
+    let states: Vec<&str> = headers
+        .get_all(crate::otel::context::TRACESTATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let tracestate = (!states.is_empty()).then(|| states.join(","));
+    crate::otel::TraceContext::from_parts(Some(traceparent), tracestate.as_deref())
 }
 
 /// The events of a request body: one event, or a batch (`batch`) of at

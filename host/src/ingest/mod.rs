@@ -15,6 +15,7 @@ pub mod settings;
 
 use crate::event::NewEvent;
 use crate::metrics::Metrics;
+use crate::otel::{SpanHandle, Telemetry, TraceContext};
 use crate::routing::Router;
 use crate::store::{IngestError, IngestItem, Ingested, Store};
 
@@ -78,4 +79,45 @@ pub async fn submit_as(
             .inc_by(stored);
     }
     Ok(results)
+}
+
+/// The trace context of events about to be submitted through `endpoint`
+/// (`/v1/events`, `/ingest`, `source:NAME`): each event without a
+/// `traceparent` extension of its own takes the transport's (`transport`:
+/// the request's headers, a message's, an outbox property), and, with
+/// tracing on, the ingest span is started as a child of `transport` —
+/// an event that still has no context then takes the span's, so its
+/// deliveries join the trace outboxd began. The caller keeps the span
+/// until the store answered (dropping it ends it).
+pub fn trace_ingest(
+    telemetry: &Telemetry,
+    endpoint: &str,
+    transport: Option<&TraceContext>,
+    events: &mut [NewEvent],
+) -> Option<SpanHandle> {
+    for event in events.iter_mut() {
+        crate::otel::context::adopt(&mut event.extensions, transport);
+    }
+    if !telemetry.is_on() {
+        return None;
+    }
+    let own: Vec<(&str, Option<TraceContext>)> = events
+        .iter()
+        .map(|e| (e.id.as_str(), TraceContext::of_extensions(&e.extensions)))
+        .collect();
+    let span = telemetry.ingest(endpoint, transport, &own)?;
+    let context = span.context();
+    for event in events.iter_mut() {
+        crate::otel::context::adopt(&mut event.extensions, Some(&context));
+    }
+    Some(span)
+}
+
+/// `error.type` of a refused ingest, for its span.
+pub fn error_type(e: &IngestError) -> &'static str {
+    match e {
+        IngestError::Conflict { .. } => "conflict",
+        IngestError::SequenceNotIncreasing { .. } => "sequence_not_increasing",
+        IngestError::Store(_) => "store_unavailable",
+    }
 }

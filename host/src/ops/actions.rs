@@ -368,6 +368,7 @@ pub fn shown_config(mut config: Config) -> Config {
     if let Some(awareness) = config.ingest.awareness.as_mut() {
         *awareness = awareness.redacted();
     }
+    config.otel = config.otel.redacted();
     config
 }
 

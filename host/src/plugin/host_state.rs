@@ -1,6 +1,6 @@
 //! The state of one plugin instance's store, and every host function the
 //! `outboxd:sink` world and WASI give it: the WASI and `wasi:http` views,
-//! `log`, `types` and `amqp`. Beside [`super::bindings`], as wasmtime keeps
+//! `log`, `types`, `amqp` and `trace`. Beside [`super::bindings`], as wasmtime keeps
 //! host state and generated impls beside the bindings.
 //!
 //! Owns: [`HostState`] (one per batch, built by the runtime) and its
@@ -33,19 +33,23 @@ pub struct HostState {
     plugin: Arc<str>,
     /// What this batch may publish over AMQP.
     amqp: AmqpAccess,
+    /// The trace contexts of this batch's attempts.
+    trace: super::trace::BatchTrace,
 }
 
 impl HostState {
     /// The state of one batch of `plugin`: WASI with an empty context (no
     /// preopened files, no environment, no sockets), at most
     /// [`MAX_RESOURCES`] live host resources, a memory cap of
-    /// `memory_bytes`, outbound HTTP through `hooks` and AMQP through `amqp`.
+    /// `memory_bytes`, outbound HTTP through `hooks` and AMQP through
+    /// `amqp`, and the attempts' trace contexts `trace`.
     pub fn new(
         plugin: Arc<str>,
         log_limit: Arc<LogLimit>,
         memory_bytes: usize,
         hooks: EgressHooks,
         amqp: AmqpAccess,
+        trace: super::trace::BatchTrace,
     ) -> HostState {
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -61,6 +65,7 @@ impl HostState {
             hooks,
             plugin,
             amqp,
+            trace,
         }
     }
 
@@ -118,6 +123,12 @@ impl bindings::outboxd::sink::log::Host for HostState {
 }
 
 impl bindings::outboxd::sink::types::Host for HostState {}
+
+impl bindings::outboxd::sink::trace::Host for HostState {
+    fn traceparent(&mut self, event_id: String) -> Option<String> {
+        self.trace.traceparent(&event_id)
+    }
+}
 
 impl bindings::outboxd::sink::amqp::Host for HostState {
     async fn publish_batch(&mut self, messages: Vec<AmqpMessage>) -> Vec<Result<(), PublishError>> {

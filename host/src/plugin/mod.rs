@@ -32,6 +32,7 @@ pub mod manifest;
 pub mod registry;
 pub mod runtime;
 pub mod scaffold;
+pub mod trace;
 pub mod trial;
 pub mod wit;
 

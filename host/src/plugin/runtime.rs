@@ -352,7 +352,7 @@ fn explain_link_error(e: &wasmtime::Error, grants_http: bool) -> String {
     match import {
         Some(import) => format!(
             "imports {import}, which this host does not provide (it links wasi:cli, clocks, random, io, \
-             filesystem, sockets, wasi:http when granted, and outboxd:sink/log, amqp): {text}"
+             filesystem, sockets, wasi:http when granted, and outboxd:sink/log, amqp, trace): {text}"
         ),
         None => format!("imports something this host does not provide: {text}"),
     }
@@ -444,18 +444,34 @@ impl Plugin {
     /// Returns one outcome per event, or a [`SinkFailure`] for the whole
     /// batch (trap, deadline, wrong number of outcomes, init refused).
     pub async fn deliver(&self, batch: &[Event]) -> Result<Vec<Outcome>, SinkFailure> {
-        self.run(batch, true).await
+        self.run(batch, true, Default::default()).await
+    }
+
+    /// [`Plugin::deliver`] with the trace contexts of the batch's
+    /// attempts, which the plugin reads through the `trace` interface and
+    /// under which its outbound requests get their spans.
+    pub async fn deliver_traced(
+        &self,
+        batch: &[Event],
+        trace: super::trace::BatchTrace,
+    ) -> Result<Vec<Outcome>, SinkFailure> {
+        self.run(batch, true, trace).await
     }
 
     /// Instantiate and call `init` with the configuration, in the sandbox a
     /// batch gets, without calling `deliver` (what `plugin check` runs: the
     /// plugin is handed no batch, not even an empty one).
     pub async fn init(&self) -> Result<(), SinkFailure> {
-        self.run(&[], false).await.map(|_| ())
+        self.run(&[], false, Default::default()).await.map(|_| ())
     }
 
     /// [`Plugin::deliver`], or only its `init` when `deliver` is false.
-    async fn run(&self, batch: &[Event], deliver: bool) -> Result<Vec<Outcome>, SinkFailure> {
+    async fn run(
+        &self,
+        batch: &[Event],
+        deliver: bool,
+        trace: super::trace::BatchTrace,
+    ) -> Result<Vec<Outcome>, SinkFailure> {
         let pre = match &self.body {
             Body::Component(pre) => pre,
             Body::Builtin(Builtin::Discard) => {
@@ -463,7 +479,7 @@ impl Plugin {
             }
         };
         let deadline = self.manifest.limits.deadline;
-        let mut store = self.store(batch.len());
+        let mut store = self.store(batch.len(), trace);
         let started = Instant::now();
         let call = async {
             let sink = pre.instantiate_async(&mut store).await?;
@@ -519,7 +535,7 @@ impl Plugin {
     /// deadline, else lets the worker poll I/O and run other tasks before
     /// it resumes (see the module note on why `yield_now`, not
     /// `UpdateDeadline::Yield`).
-    fn store(&self, events: usize) -> Store<HostState> {
+    fn store(&self, events: usize, trace: super::trace::BatchTrace) -> Store<HostState> {
         let limits = &self.manifest.limits;
         let deadline = limits.deadline;
         let now = Instant::now();
@@ -530,6 +546,7 @@ impl Plugin {
             client: self.client.clone(),
             requests_left: limits.max_requests,
             denials: Arc::default(),
+            telemetry: trace.telemetry.clone(),
             max_response_bytes: limits.max_response_bytes,
             timeouts: Timeouts {
                 first_byte: limits.first_byte_timeout,
@@ -543,6 +560,7 @@ impl Plugin {
             memory_bytes,
             hooks,
             self.amqp.for_batch(now + deadline),
+            trace,
         );
         let mut store = Store::new(self.runtime.engine(), state);
         store.limiter(|s| s.limiter());

@@ -272,6 +272,8 @@ pub struct SourceContext {
     pub db_timeout: Duration,
     /// The host's AMQP connections, shared with the plugins.
     pub amqp: crate::broker::AmqpPool,
+    /// The tracer: a span per ingested message when on.
+    pub telemetry: crate::otel::Telemetry,
 }
 
 /// A named readiness check of one source (e.g. `couchdb_reachable`).

@@ -36,13 +36,17 @@ const OWN_ATTRIBUTES: &[&str] = &[
 /// routing key attribute it lacks, a name AMQP cannot carry).
 pub fn message(config: &Config, event: &Event) -> Result<Message, String> {
     let routing_key = config.routing_key.render(event)?;
+    let mut headers = headers(config.header_prefix, event)?;
+    // The attempt's context as W3C Trace Context's AMQP property; the
+    // event's creation context travels as `cloudEvents_traceparent`.
+    outboxd_sink::trace::add_header(&mut headers, event, |v| v);
     Ok(Message {
         exchange: config.exchange.clone(),
         routing_key,
         payload: event.data.clone(),
         content_type: event.datacontenttype.clone(),
         message_id: Some(event.id.clone()),
-        headers: headers(config.header_prefix, event)?,
+        headers,
         persistent: true,
         mandatory: true,
     })

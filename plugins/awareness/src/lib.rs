@@ -48,7 +48,7 @@ impl outboxd_sink::Guest for Awareness {
 
 /// Builds `event`'s request and starts it.
 fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
-    match request::build(config, event) {
+    match request::build_traced(config, event) {
         Ok((headers, body)) => {
             let post = Post {
                 url: &config.ingest,

@@ -24,6 +24,14 @@ pub fn build(config: &Config, event: &Event) -> Result<(Vec<Header>, Vec<u8>), S
     Ok((headers, body))
 }
 
+/// [`build`], with the attempt's `traceparent` header
+/// (`outboxd_sink::trace`) when there is one.
+pub fn build_traced(config: &Config, event: &Event) -> Result<(Vec<Header>, Vec<u8>), String> {
+    let (mut headers, body) = build(config, event)?;
+    outboxd_sink::trace::add_header(&mut headers, event, String::into_bytes);
+    Ok((headers, body))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

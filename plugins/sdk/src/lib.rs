@@ -1,4 +1,4 @@
-//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.0`, from the WIT in
+//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.1`, from the WIT in
 //! `wit/`).
 //!
 //! - The world's bindings under plain names: [`Event`], [`Outcome`],
@@ -11,6 +11,7 @@
 //!   sinks send with).
 //! - [`config`]: the `[config]` table read with known keys, each once;
 //!   [`configured::Configured`] keeps what `init` accepted for `deliver`.
+//! - [`trace`]: the current attempt's W3C `traceparent`, to send on.
 //! - [`outcome`]: what an HTTP answer means — 2xx delivered; 408, 425, 429
 //!   and 5xx retry with the `Retry-After` hint (delta-seconds or HTTP-date);
 //!   anything else reject; a transport error retry, named.
@@ -46,6 +47,7 @@ pub mod http;
 pub mod outcome;
 pub mod pending;
 pub mod streams;
+pub mod trace;
 
 pub use bindings::outboxd::sink::amqp;
 pub use bindings::outboxd::sink::log::{log, Level};

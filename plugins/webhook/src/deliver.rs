@@ -2,7 +2,8 @@
 //! mode, sent by the SDK's per-stream sender (`outboxd_sink::streams`:
 //! different streams concurrently, each stream in batch order, the rest of a
 //! stream answered `retry` once one of its events is not delivered), each
-//! answer judged by the SDK's HTTP table (`outboxd_sink::outcome`).
+//! answer judged by the SDK's HTTP table (`outboxd_sink::outcome`). Each
+//! request carries the attempt's `traceparent` (`outboxd_sink::trace`).
 
 use std::borrow::Cow;
 
@@ -48,7 +49,8 @@ fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
         }
     };
     match built {
-        Ok((headers, body)) => {
+        Ok((mut headers, body)) => {
+            outboxd_sink::trace::add_header(&mut headers, event, String::into_bytes);
             let post = Post {
                 url: &config.target,
                 headers: &headers,

@@ -80,6 +80,39 @@ pub struct EgressHooks {
     pub timeouts: Timeouts,
     /// This batch's requests denied by the manifest.
     pub denials: Arc<Denials>,
+    /// The tracer: a CLIENT span per request that carries a `traceparent`.
+    pub telemetry: crate::otel::Telemetry,
+}
+
+/// The CLIENT span of `request` when it carries a `traceparent` (the
+/// attempt's, as the plugin set it): started as its child, and the header
+/// rewritten to name the new span, so the receiver's parent is the
+/// request (W3C Trace Context §3.2). Ends when the send future is dropped.
+fn client_span(
+    telemetry: &crate::otel::Telemetry,
+    plugin: &str,
+    request: &mut http::Request<WasiBody>,
+) -> Option<crate::otel::SpanHandle> {
+    if !telemetry.is_on() {
+        return None;
+    }
+    let parent = request
+        .headers()
+        .get(crate::otel::context::TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| crate::otel::TraceContext::from_parts(Some(v), None))?;
+    let span = telemetry.http_client(
+        plugin,
+        request.method().as_str(),
+        &request.uri().to_string(),
+        &parent,
+    )?;
+    if let Ok(value) = http::HeaderValue::from_str(&span.context().traceparent) {
+        request
+            .headers_mut()
+            .insert(crate::otel::context::TRACEPARENT, value);
+    }
+    Some(span)
 }
 
 type SendResult = wasmtime_wasi_http::Result<(
@@ -103,7 +136,9 @@ impl WasiHttpHooks for EgressHooks {
         self.requests_left = self.requests_left.saturating_sub(1);
         let denials = self.denials.clone();
         denials.sent();
+        let span = client_span(&self.telemetry, &plugin, &mut request);
         Box::new(async move {
+            let _span = span;
             let refusal = if over_budget {
                 Err("the batch used up its limits.max-requests".to_string())
             } else {
@@ -352,6 +387,7 @@ mod tests {
             policy,
             requests_left: 1000,
             denials: Arc::default(),
+            telemetry: Default::default(),
             max_response_bytes: 1 << 20,
             timeouts: Timeouts {
                 first_byte: Duration::from_secs(30),

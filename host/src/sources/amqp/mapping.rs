@@ -189,6 +189,18 @@ pub fn to_event(mapping: &Mapping, message: &Message) -> Result<NewEvent, Unmapp
     plain(mapping, message, headers, content_type.as_deref())
 }
 
+/// The W3C trace context a message carries in its `traceparent` and
+/// `tracestate` application properties (W3C Trace Context: AMQP format),
+/// which an event without its own `traceparent` extension takes.
+pub fn trace_context(message: &Message) -> Option<crate::otel::TraceContext> {
+    let headers = message.properties.headers().as_ref();
+    let text = |name: &str| header_text(headers, name).ok().flatten();
+    crate::otel::TraceContext::from_parts(
+        text(crate::otel::context::TRACEPARENT).as_deref(),
+        text(crate::otel::context::TRACESTATE).as_deref(),
+    )
+}
+
 fn binary_mode(headers: &FieldTable) -> bool {
     ATTRIBUTE_PREFIXES.iter().any(|p| {
         headers

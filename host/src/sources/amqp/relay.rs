@@ -344,7 +344,11 @@ impl Session<'_> {
                 body: &d.data,
             };
             match mapping::to_event(&self.mapping, &message) {
-                Ok(event) => mapped.push((i, event)),
+                Ok(mut event) => {
+                    let transport = mapping::trace_context(&message);
+                    crate::otel::context::adopt(&mut event.extensions, transport.as_ref());
+                    mapped.push((i, event))
+                }
                 Err(e) => poison.push((i, e.0)),
             }
         }
@@ -367,11 +371,17 @@ impl Session<'_> {
         let mut failures = 0u32;
         let (mut stored, mut duplicate) = (0u64, 0u64);
         while !mapped.is_empty() {
-            let events: Vec<NewEvent> = mapped.iter().map(|(_, e)| e.clone()).collect();
+            let mut events: Vec<NewEvent> = mapped.iter().map(|(_, e)| e.clone()).collect();
             let ctx = self.ctx;
+            let mut span =
+                crate::ingest::trace_ingest(&ctx.telemetry, "source:amqp", None, &mut events);
             let submitted =
                 crate::ingest::submit(&*ctx.store, &ctx.routes, &ctx.wake, &ctx.metrics, events)
                     .await;
+            if let (Some(span), Err(e)) = (span.as_mut(), &submitted) {
+                span.fail(crate::ingest::error_type(e), &e.to_string());
+            }
+            drop(span);
             if matches!(
                 submitted,
                 Err(IngestError::Conflict { .. } | IngestError::SequenceNotIncreasing { .. })

@@ -83,6 +83,10 @@ pub struct EntryPaths {
     pub pending: String,
     /// The status of an entry already published. Default `published`.
     pub published: String,
+    /// The W3C `traceparent` of the transaction that wrote the entry (the
+    /// event's creation context, stored as the CloudEvents `traceparent`
+    /// extension; absent or malformed: none). Default `traceparent`.
+    pub traceparent: String,
 }
 
 impl Default for EntryPaths {
@@ -99,6 +103,7 @@ impl Default for EntryPaths {
             published_at: "published_at".into(),
             pending: "pending".into(),
             published: "published".into(),
+            traceparent: "traceparent".into(),
         }
     }
 }

@@ -173,6 +173,11 @@ fn entry_event(
             Some(v) => return malformed(format!("{path} {v} is not a string")),
         }
     }
+    if let Some(tp) = field(&p.traceparent).and_then(Value::as_str) {
+        if crate::otel::context::parse_traceparent(tp).is_some() {
+            ce["traceparent"] = json!(tp);
+        }
+    }
     let bytes = serde_json::to_vec(&ce).expect("a JSON value serialises");
     match event::parse_one(&bytes) {
         Ok(event) => Read::Pending(sequence, Box::new(event), created_ms),

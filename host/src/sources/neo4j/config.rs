@@ -221,6 +221,11 @@ pub struct EventMapping {
     /// characters other than letters and digits (`tenantId` → `tenantid`),
     /// unless `extensions` lists which may.
     pub ignore_properties: Vec<String>,
+    /// Property holding the W3C `traceparent` of the transaction that
+    /// wrote the node (the event's creation context, stored as the
+    /// CloudEvents `traceparent` extension; a malformed value is left
+    /// out). Default `traceparent`.
+    pub traceparent_property: String,
 }
 
 impl Default for EventMapping {
@@ -237,6 +242,7 @@ impl Default for EventMapping {
             data_property: "payload".into(),
             data_format: DataFormat::Json,
             ignore_properties: Vec::new(),
+            traceparent_property: "traceparent".into(),
         }
     }
 }

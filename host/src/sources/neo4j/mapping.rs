@@ -49,6 +49,15 @@ pub(super) fn to_event(
         (None, false) => {}
     }
     let from_property = insert_extensions(config, node, &mut attrs)?;
+    let traceparent = node
+        .properties
+        .iter()
+        .find(|(name, _)| *name == m.traceparent_property)
+        .and_then(|(_, v)| v.as_deref());
+    if let Some(tp) = traceparent.filter(|tp| crate::otel::context::parse_traceparent(tp).is_some())
+    {
+        attrs.insert("traceparent".into(), raw(tp.into()));
+    }
     match (&node.data, node.has_data, m.data_format) {
         (None, false, _) => {}
         (None, true, _) => {

@@ -1,0 +1,28 @@
+//! The `trace` interface of the `outboxd:sink` world (since 0.1.1): the
+//! trace context of each attempt of a batch, handed to the plugin that
+//! asks for it, and the tracer its outbound requests' spans are made with.
+//!
+//! Owns: [`BatchTrace`], built by the delivery turn for one batch. Must
+//! never: make a span itself (the attempt's is the turn's, the outbound
+//! request's is `egress::hooks`'), or answer for an event of another batch.
+
+use std::collections::HashMap;
+
+use crate::otel::Telemetry;
+
+/// The trace contexts of one batch's attempts.
+#[derive(Debug, Clone, Default)]
+pub struct BatchTrace {
+    /// The daemon's tracer (off: no outbound request gets a span).
+    pub telemetry: Telemetry,
+    /// Event id → the `traceparent` its attempt propagates: the attempt
+    /// span's, or with tracing off the event's creation context.
+    pub contexts: HashMap<String, String>,
+}
+
+impl BatchTrace {
+    /// The `traceparent` of the attempt delivering `event_id`.
+    pub fn traceparent(&self, event_id: &str) -> Option<String> {
+        self.contexts.get(event_id).cloned()
+    }
+}
