@@ -768,7 +768,9 @@ async fn main() -> anyhow::Result<()> {
 /// `nodes` outbox nodes over `packets` packets as the vault writes them
 /// (`tests/vault/vault.mjs write`): epoch-millisecond FLOATs, ISO text
 /// `occurredAt`, JSON text `dataJson`, integer `streamVersion` and
-/// `attempts`, no type property.
+/// `attempts`, no type property. Written as if one a millisecond, packets
+/// taking turns (the `createdAt` order the vault's dispatcher reads them
+/// in), the last one now.
 async fn fill_vault_backlog(
     g: &Graph,
     label: &str,
@@ -781,7 +783,8 @@ async fn fill_vault_backlog(
         g.run(
             query(&format!(
                 "UNWIND range($from, $to - 1) AS k \
-                 WITH k, k % $packets AS p, k / $packets + 1 AS v, toFloat(datetime().epochMillis) AS now \
+                 WITH k, k % $packets AS p, k / $packets + 1 AS v, \
+                   toFloat(datetime().epochMillis - $nodes + k) AS now \
                  CREATE (:`{label}` {{eventId: 'P' + toString(p) + '-' + toString(v), \
                    packetId: 'P' + toString(p), schemaId: '550e8400-e29b-41d4-a716-446655440000', \
                    w3id: '@user-' + toString(p), evaultPublicKey: 'z6Mk-bench', \
@@ -791,7 +794,8 @@ async fn fill_vault_backlog(
             ))
             .param("from", from as i64)
             .param("to", to as i64)
-            .param("packets", packets as i64),
+            .param("packets", packets as i64)
+            .param("nodes", nodes as i64),
         )
         .await?;
         from = to;
