@@ -2,7 +2,7 @@
 """How the house of host/src stands: which top-level modules import which.
 
 Reads every `.rs` file of each module `host/src/lib.rs` declares (the
-binary's own `cli_*.rs` are not part of the library and are skipped),
+binary's own `cli/` is not part of the library and is skipped),
 drops comments and string literals, and counts a reference from module A
 to module B for every `crate::B` (including `use crate::{B, ...}` groups)
 and every `super::` chain that climbs out of A into B. From that graph it

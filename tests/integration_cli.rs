@@ -1,5 +1,6 @@
 //! The `outboxd` command line as a user types it: global options before or
-//! after the subcommand, admin commands that never create state, and the
+//! after the subcommand, admin commands that go through the running daemon
+//! (the database only with `--offline`) and never create state, and the
 //! same answers as the HTTP admin API on the same data.
 
 mod common;
@@ -48,11 +49,11 @@ fn global_options_stand_before_or_after_the_subcommand() {
     let migrated = outboxd(&["migrate", "--data-dir", data]);
     assert!(migrated.status.success(), "{}", text(&migrated));
     for args in [
-        vec!["dead", "list", "--data-dir", data],
-        vec!["dead", "--data-dir", data, "list"],
-        vec!["--data-dir", data, "dead", "list"],
-        vec!["events", "show", "nope", "--data-dir", data],
-        vec!["events", "--data-dir", data, "show", "nope"],
+        vec!["dead", "list", "--data-dir", data, "--offline"],
+        vec!["dead", "--data-dir", data, "--offline", "list"],
+        vec!["--data-dir", data, "dead", "--offline", "list"],
+        vec!["events", "show", "nope", "--offline", "--data-dir", data],
+        vec!["events", "--offline", "--data-dir", data, "show", "nope"],
     ] {
         let out = outboxd(&args);
         let all = text(&out);
@@ -79,7 +80,7 @@ fn an_admin_command_where_no_database_exists_creates_nothing() {
         vec!["sinks", "pause", "webhook"],
     ] {
         let mut args = args.clone();
-        args.extend(["--data-dir", data.to_str().unwrap()]);
+        args.extend(["--data-dir", data.to_str().unwrap(), "--offline"]);
         let out = outboxd(&args);
         let all = text(&out);
         assert!(!out.status.success(), "{all}");
@@ -96,7 +97,10 @@ fn an_admin_command_where_no_database_exists_creates_nothing() {
 #[test]
 fn a_read_only_command_in_a_fresh_folder_names_the_missing_database() {
     let dir = tempfile::tempdir().unwrap();
-    for args in [vec!["events", "show", "some-id"], vec!["dead", "list"]] {
+    for args in [
+        vec!["events", "show", "some-id", "--offline"],
+        vec!["dead", "list", "--offline"],
+    ] {
         let out = outboxd_in(dir.path(), &args);
         let all = text(&out);
         assert!(!out.status.success(), "{all}");
@@ -112,6 +116,53 @@ fn a_read_only_command_in_a_fresh_folder_names_the_missing_database() {
             std::fs::read_dir(dir.path()).unwrap().collect::<Vec<_>>()
         );
     }
+}
+
+#[test]
+fn without_a_daemon_a_command_says_so_and_names_offline_where_it_is_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    // Nothing listens on port 1.
+    let listen = "127.0.0.1:1";
+    for (args, offline) in [
+        (vec!["events", "show", "some-id"], true),
+        (vec!["dead", "list"], true),
+        (vec!["sinks", "list"], true),
+        (vec!["sinks", "pause", "webhook"], true),
+        (vec!["sources", "list"], false),
+        (vec!["backfill", "--sink", "webhook"], false),
+        (vec!["destinations", "list"], false),
+        (vec!["producers", "list"], false),
+        (vec!["secrets", "status"], false),
+    ] {
+        let mut args = args.clone();
+        args.extend(["--data-dir", data, "--listen", listen]);
+        let out = outboxd(&args);
+        let all = text(&out);
+        assert!(!out.status.success(), "`outboxd {}`: {all}", args.join(" "));
+        assert!(
+            all.contains("no daemon answered at 127.0.0.1:1")
+                && all.contains("goes through the running daemon"),
+            "`outboxd {}`: {all}",
+            args.join(" ")
+        );
+        assert_eq!(
+            all.contains("give --offline"),
+            offline,
+            "`outboxd {}`: {all}",
+            args.join(" ")
+        );
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "`outboxd {}` created state",
+            args.join(" ")
+        );
+    }
+    // A command that needs the daemon refuses the flag.
+    let out = outboxd(&["sources", "list", "--offline"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("--offline"), "{}", text(&out));
 }
 
 /// A daemon with one webhook sink whose receiver refuses (400), so every

@@ -33,15 +33,19 @@ async fn scrape(d: &TestDaemon) -> prometheus_parse::Scrape {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fresh_daemon_shows_every_known_series_at_zero_on_its_first_scrape() {
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "webhook",
-        "http://127.0.0.1:9/hook",
-        &["http://127.0.0.1:9".to_string()],
-        &new_secret(),
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, _plugins) = Harness::new()
+        .plugins(|plugins| {
+            plugins.add_webhook(
+                "webhook",
+                "http://127.0.0.1:9/hook",
+                &["http://127.0.0.1:9".to_string()],
+                &new_secret(),
+                "",
+            )
+        })
+        .start()
+        .await
+        .into_daemon();
     // The very first scrape, before any delivery loop has had a turn.
     let first = scrape(&d).await;
     for outcome in outboxd::metrics::INGEST_OUTCOMES {

@@ -247,20 +247,20 @@ async fn a_new_rust_project_builds_checks_runs_and_delivers_in_a_daemon() {
     assert!(!shown.contains("ErrorCode::"), "{shown}");
 
     // A daemon loads the same files from its plugins folder and delivers.
-    let plugins = PluginsDir::new();
-    std::fs::copy(
-        target.join("wasm32-wasip2/release/my_sink.wasm"),
-        plugins.path().join("my-sink.wasm"),
-    )
-    .unwrap();
-    std::fs::copy(
-        project.join("my-sink.toml"),
-        plugins.path().join("my-sink.toml"),
-    )
-    .unwrap();
     std::env::set_var("MY_SINK_ORIGIN", receiver.origin());
     let before = receiver.count();
-    let d = TestDaemon::start(plugins.path()).await;
+    let (wasm, manifest) = (
+        target.join("wasm32-wasip2/release/my_sink.wasm"),
+        project.join("my-sink.toml"),
+    );
+    let (d, _plugins) = Harness::new()
+        .plugins(move |plugins| {
+            std::fs::copy(&wasm, plugins.path().join("my-sink.wasm")).unwrap();
+            std::fs::copy(&manifest, plugins.path().join("my-sink.toml")).unwrap();
+        })
+        .start()
+        .await
+        .into_daemon();
     d.post_event(&event("d1", "s9", "demo.created", json!({"k": 1})))
         .await;
     let done = d
@@ -456,11 +456,16 @@ async fn a_new_python_project_builds_checks_runs_and_loads() {
 /// A daemon loads `project`'s `NAME.wasm` and `NAME.toml` from its plugins
 /// folder, delivers a JSON event and dead-letters one whose data is not JSON.
 async fn loads_and_delivers(project: &Path, name: &str) {
-    let plugins = PluginsDir::new();
-    for file in [format!("{name}.wasm"), format!("{name}.toml")] {
-        std::fs::copy(project.join(&file), plugins.path().join(&file)).unwrap();
-    }
-    let d = TestDaemon::start(plugins.path()).await;
+    let files = [format!("{name}.wasm"), format!("{name}.toml")].map(|f| project.join(f));
+    let (d, _plugins) = Harness::new()
+        .plugins(move |plugins| {
+            for file in &files {
+                std::fs::copy(file, plugins.path().join(file.file_name().unwrap())).unwrap();
+            }
+        })
+        .start()
+        .await
+        .into_daemon();
     d.post_batch(&[
         event("d-ok", "d", "t", json!({"k": 1})),
         json!({"specversion": "1.0", "id": "d-bad", "source": "s", "type": "t",

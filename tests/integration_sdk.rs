@@ -139,16 +139,18 @@ async fn a_request_the_allow_list_refuses_is_rejected_naming_the_grant_not_retri
 async fn a_daemon_dead_letters_a_denied_request_at_its_first_attempt() {
     init_logs();
     let receiver = Receiver::start().await;
-    let plugins = PluginsDir::new();
-    plugins.add_component(
-        "sdkpost",
-        &test_component("sdkpost"),
-        &format!(
-            "[capabilities]\nhttp = [\"http://127.0.0.1:9\"]\n[config]\nurl = {:?}\n",
-            receiver.url()
-        ),
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, _plugins) = Harness::new()
+        .component(
+            "sdkpost",
+            &test_component("sdkpost"),
+            &format!(
+                "[capabilities]\nhttp = [\"http://127.0.0.1:9\"]\n[config]\nurl = {:?}\n",
+                receiver.url()
+            ),
+        )
+        .start()
+        .await
+        .into_daemon();
     d.post_event(&event("dd1", "s", "t", json!({}))).await;
     let dead = d
         .wait_sink("dd1", "sdkpost", Duration::from_secs(30), |x| {

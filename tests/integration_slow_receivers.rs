@@ -121,17 +121,21 @@ async fn held_requests_are_retried_saying_how_and_other_streams_flow() {
 async fn held_requests_scenario() {
     init_logs();
     let (origin, arrivals) = held_receiver().await;
-    let plugins = PluginsDir::new();
-    plugins.add_webhook_with_limits(
-        "hook",
-        &format!("{origin}/hook"),
-        std::slice::from_ref(&origin),
-        &new_secret(),
-        "deadline = \"6s\"\nmax-batch = 50\n\
-         first-byte-timeout = \"2s\"\nbetween-bytes-timeout = \"2500ms\"\n",
-        "",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (d, _plugins) = Harness::new()
+        .plugins(move |plugins| {
+            plugins.add_webhook_with_limits(
+                "hook",
+                &format!("{origin}/hook"),
+                std::slice::from_ref(&origin),
+                &new_secret(),
+                "deadline = \"6s\"\nmax-batch = 50\n\
+                 first-byte-timeout = \"2s\"\nbetween-bytes-timeout = \"2500ms\"\n",
+                "",
+            )
+        })
+        .start()
+        .await
+        .into_daemon();
 
     let held = [
         (

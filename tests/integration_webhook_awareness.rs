@@ -104,22 +104,28 @@ async fn awareness_bodies_are_what_json_stringify_writes_signed_and_never_echoed
     let signed = Receiver::start().await;
     let unsigned = Receiver::start().await;
     let secret = "platform-secret: not whsec, not base64 ✓";
-    let plugins = PluginsDir::new();
-    plugins.add_webhook(
-        "platform-a",
-        &signed.url(),
-        &[signed.origin()],
-        secret,
-        "payload = \"awareness\"\n",
-    );
-    plugins.add_webhook(
-        "platform-b",
-        &unsigned.url(),
-        &[unsigned.origin()],
-        "",
-        "payload = \"awareness\"\n",
-    );
-    let d = TestDaemon::start(plugins.path()).await;
+    let (signed_url, signed_origin) = (signed.url(), signed.origin());
+    let (unsigned_url, unsigned_origin) = (unsigned.url(), unsigned.origin());
+    let (d, _plugins) = Harness::new()
+        .plugins(move |plugins| {
+            plugins.add_webhook(
+                "platform-a",
+                &signed_url,
+                &[signed_origin],
+                secret,
+                "payload = \"awareness\"\n",
+            );
+            plugins.add_webhook(
+                "platform-b",
+                &unsigned_url,
+                &[unsigned_origin],
+                "",
+                "payload = \"awareness\"\n",
+            );
+        })
+        .start()
+        .await
+        .into_daemon();
 
     let mut ids = Vec::new();
     for (i, data) in DATA.iter().enumerate() {

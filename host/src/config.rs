@@ -3,9 +3,11 @@
 //! Owns: the composition of every room's settings into one [`Config`]
 //! (each room defines its own: `delivery::settings`,
 //! `destinations::settings`, `ingest::settings`, `routing::settings`,
-//! `auth`, `sources`, `tls`; the few process-wide knobs are here), and the
-//! precedence rule — command-line flags win over `OUTBOXD_*` environment
-//! variables, which win over the TOML file, which wins over the defaults.
+//! `secrets::settings`, `auth`, `sources`, `tls`; the few process-wide
+//! knobs are here), the form `config show` prints ([`Config::redacted`]),
+//! and the precedence rule — command-line flags win over `OUTBOXD_*`
+//! environment variables, which win over the TOML file, which wins over
+//! the defaults.
 //! Environment keys map to config keys by lower-casing, `__` for nesting and
 //! `_` for `-`: `OUTBOXD_DELIVERY__BATCH_SIZE` → `delivery.batch-size`.
 //!
@@ -23,6 +25,7 @@ use crate::delivery::settings::DeliveryConfig;
 use crate::destinations::settings::DestinationsConfig;
 use crate::ingest::settings::IngestConfig;
 use crate::routing::Route;
+use crate::secrets::settings::SecretsConfig;
 
 /// Errors found while reading or validating the configuration. Each names
 /// the key at fault.
@@ -98,34 +101,6 @@ pub struct MetricsConfig {
     /// <admin.token>`). Unset: off on a loopback listener, on beyond it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub require_token: Option<bool>,
-}
-
-/// Secrets at rest (`[secrets]`): the operator's keys, which every
-/// credential kept in the database (destination secrets, credential
-/// `config` values) is sealed under (AES-256-GCM; see `crate::secrets`).
-/// Neither set: the embedded SQLite default generates
-/// `<data-dir>/secrets.key` (mode 0600) and uses it; PostgreSQL refuses to
-/// store a secret until one is set. Its `Debug` form hides `key`.
-#[derive(Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
-pub struct SecretsConfig {
-    /// A key file: one key per line, `KEY-ID BASE64-32-BYTES` (`#`
-    /// comments); the last line is the current key (it seals), earlier
-    /// lines only open. Read at start and again on `secrets rotate-key`
-    /// (and when a value names a key id not yet read).
-    pub key_file: Option<PathBuf>,
-    /// The same lines separated by `,`, for the environment
-    /// (`OUTBOXD_SECRETS__KEY`). Never logged; `config show` prints `***`.
-    pub key: Option<String>,
-}
-
-impl std::fmt::Debug for SecretsConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecretsConfig")
-            .field("key_file", &self.key_file)
-            .field("key", &self.key.as_ref().map(|_| "***"))
-            .finish()
-    }
 }
 
 /// The admin API (`/v1/admin/...`).
@@ -282,11 +257,8 @@ impl Config {
                 return value(&format!("sources.{name}.{key}"), &problem);
             }
         }
-        if self.secrets.key_file.is_some() && self.secrets.key.is_some() {
-            return value(
-                "secrets.key",
-                "set either secrets.key-file or secrets.key (OUTBOXD_SECRETS__KEY), not both",
-            );
+        if let Err((key, problem)) = self.secrets.validate() {
+            return value(&format!("secrets.{key}"), &problem);
         }
         if let Err((key, problem)) = self.otel.validate() {
             return value(&format!("otel.{key}"), &problem);
@@ -305,6 +277,25 @@ impl Config {
         self.metrics
             .require_token
             .unwrap_or(!self.listen.ip().is_loopback())
+    }
+
+    /// The configuration as `outboxd config show` prints it: the admin
+    /// token, the secrets key (`secrets.key`), the database password and
+    /// every source's and the awareness ingest's secrets replaced by `***`.
+    pub fn redacted(mut self) -> Config {
+        if self.admin.token.is_some() {
+            self.admin.token = Some("***".into());
+        }
+        self.secrets = self.secrets.redacted();
+        self.database_url = self.database_url.as_deref().map(crate::store::redact_url);
+        for source in self.sources.values_mut() {
+            *source = source.redacted();
+        }
+        if let Some(awareness) = self.ingest.awareness.as_mut() {
+            *awareness = awareness.redacted();
+        }
+        self.otel = self.otel.redacted();
+        self
     }
 
     /// The database URL in force: the configured one, else SQLite at

@@ -168,7 +168,7 @@ impl Daemon {
             sources.clone(),
             shutdown_rx.clone(),
         ));
-        let actions = crate::destinations::actions::Context {
+        let actions = crate::ops::actions::destinations::Context {
             store: store.clone(),
             live: live.clone(),
             plugins: registry.clone(),
@@ -430,11 +430,11 @@ fn registry(
 /// as its file says, every `every`.
 fn sync_destinations(
     config: &Config,
-    actions: crate::destinations::actions::Context,
+    actions: crate::ops::actions::destinations::Context,
     shutdown: &watch::Receiver<bool>,
 ) -> Option<JoinHandle<()>> {
     let sync = config.destinations.sync.as_ref()?;
-    Some(crate::destinations::sync::run_every(
+    Some(crate::ops::actions::sync::run_every(
         actions,
         sync.from.clone(),
         sync.every,

@@ -1,6 +1,7 @@
 //! The `outboxd` command line: `run`, `migrate`, `plugin check|wit|new|run`,
-//! and the admin commands (`cli_admin`, `cli_destinations`, which call the
-//! same admin actions as the HTTP admin API).
+//! and the admin commands (the `cli` folder: each goes through the running
+//! daemon's admin API, and only `events`, `dead` and `sinks` may open the
+//! database instead, with `--offline`).
 //!
 //! Owns: parsing flags into a partial configuration (flags win over the
 //! environment and the file, see [`outboxd::config`]; global options stand
@@ -14,10 +15,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-mod cli_admin;
-mod cli_destinations;
-mod cli_producers;
-mod cli_secrets;
+mod cli;
 
 use clap::{Args, Parser, Subcommand};
 use outboxd::config::{Config, LogFormat};
@@ -57,46 +55,56 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
-    /// Show an event and its deliveries.
+    /// Show an event and its deliveries, through the running daemon (at
+    /// `listen`), or the database with `--offline`.
     Events {
+        #[command(flatten)]
+        offline: cli::admin::OfflineFlag,
         #[command(subcommand)]
-        command: cli_admin::EventsCommand,
+        command: cli::admin::EventsCommand,
     },
-    /// List, replay or purge dead letters.
+    /// List, replay or purge dead letters, through the running daemon (at
+    /// `listen`), or the database with `--offline`.
     Dead {
+        #[command(flatten)]
+        offline: cli::admin::OfflineFlag,
         #[command(subcommand)]
-        command: cli_admin::DeadCommand,
+        command: cli::admin::DeadCommand,
     },
-    /// List, pause, resume or retire sinks (shared by every replica).
+    /// List, pause, resume or retire sinks (shared by every replica),
+    /// through the running daemon (at `listen`), or the database with
+    /// `--offline`.
     Sinks {
+        #[command(flatten)]
+        offline: cli::admin::OfflineFlag,
         #[command(subcommand)]
-        command: cli_admin::SinksCommand,
+        command: cli::admin::SinksCommand,
     },
     /// Create, change, list, pause, resume or delete destinations (the
     /// targets of sinks, kept in the database), through the running daemon
     /// (at `listen`), which checks them against its plugins.
     Destinations {
         #[command(subcommand)]
-        command: cli_destinations::DestinationsCommand,
+        command: cli::destinations::DestinationsCommand,
     },
     /// Create, list, revoke or rotate producers (who may post events over
     /// HTTP, each with its own token), through the running daemon (at
     /// `listen`).
     Producers {
         #[command(subcommand)]
-        command: cli_producers::ProducersCommand,
+        command: cli::producers::ProducersCommand,
     },
     /// Secrets at rest: re-seal every stored secret under the current key,
     /// through the running daemon (at `listen`).
     Secrets {
         #[command(subcommand)]
-        command: cli_secrets::SecretsCommand,
+        command: cli::secrets::SecretsCommand,
     },
     /// Show the configured sources and their status, as the running daemon
     /// (at `listen`) reports them.
     Sources {
         #[command(subcommand)]
-        command: cli_admin::SourcesCommand,
+        command: cli::admin::SourcesCommand,
     },
     /// Create deliveries for a (new) sink over past events, by the routes,
     /// through the running daemon (at `listen`); running it twice creates
@@ -108,10 +116,11 @@ enum Command {
         #[arg(long)]
         since: Option<String>,
     },
-    /// Show the effective configuration, secrets redacted.
+    /// Show the effective configuration, secrets redacted (reads only the
+    /// configuration: no daemon, no database).
     Config {
         #[command(subcommand)]
-        command: cli_admin::ConfigCommand,
+        command: cli::admin::ConfigCommand,
     },
 }
 
@@ -187,9 +196,8 @@ enum PluginLogLevel {
 #[derive(Args, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 struct Flags {
-    /// HTTP listen address; the commands that ask the running daemon
-    /// (`sinks list`, `sources`, `destinations`, `backfill`) connect to it
-    /// [default: 127.0.0.1:8080].
+    /// HTTP listen address; the admin commands go through the daemon
+    /// listening there [default: 127.0.0.1:8080].
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<SocketAddr>,
@@ -249,21 +257,27 @@ fn main() -> ExitCode {
 }
 
 /// Run the command: each arm loads the configuration it needs and calls
-/// the library (or a `cli_*` module that does).
+/// the library (or the `cli` module that does).
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let load = || Config::load(cli.config.as_deref(), &cli.flags);
     match cli.command {
         Command::Run { migrate } => run_daemon(load()?, migrate).await,
         Command::Migrate => migrate(load()?).await,
-        Command::Events { command } => cli_admin::events(&load()?, command).await,
-        Command::Dead { command } => cli_admin::dead(&load()?, command).await,
-        Command::Sinks { command } => cli_admin::sinks(&load()?, command).await,
-        Command::Sources { command } => cli_admin::sources(&load()?, command).await,
-        Command::Backfill { sink, since } => cli_admin::backfill(&load()?, sink, since).await,
-        Command::Config { command } => cli_admin::config(load()?, command),
-        Command::Destinations { command } => cli_destinations::run(&load()?, command).await,
-        Command::Producers { command } => cli_producers::run(&load()?, command).await,
-        Command::Secrets { command } => cli_secrets::run(&load()?, command).await,
+        Command::Events { offline, command } => {
+            cli::admin::events(&load()?, offline.offline, command).await
+        }
+        Command::Dead { offline, command } => {
+            cli::admin::dead(&load()?, offline.offline, command).await
+        }
+        Command::Sinks { offline, command } => {
+            cli::admin::sinks(&load()?, offline.offline, command).await
+        }
+        Command::Sources { command } => cli::admin::sources(&load()?, command).await,
+        Command::Backfill { sink, since } => cli::admin::backfill(&load()?, sink, since).await,
+        Command::Config { command } => cli::admin::config(load()?, command),
+        Command::Destinations { command } => cli::destinations::run(&load()?, command).await,
+        Command::Producers { command } => cli::producers::run(&load()?, command).await,
+        Command::Secrets { command } => cli::secrets::run(&load()?, command).await,
         Command::Plugin { command } => plugin(command, load).await,
     }
 }

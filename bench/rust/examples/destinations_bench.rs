@@ -122,7 +122,7 @@ impl Stage {
             database_url: Some(url),
             plugins_dir: plugins.path().to_path_buf(),
             // Destination secrets are sealed; PostgreSQL needs a key.
-            secrets: outboxd::config::SecretsConfig {
+            secrets: outboxd::secrets::settings::SecretsConfig {
                 key: Some("bench AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into()),
                 ..Default::default()
             },

@@ -430,7 +430,7 @@ impl Gate {
     }
 
     /// Every producer as the admin views show it (no digests), by name.
-    pub fn views(&self, now_ms: i64) -> Vec<serde_json::Value> {
+    pub fn views(&self, now_ms: i64) -> Vec<crate::auth::producer::ProducerView> {
         let table = self.table.read().unwrap_or_else(|e| e.into_inner());
         table.by_name.values().map(|p| p.view(now_ms)).collect()
     }

@@ -113,29 +113,67 @@ pub struct Producer {
     pub revoked_at_ms: Option<i64>,
 }
 
+/// Whether a producer's token is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProducerState {
+    /// Accepted.
+    Active,
+    /// Past its expiry.
+    Expired,
+    /// Revoked by an operator.
+    Revoked,
+}
+
+/// A producer as lists and answers show it: no digest, the token as
+/// `obx_<id>_…` so an operator can tell which one a client holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerView {
+    /// Its name.
+    pub name: String,
+    /// Its token, shortened to `obx_<id>_…`.
+    pub token: String,
+    /// Until when its previous token is still accepted, Unix ms.
+    pub previous_token_until_ms: Option<i64>,
+    /// Active, expired or revoked.
+    pub state: ProducerState,
+    /// Which events it may write.
+    pub scope: Scope,
+    /// Events per second, at most.
+    pub rate_per_second: Option<u32>,
+    /// Body bytes per second, at most.
+    pub bytes_per_second: Option<u64>,
+    /// Unix ms.
+    pub created_at_ms: i64,
+    /// Unix ms.
+    pub expires_at_ms: Option<i64>,
+    /// Unix ms.
+    pub revoked_at_ms: Option<i64>,
+}
+
 impl Producer {
-    /// The record as lists and answers show it: no digest, the token as
-    /// `obx_<id>_…` so an operator can tell which one a client holds.
-    pub fn view(&self, now_ms: i64) -> serde_json::Value {
+    /// The record as lists and answers show it ([`ProducerView`]), its
+    /// state as of `now_ms`.
+    pub fn view(&self, now_ms: i64) -> ProducerView {
         let state = if self.revoked_at_ms.is_some() {
-            "revoked"
+            ProducerState::Revoked
         } else if self.expires_at_ms.is_some_and(|t| now_ms >= t) {
-            "expired"
+            ProducerState::Expired
         } else {
-            "active"
+            ProducerState::Active
         };
-        serde_json::json!({
-            "name": self.name,
-            "token": format!("{}{}_…", super::token::PREFIX, self.token_id),
-            "previous_token_until_ms": self.previous.as_ref().map(|p| p.until_ms),
-            "state": state,
-            "scope": self.scope,
-            "rate_per_second": self.rate_per_second,
-            "bytes_per_second": self.bytes_per_second,
-            "created_at_ms": self.created_at_ms,
-            "expires_at_ms": self.expires_at_ms,
-            "revoked_at_ms": self.revoked_at_ms,
-        })
+        ProducerView {
+            name: self.name.clone(),
+            token: format!("{}{}_…", super::token::PREFIX, self.token_id),
+            previous_token_until_ms: self.previous.as_ref().map(|p| p.until_ms),
+            state,
+            scope: self.scope.clone(),
+            rate_per_second: self.rate_per_second,
+            bytes_per_second: self.bytes_per_second,
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: self.expires_at_ms,
+            revoked_at_ms: self.revoked_at_ms,
+        }
     }
 }
 

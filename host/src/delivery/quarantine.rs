@@ -22,7 +22,7 @@ use crate::backoff::Backoff;
 pub const MAX_QUARANTINE: Duration = Duration::from_secs(600);
 
 /// What a sink's quarantine looks like from outside.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QuarantineState {
     /// When the quarantine started, Unix ms.
     pub since_ms: i64,

@@ -207,7 +207,7 @@ pub struct Resealed {
 }
 
 /// A destination [`reseal_all`] could not reseal.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct FailedRecord {
     /// Its name.
     pub destination: String,
@@ -330,7 +330,7 @@ fn reseal_record(
 
 /// How many secret values are stored under each key id, and how many in
 /// the clear.
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, serde::Deserialize)]
 pub struct Census {
     /// Sealed values by the key id they are under.
     pub by_key: BTreeMap<String, u64>,
@@ -467,7 +467,7 @@ mod tests {
             destination("a"),
             seal_record(&destination("a"), &secrets).unwrap(),
         ] {
-            let shown = d.redacted().to_string();
+            let shown = serde_json::to_string(&d.redacted()).unwrap();
             for needle in ["whsec_", "hunter2", "tok_live", "enc:"] {
                 assert!(!shown.contains(needle), "{needle} in {shown}");
             }

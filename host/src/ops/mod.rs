@@ -1,4 +1,6 @@
-//! Operations endpoints: probes, metrics and the admin API.
+//! Operations: probes, metrics, and the admin layer — the admin actions
+//! ([`actions`], one typed action and one error type for every admin
+//! operation) and the admin API, their HTTP face ([`admin`]).
 //!
 //! Owns: `/health` (200 while the process serves and every delivery loop
 //! has finished a turn within its stale limit), `/ready` (database answers,
@@ -13,10 +15,6 @@
 
 pub mod actions;
 pub mod admin;
-pub mod daemon_client;
-pub mod destinations;
-pub mod producers;
-pub mod secrets;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,8 +71,8 @@ pub struct OpsState {
 
 impl OpsState {
     /// The context of the destination actions.
-    pub fn destinations(&self) -> crate::destinations::actions::Context {
-        crate::destinations::actions::Context {
+    pub fn destinations(&self) -> actions::destinations::Context {
+        actions::destinations::Context {
             store: self.store.clone(),
             live: self.live.clone(),
             plugins: self.plugins.clone(),
@@ -82,27 +80,6 @@ impl OpsState {
             wake: self.wake.clone(),
         }
     }
-}
-
-/// An admin action's refusal as the admin API answers it: `status` and
-/// `{"error": message, "code": …}` (the code stable per status:
-/// `invalid`, `not-found`, `conflict`, `store-unavailable`, …), with
-/// `"field"` naming the bad input when there is one.
-pub(crate) fn refusal(status: u16, message: &str, field: Option<&str>) -> Response {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-    let code = match status.as_u16() {
-        400 => "invalid",
-        401 => "unauthorized",
-        404 => "not-found",
-        409 => "conflict",
-        503 => "store-unavailable",
-        _ => "refused",
-    };
-    let mut body = json!({ "error": message, "code": code });
-    if let Some(field) = field {
-        body["field"] = field.into();
-    }
-    (status, Json(body)).into_response()
 }
 
 /// The ops routes.

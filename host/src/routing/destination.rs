@@ -99,7 +99,7 @@ pub struct Destination {
     #[serde(default)]
     pub created_at_ms: i64,
     /// Who keeps it: `sync` for one created by a platform sync
-    /// (`crate::destinations::sync`), which may pause it when its platform
+    /// (`crate::ops::actions::sync`), which may pause it when its platform
     /// leaves the list; `None` for one made by hand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub managed_by: Option<String>,

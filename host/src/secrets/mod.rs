@@ -11,7 +11,8 @@
 //! configuration values are credentials ([`is_credential`]); reloading the
 //! keyring from its file (at most every [`RELOAD_AT_MOST_EVERY`] when a
 //! value names a key it does not hold, so a replica picks up a key added
-//! to a shared key file) and appending a generated key to it.
+//! to a shared key file) and appending a generated key to it; its
+//! settings (`[secrets]`, [`settings`]).
 //!
 //! What a record looks like sealed, and when records are sealed, opened and
 //! resealed, is `crate::destinations` business (`destinations::sealing`).
@@ -21,6 +22,7 @@
 
 pub mod keyring;
 pub mod seal;
+pub mod settings;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

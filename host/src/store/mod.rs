@@ -143,7 +143,7 @@ pub struct StoredEvent {
 }
 
 /// One delivery as reported by the read API.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeliveryInfo {
     /// The delivery key: a sink, or one destination of it.
     pub sink: String,
@@ -235,7 +235,7 @@ pub struct DeadFilter {
 }
 
 /// One dead letter.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeadLetter {
     /// The event's id.
     pub event_id: String,
@@ -310,7 +310,7 @@ pub enum PutMode {
 }
 
 /// What [`Store::purge_target`] deleted.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Purged {
     /// Deliveries not yet delivered (pending, retrying or leased).
     pub pending: u64,
@@ -345,7 +345,7 @@ pub struct RegisteredSink {
 }
 
 /// One replica's last report of a sink it serves.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SinkReplica {
     /// The replica's id (hostname-pid-random).
     pub replica: String,

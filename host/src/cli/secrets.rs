@@ -1,5 +1,6 @@
 //! `outboxd secrets …`: the CLI face of the secrets-at-rest admin actions
-//! (`/v1/admin/secrets`, through `cli_destinations::ask`).
+//! (`outboxd::ops::actions::secrets`, `/v1/admin/secrets`), through the
+//! running daemon only, which holds the keyring.
 //!
 //! Owns: turning arguments into a request to the running daemon and
 //! printing its answer. The daemon holds the keyring and re-seals; the CLI
@@ -42,5 +43,5 @@ pub async fn run(config: &Config, command: SecretsCommand) -> anyhow::Result<Exi
             Some(json!({ "generate": generate })),
         ),
     };
-    crate::cli_destinations::ask(config, method, path, body).await
+    super::destinations::ask(config, method, path, body).await
 }

@@ -1,4 +1,6 @@
-//! Keeping catch-all destinations in step with a list of platforms (the
+//! The platform sync action (`POST /v1/admin/destinations/sync`,
+//! `outboxd destinations sync`, and `[destinations.sync]` on a schedule):
+//! keeping catch-all destinations in step with a list of platforms (the
 //! subscriptions of the awareness service: one per subscribing platform,
 //! each with a webhook URL and a secret).
 //!
@@ -19,8 +21,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::actions::{self, ActionError, Context, Spec};
-use super::{now_ms, Destination, Filter, State};
+use super::destinations::{self as actions, Context, Spec};
+use super::AdminError;
+use crate::destinations::{now_ms, Destination, Filter, State};
 
 /// The `managed_by` mark of destinations a sync created.
 pub const MANAGED_BY: &str = "sync";
@@ -87,7 +90,7 @@ pub struct Report {
 
 /// Make the destinations match `req`. Every platform is checked before
 /// anything is written (a bad entry refuses the whole sync, naming it).
-pub async fn sync(ctx: &Context, req: &Request) -> Result<Report, ActionError> {
+pub async fn sync(ctx: &Context, req: &Request) -> Result<Report, AdminError> {
     check(req)?;
     let stored = actions::all(ctx).await?;
     let backfill = req.backfill.unwrap_or(DEFAULT_BACKFILL);
@@ -98,7 +101,7 @@ pub async fn sync(ctx: &Context, req: &Request) -> Result<Report, ActionError> {
         let existing = stored.iter().find(|d| d.name == name);
         let spec = platform_spec(req, i, p, &name, existing, &since)?;
         let written = actions::put(ctx, &name, spec).await.map_err(|e| match e {
-            ActionError::Invalid { field, message } => ActionError::Invalid {
+            AdminError::Invalid { field, message } => AdminError::Invalid {
                 field: format!("platforms[{i}] ({name}): {field}"),
                 message,
             },
@@ -124,17 +127,17 @@ pub async fn sync(ctx: &Context, req: &Request) -> Result<Report, ActionError> {
 
 /// Refuse a request naming a platform twice or one without a URL, naming
 /// the entry.
-fn check(req: &Request) -> Result<(), ActionError> {
+fn check(req: &Request) -> Result<(), AdminError> {
     let mut seen = std::collections::BTreeSet::new();
     for (i, p) in req.platforms.iter().enumerate() {
         if !seen.insert(p.name.as_str()) {
-            return Err(ActionError::Invalid {
+            return Err(AdminError::Invalid {
                 field: format!("platforms[{i}].name"),
                 message: format!("{:?} is listed twice", p.name),
             });
         }
         if p.url.is_empty() {
-            return Err(ActionError::Invalid {
+            return Err(AdminError::Invalid {
                 field: format!("platforms[{i}].url"),
                 message: "is empty".into(),
             });
@@ -157,9 +160,9 @@ fn platform_spec(
     name: &str,
     existing: Option<&Destination>,
     since: &str,
-) -> Result<Spec, ActionError> {
+) -> Result<Spec, AdminError> {
     if existing.is_some_and(|d| d.managed_by.as_deref() != Some(MANAGED_BY)) {
-        return Err(ActionError::Invalid {
+        return Err(AdminError::Invalid {
             field: format!("platforms[{i}].name"),
             message: format!(
                 "destination {name:?} exists and was not created by a sync; rename one of them"
@@ -195,7 +198,7 @@ async fn pause_vanished(
     ctx: &Context,
     req: &Request,
     stored: &[Destination],
-) -> Result<Vec<String>, ActionError> {
+) -> Result<Vec<String>, AdminError> {
     let mut paused = Vec::new();
     for d in stored {
         let listed = req

@@ -1,19 +1,15 @@
-//! What the CLI asks a running daemon: state that lives only in the
-//! daemon's process, not in the database (which sinks are loaded, removed
-//! or quarantined, the status of the configured sources), and the actions
-//! that need the daemon's loaded plugins or routes (destinations,
-//! backfill: [`call`]).
+//! The CLI's client of the running daemon: one request to its admin API.
 //!
-//! Owns: one request to the daemon at the configured `listen`
-//! address (loopback when it listens on every address), with the admin
-//! token when one is configured, bounded by [`CLIENT_TIMEOUT`]; over TLS
-//! when the daemon serves TLS (`[tls]`), trusting exactly the certificate
-//! in its `cert-file` (the CLI runs beside the daemon and reads the same
-//! configuration, so the leaf is pinned rather than checked by name).
+//! Owns: one request to the daemon at the configured `listen` address
+//! (loopback when it listens on every address), with the admin token when
+//! one is configured, bounded by a timeout; over TLS when the daemon
+//! serves TLS (`[tls]`), trusting exactly the certificate in its
+//! `cert-file` (the CLI runs beside the daemon and reads the same
+//! configuration, so the leaf is pinned rather than checked by name); the
+//! answer read into the action's answer type, or its refusal.
 //!
-//! Must never: change anything in the daemon except through [`call`], or
-//! make a read-only CLI command fail because no daemon answers (the caller
-//! says so and goes on).
+//! Must never: retry a change (a request that timed out may have been
+//! applied), or hide the daemon's refusal.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
@@ -21,10 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
+use outboxd::config::Config;
+use serde::de::DeserializeOwned;
 
-pub use crate::limits::CLIENT_TIMEOUT;
-
-/// Why the daemon's state could not be read.
+/// Why a request to the daemon got no usable answer.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonClientError {
     /// No daemon answered.
@@ -35,26 +31,26 @@ pub enum DaemonClientError {
         /// Why it did not answer.
         reason: String,
     },
-    /// The daemon refused.
-    #[error("the daemon at {addr} answered {status} to GET {path} (is admin.token the daemon's?)")]
-    Status {
-        /// Where it was asked.
-        addr: SocketAddr,
-        /// The path asked for.
-        path: &'static str,
-        /// The HTTP status it answered.
-        status: u16,
-    },
     /// The daemon's answer was not the JSON expected.
-    #[error("the daemon at {addr} answered GET {path} with unreadable JSON: {reason}")]
+    #[error("the daemon at {addr} answered {path} with unreadable JSON: {reason}")]
     Body {
         /// Where it was asked.
         addr: SocketAddr,
         /// The path asked for.
-        path: &'static str,
+        path: String,
         /// Why the JSON could not be read.
         reason: String,
     },
+}
+
+/// The daemon's refusal of a request: its status and message (the admin
+/// API's `{"error": …}`).
+#[derive(Debug, Clone)]
+pub struct Refused {
+    /// The HTTP status.
+    pub status: u16,
+    /// What the daemon said.
+    pub message: String,
 }
 
 /// Where and how to reach the running daemon.
@@ -71,7 +67,7 @@ pub struct DaemonAt {
 
 impl DaemonAt {
     /// The daemon `config` describes.
-    pub fn of(config: &crate::config::Config) -> DaemonAt {
+    pub fn of(config: &Config) -> DaemonAt {
         DaemonAt {
             listen: config.listen,
             token: config.admin.token.clone(),
@@ -80,59 +76,51 @@ impl DaemonAt {
     }
 }
 
-/// Every sink as the daemon listening on `listen` reports it
-/// (`/v1/admin/sinks`, field `sinks`: one
-/// [`crate::ops::actions::SinkView`] each, as JSON).
-pub async fn sinks(daemon: &DaemonAt) -> Result<Vec<serde_json::Value>, DaemonClientError> {
-    let (addr, body) = get(daemon, SINKS_PATH).await?;
-    match body["sinks"].as_array() {
-        Some(sinks) => Ok(sinks.clone()),
-        None => Err(DaemonClientError::Body {
-            addr,
-            path: SINKS_PATH,
-            reason: "no `sinks` array".into(),
-        }),
-    }
-}
-
-/// Every configured source with its status, as the daemon listening on
-/// `listen` reports it (`/v1/admin/sources`, field `sources`: `name`,
-/// `kind`, `ok`, `last_error`, `last_cycle_age_ms`, `checks`).
-pub async fn sources(daemon: &DaemonAt) -> Result<Vec<serde_json::Value>, DaemonClientError> {
-    let (addr, body) = get(daemon, SOURCES_PATH).await?;
-    match body["sources"].as_array() {
-        Some(sources) => Ok(sources.clone()),
-        None => Err(DaemonClientError::Body {
-            addr,
-            path: SOURCES_PATH,
-            reason: "no `sources` array".into(),
-        }),
-    }
-}
-
-/// `method path` with a JSON `body` on the daemon at `listen`, bounded by
-/// [`CLIENT_TIMEOUT`] (a destination create that backfills may take
-/// longer: `timeout` overrides it). Returns the status and the JSON body
-/// (`null` when there is none), whatever the status.
-pub async fn call(
+/// `method path` with a JSON `body` on `daemon`, bounded by `timeout`:
+/// its answer read as `T` when the status is 2xx, its refusal otherwise.
+pub async fn request<T: DeserializeOwned>(
     daemon: &DaemonAt,
     method: http::Method,
     path: &str,
     body: Option<serde_json::Value>,
-    timeout: Option<Duration>,
-) -> Result<(u16, serde_json::Value), DaemonClientError> {
+    timeout: Duration,
+) -> Result<Result<T, Refused>, DaemonClientError> {
     let addr = loopback_for(daemon.listen);
-    let limit = timeout.unwrap_or(CLIENT_TIMEOUT);
-    let (status, bytes) = tokio::time::timeout(limit, send(daemon, addr, method, path, body))
+    let (status, bytes) = call(daemon, method, path, body, timeout).await?;
+    if !(200..300).contains(&status) {
+        let answer: serde_json::Value =
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        let message = answer["error"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("the daemon refused {path} (is admin.token the daemon's?)"));
+        return Ok(Err(Refused { status, message }));
+    }
+    serde_json::from_slice(&bytes)
+        .map(Ok)
+        .map_err(|e| DaemonClientError::Body {
+            addr,
+            path: path.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// `method path` with a JSON `body` on the daemon at `listen`, bounded by
+/// `timeout`: the status and the body bytes, whatever the status.
+async fn call(
+    daemon: &DaemonAt,
+    method: http::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+    timeout: Duration,
+) -> Result<(u16, bytes::Bytes), DaemonClientError> {
+    let addr = loopback_for(daemon.listen);
+    tokio::time::timeout(timeout, send(daemon, addr, method, path, body))
         .await
         .map_err(|_| DaemonClientError::Unreachable {
             addr,
-            reason: format!("no answer within {limit:?}"),
-        })??;
-    Ok((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
-    ))
+            reason: format!("no answer within {timeout:?}"),
+        })?
 }
 
 /// One request to `daemon` at `addr`: its status and body bytes.
@@ -282,34 +270,4 @@ fn loopback_for(listen: SocketAddr) -> SocketAddr {
         }
         _ => listen,
     }
-}
-
-const SINKS_PATH: &str = "/v1/admin/sinks";
-const SOURCES_PATH: &str = "/v1/admin/sources";
-
-/// `GET path` on the daemon at `listen` (loopback when it listens on every
-/// address), bounded by [`CLIENT_TIMEOUT`]: the address asked and the body.
-async fn get(
-    daemon: &DaemonAt,
-    path: &'static str,
-) -> Result<(SocketAddr, serde_json::Value), DaemonClientError> {
-    let addr = loopback_for(daemon.listen);
-    let (status, bytes) = tokio::time::timeout(
-        CLIENT_TIMEOUT,
-        send(daemon, addr, http::Method::GET, path, None),
-    )
-    .await
-    .map_err(|_| DaemonClientError::Unreachable {
-        addr,
-        reason: format!("no answer within {CLIENT_TIMEOUT:?}"),
-    })??;
-    if status != 200 {
-        return Err(DaemonClientError::Status { addr, path, status });
-    }
-    let body = serde_json::from_slice(&bytes).map_err(|e| DaemonClientError::Body {
-        addr,
-        path,
-        reason: e.to_string(),
-    })?;
-    Ok((addr, body))
 }

@@ -1,5 +1,6 @@
 //! `outboxd producers …`: the CLI face of the producer actions
-//! (`outboxd::ops::producers`).
+//! (`outboxd::ops::actions::producers`), through the running daemon
+//! only.
 //!
 //! Owns: turning arguments into a request to the running daemon's admin
 //! API (`/v1/admin/producers`) and printing its answer. The daemon decides
@@ -91,5 +92,5 @@ pub async fn run(config: &Config, command: ProducersCommand) -> anyhow::Result<E
             ),
         ),
     };
-    crate::cli_destinations::ask(config, method, &path, body).await
+    super::destinations::ask(config, method, &path, body).await
 }

@@ -1,6 +1,5 @@
-//! The producer actions (`outboxd producers create|list|revoke|rotate`)
-//! and their HTTP shape under `/v1/admin/producers` (behind the admin
-//! token, see [`super::admin`]).
+//! The producer actions (`/v1/admin/producers…`, `outboxd producers
+//! create|list|revoke|rotate`).
 //!
 //! Owns: creating a producer with a fresh token (answered once, stored as
 //! its digest), listing them, revoking one (its record is kept so the
@@ -14,18 +13,11 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
-use super::actions::AdminError;
-use super::OpsState;
+use super::{invalid, AdminError};
 use crate::auth::gate::now_ms;
-use crate::auth::producer::{check_name, PreviousToken};
+use crate::auth::producer::{check_name, PreviousToken, ProducerView};
 use crate::auth::{token, Gate, Producer, Scope};
 use crate::store::{PutMode, Store};
 
@@ -55,20 +47,13 @@ pub struct ProducerSpec {
 }
 
 /// A producer with the token just made for it, shown this once.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WithToken {
     /// The producer, as lists show it.
-    pub producer: Value,
+    pub producer: ProducerView,
     /// `obx_…`: give it to the producer; it is not stored and cannot be
     /// shown again.
     pub token: String,
-}
-
-fn invalid(field: &str, message: impl Into<String>) -> AdminError {
-    AdminError::Invalid {
-        field: field.to_string(),
-        message: message.into(),
-    }
 }
 
 /// Create a producer from `spec` with a fresh token.
@@ -125,18 +110,52 @@ pub async fn create(
     })
 }
 
+/// One entry of a listing: a producer, or a stored record that does not
+/// parse (named, never admitted).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ProducerEntry {
+    /// A producer.
+    Producer(ProducerView),
+    /// A record that does not parse.
+    Unreadable {
+        /// Its name.
+        name: String,
+        /// Why its record could not be read.
+        error: String,
+    },
+}
+
+/// The answer of `GET /v1/admin/producers`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Producers {
+    /// By name.
+    pub producers: Vec<ProducerEntry>,
+}
+
+/// The answer of a revoke: `{"producer": …}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Revoked {
+    /// The producer, revoked.
+    pub producer: ProducerView,
+}
+
 /// Every producer as lists show it (no digests), by name.
-pub async fn list(store: &dyn Store) -> Result<Vec<Value>, AdminError> {
+pub async fn list(store: &dyn Store) -> Result<Producers, AdminError> {
     let now = now_ms();
-    Ok(store
+    let producers = store
         .producers()
         .await?
         .into_iter()
         .map(|row| match serde_json::from_str::<Producer>(&row.record) {
-            Ok(p) => p.view(now),
-            Err(e) => json!({ "name": row.name, "error": format!("unreadable record: {e}") }),
+            Ok(p) => ProducerEntry::Producer(p.view(now)),
+            Err(e) => ProducerEntry::Unreadable {
+                name: row.name,
+                error: format!("unreadable record: {e}"),
+            },
         })
-        .collect())
+        .collect();
+    Ok(Producers { producers })
 }
 
 /// Apply `change` to producer `name`'s record, revision-checked (tried
@@ -179,7 +198,7 @@ async fn change<T>(
 /// process at once). Revoking twice keeps the first time.
 ///
 /// Errors: no such producer, the store failed.
-pub async fn revoke(store: &dyn Store, gate: &Gate, name: &str) -> Result<Value, AdminError> {
+pub async fn revoke(store: &dyn Store, gate: &Gate, name: &str) -> Result<Revoked, AdminError> {
     let now = now_ms();
     let (producer, ()) = change(store, gate, name, |p| {
         p.revoked_at_ms.get_or_insert(now);
@@ -187,7 +206,9 @@ pub async fn revoke(store: &dyn Store, gate: &Gate, name: &str) -> Result<Value,
         Ok(())
     })
     .await?;
-    Ok(producer.view(now))
+    Ok(Revoked {
+        producer: producer.view(now),
+    })
 }
 
 /// Give producer `name` a new token; the current one stays accepted for
@@ -230,92 +251,4 @@ pub async fn rotate(
         producer: producer.view(now),
         token,
     })
-}
-
-/// The producer routes (the caller adds the token check).
-pub fn routes() -> Router<OpsState> {
-    Router::new()
-        .route("/v1/admin/producers", get(list_http).post(create_http))
-        .route("/v1/admin/producers/{name}/revoke", post(revoke_http))
-        .route("/v1/admin/producers/{name}/rotate", post(rotate_http))
-}
-
-fn refused(e: AdminError) -> Response {
-    let field = match &e {
-        AdminError::Invalid { field, .. } => Some(field.as_str()),
-        _ => None,
-    };
-    super::refusal(e.status(), &e.to_string(), field)
-}
-
-/// The body as `T`, naming the field at fault.
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AdminError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let field = e.path().to_string();
-        invalid(
-            if field == "." { "body" } else { &field },
-            e.inner().to_string(),
-        )
-    })
-}
-
-async fn list_http(State(state): State<OpsState>) -> Response {
-    match list(&*state.store).await {
-        Ok(producers) => Json(json!({ "producers": producers })).into_response(),
-        Err(e) => refused(e),
-    }
-}
-
-async fn create_http(State(state): State<OpsState>, body: axum::body::Bytes) -> Response {
-    let spec: ProducerSpec = match parse(&body) {
-        Ok(s) => s,
-        Err(e) => return refused(e),
-    };
-    match create(&*state.store, &state.gate, spec).await {
-        Ok(made) => (StatusCode::CREATED, Json(made)).into_response(),
-        Err(e) => refused(e),
-    }
-}
-
-async fn revoke_http(State(state): State<OpsState>, Path(name): Path<String>) -> Response {
-    match revoke(&*state.store, &state.gate, &name).await {
-        Ok(p) => Json(json!({ "producer": p })).into_response(),
-        Err(e) => refused(e),
-    }
-}
-
-/// Body of `POST …/{name}/rotate`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RotateBody {
-    /// How long the current token stays accepted (`"1h"`); default 0.
-    #[serde(default, with = "humantime_serde")]
-    grace: Option<Duration>,
-}
-
-async fn rotate_http(
-    State(state): State<OpsState>,
-    Path(name): Path<String>,
-    body: axum::body::Bytes,
-) -> Response {
-    let body: RotateBody = if body.is_empty() {
-        RotateBody::default()
-    } else {
-        match parse(&body) {
-            Ok(b) => b,
-            Err(e) => return refused(e),
-        }
-    };
-    match rotate(
-        &*state.store,
-        &state.gate,
-        &name,
-        body.grace.unwrap_or_default(),
-    )
-    .await
-    {
-        Ok(made) => Json(made).into_response(),
-        Err(e) => refused(e),
-    }
 }

@@ -1,6 +1,5 @@
-//! The admin actions on destinations, shared by the HTTP admin API
-//! (`/v1/admin/destinations`) and the CLI (`outboxd destinations …`, which
-//! calls the API).
+//! The destination actions (`/v1/admin/destinations`, `outboxd
+//! destinations …`; a platform list is [`super::sync`]).
 //!
 //! Owns: checking a [`Spec`] before anything is written — unknown sink, a
 //! name taken, a URL outside the manifest's grant or on an internal
@@ -9,9 +8,10 @@
 //! each refused with the field it names, nothing half-created; writing
 //! records (create, idempotent put, state changes, rotation, delete with
 //! park or purge), their secrets sealed before they are written
-//! ([`super::sealing`]; without a key, a secret is refused naming the
-//! setting and nothing is written); the views (record without secrets,
-//! health, queue).
+//! (`crate::destinations::sealing`; without a key, a secret is refused
+//! naming the setting and nothing is written); the answers (the record
+//! without secrets, [`DestinationView`], with health and queue in a
+//! listing, [`Listed`]).
 //!
 //! Must never: return a secret except in the answer that created or
 //! rotated it; write a secret in the clear when a key is configured;
@@ -22,16 +22,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
-use super::live::{retry_within, Live};
-use super::sealing::{self, SealingError};
-use super::{now_ms, secret, Destination, Filter, RetryOverride, State, MAX_NAME_BYTES};
+use super::{invalid, listed, AdminError};
+use crate::destinations::health::Health;
+use crate::destinations::live::{retry_within, Live};
+use crate::destinations::sealing::{self, SealingError};
+use crate::destinations::{
+    now_ms, secret, Destination, DestinationView, Filter, RetryOverride, State, MAX_NAME_BYTES,
+};
 use crate::plugin::egress::EgressPolicy;
 use crate::plugin::registry::Registry;
 use crate::plugin::Plugin;
 use crate::routing::routes::Router;
-use crate::secrets::SealError;
 use crate::store::{Purged, PutMode, Store, StoreError};
 
 /// What the actions work on.
@@ -47,71 +49,6 @@ pub struct Context {
     pub routes: Arc<Router>,
     /// Wake-ups of the delivery loops.
     pub wake: Arc<crate::wakeups::Wakeups>,
-}
-
-/// Why an action did nothing.
-#[derive(Debug, thiserror::Error)]
-pub enum ActionError {
-    /// Bad input (HTTP 400), naming the field.
-    #[error("{field}: {message}")]
-    Invalid {
-        /// The field, as in the request (`config.url`).
-        field: String,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// `POST` of a name that exists (HTTP 409).
-    #[error("destination {0:?} already exists (PUT replaces it)")]
-    Exists(String),
-    /// HTTP 404.
-    #[error("no destination named {0:?}")]
-    NotFound(String),
-    /// Changed by someone else between read and write (HTTP 409).
-    #[error("destination {0:?} was changed meanwhile; read it again and retry")]
-    Changed(String),
-    /// A secret that cannot be sealed (no key configured: HTTP 400,
-    /// naming the setting; nothing written) or opened (a key missing from
-    /// the keyring: HTTP 503).
-    #[error("{}", secret_message(.0))]
-    Secret(SealingError),
-    /// HTTP 503.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// What an operator reads when a secret cannot be sealed or opened.
-fn secret_message(e: &SealingError) -> String {
-    match &e.source {
-        SealError::NoKey => format!(
-            "outboxd stores secrets only sealed, and no secrets key is configured: set {} or {} on the daemon (or give no secret); nothing was stored",
-            crate::secrets::KEY_FILE_SETTING,
-            crate::secrets::KEY_SETTING,
-        ),
-        SealError::UnknownKey { key_id } => format!(
-            "{e}: add key {key_id:?} to the daemon's keyring (the key file, or secrets.key) and try again"
-        ),
-        _ => e.to_string(),
-    }
-}
-
-impl ActionError {
-    /// The HTTP status it answers with.
-    pub fn status(&self) -> u16 {
-        match self {
-            ActionError::Invalid { .. } => 400,
-            ActionError::Exists(_) | ActionError::Changed(_) => 409,
-            ActionError::NotFound(_) => 404,
-            ActionError::Secret(e) if e.source == SealError::NoKey => 400,
-            ActionError::Secret(_) | ActionError::Store(_) => 503,
-        }
-    }
-}
-
-fn invalid(field: impl Into<String>, message: impl Into<String>) -> ActionError {
-    ActionError::Invalid {
-        field: field.into(),
-        message: message.into(),
-    }
 }
 
 /// A destination as a request gives it (`POST`, `PUT`).
@@ -164,7 +101,7 @@ pub struct Written {
     /// written).
     pub changed: bool,
     /// The destination as the API shows it (no secret).
-    pub destination: Value,
+    pub destination: DestinationView,
     /// The secret, in the answer that generated it only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
@@ -174,13 +111,13 @@ pub struct Written {
 }
 
 /// Create destination `name`; refused if it exists.
-pub async fn create(ctx: &Context, name: &str, spec: Spec) -> Result<Written, ActionError> {
+pub async fn create(ctx: &Context, name: &str, spec: Spec) -> Result<Written, AdminError> {
     write(ctx, name, spec, true).await
 }
 
 /// Create or replace destination `name` (idempotent: the same spec again
 /// writes nothing).
-pub async fn put(ctx: &Context, name: &str, spec: Spec) -> Result<Written, ActionError> {
+pub async fn put(ctx: &Context, name: &str, spec: Spec) -> Result<Written, AdminError> {
     write(ctx, name, spec, false).await
 }
 
@@ -189,11 +126,11 @@ async fn write(
     name: &str,
     spec: Spec,
     create_only: bool,
-) -> Result<Written, ActionError> {
+) -> Result<Written, AdminError> {
     check_name(ctx, name)?;
     let stored = find(ctx, name).await?;
     if create_only && stored.is_some() {
-        return Err(ActionError::Exists(name.to_string()));
+        return Err(exists(name));
     }
     let plugin = ctx.plugins.serving(&spec.sink).ok_or_else(|| {
         invalid(
@@ -201,7 +138,7 @@ async fn write(
             format!(
                 "no plugin named {:?} is loaded (loaded: {})",
                 spec.sink,
-                list_or_none(&ctx.plugins.loaded())
+                listed(&ctx.plugins.loaded())
             ),
         )
     })?;
@@ -212,7 +149,7 @@ async fn write(
     let secrets = ctx.live.secrets();
     // Compared and checked in the clear; written sealed.
     let previous = match &stored {
-        Some((d, _)) => Some(sealing::open_record(d, secrets).map_err(ActionError::Secret)?),
+        Some((d, _)) => Some(sealing::open_record(d, secrets).map_err(AdminError::Secret)?),
         None => None,
     };
     let (destination, generated) = record(name, &spec, previous.as_ref())?;
@@ -228,7 +165,7 @@ async fn write(
             });
         }
     }
-    let destination = sealing::seal_record(&destination, secrets).map_err(ActionError::Secret)?;
+    let destination = sealing::seal_record(&destination, secrets).map_err(AdminError::Secret)?;
     let text = serde_json::to_string(&destination).map_err(|e| invalid("", e.to_string()))?;
     let mode = match &stored {
         None => PutMode::Create,
@@ -241,8 +178,8 @@ async fn write(
         .is_none()
     {
         return Err(match mode {
-            PutMode::Create if create_only => ActionError::Exists(name.to_string()),
-            _ => ActionError::Changed(name.to_string()),
+            PutMode::Create if create_only => exists(name),
+            _ => changed(name),
         });
     }
     ctx.live.refresh().await?;
@@ -272,7 +209,7 @@ fn record(
     name: &str,
     spec: &Spec,
     previous: Option<&Destination>,
-) -> Result<(Destination, Option<String>), ActionError> {
+) -> Result<(Destination, Option<String>), AdminError> {
     if spec.config.contains_key("secret") || spec.config.contains_key("previous-secret") {
         return Err(invalid(
             "config.secret",
@@ -367,7 +304,7 @@ async fn check(
     plugin: &Plugin,
     d: &Destination,
     secrets: &crate::secrets::Secrets,
-) -> Result<(), ActionError> {
+) -> Result<(), AdminError> {
     let manifest = plugin.manifest();
     if let Some(over) = &d.retry {
         let m = &manifest.retry;
@@ -391,7 +328,7 @@ async fn check(
     }
     let config = d
         .plugin_config(now_ms(), secrets)
-        .map_err(ActionError::Secret)?;
+        .map_err(AdminError::Secret)?;
     if let Some(url) = config.get("url") {
         if !manifest.capabilities.http.is_empty() {
             check_url(&manifest.capabilities.http, url).await?;
@@ -414,7 +351,7 @@ async fn check(
 
 /// `url` must be allowed by the manifest's `capabilities.http` and, once
 /// resolved, reach no internal address the allow-list does not name.
-async fn check_url(grant: &[String], url: &str) -> Result<(), ActionError> {
+async fn check_url(grant: &[String], url: &str) -> Result<(), AdminError> {
     let field = "config.url";
     let policy = EgressPolicy::new(grant).map_err(|e| invalid("sink", e))?;
     let uri: http::Uri = url
@@ -444,7 +381,7 @@ async fn check_url(grant: &[String], url: &str) -> Result<(), ActionError> {
     Ok(())
 }
 
-fn check_name(ctx: &Context, name: &str) -> Result<(), ActionError> {
+fn check_name(ctx: &Context, name: &str) -> Result<(), AdminError> {
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
         return Err(invalid(
             "name",
@@ -469,13 +406,13 @@ fn check_name(ctx: &Context, name: &str) -> Result<(), ActionError> {
     Ok(())
 }
 
-async fn find(ctx: &Context, name: &str) -> Result<Option<(Destination, i64)>, ActionError> {
+async fn find(ctx: &Context, name: &str) -> Result<Option<(Destination, i64)>, AdminError> {
     let rows = ctx.store.destinations().await?;
     let Some(row) = rows.into_iter().find(|r| r.name == name) else {
         return Ok(None);
     };
     let d = serde_json::from_str(&row.record).map_err(|e| {
-        ActionError::Store(StoreError::Corrupt(format!("destination {name:?}: {e}")))
+        AdminError::Store(StoreError::Corrupt(format!("destination {name:?}: {e}")))
     })?;
     Ok(Some((d, row.revision)))
 }
@@ -484,10 +421,8 @@ async fn update(
     ctx: &Context,
     name: &str,
     change: impl FnOnce(&mut Destination),
-) -> Result<Destination, ActionError> {
-    let (mut d, revision) = find(ctx, name)
-        .await?
-        .ok_or_else(|| ActionError::NotFound(name.to_string()))?;
+) -> Result<Destination, AdminError> {
+    let (mut d, revision) = find(ctx, name).await?.ok_or_else(|| not_found(name))?;
     change(&mut d);
     let text = serde_json::to_string(&d).map_err(|e| invalid("", e.to_string()))?;
     if ctx
@@ -496,14 +431,14 @@ async fn update(
         .await?
         .is_none()
     {
-        return Err(ActionError::Changed(name.to_string()));
+        return Err(changed(name));
     }
     ctx.live.refresh().await?;
     Ok(d)
 }
 
 /// Every destination as stored (records that do not parse are skipped).
-pub async fn all(ctx: &Context) -> Result<Vec<Destination>, ActionError> {
+pub async fn all(ctx: &Context) -> Result<Vec<Destination>, AdminError> {
     Ok(ctx
         .store
         .destinations()
@@ -514,7 +449,7 @@ pub async fn all(ctx: &Context) -> Result<Vec<Destination>, ActionError> {
 }
 
 /// Pause destination `name` with `reason`.
-pub async fn hold(ctx: &Context, name: &str, reason: &str) -> Result<Value, ActionError> {
+pub async fn hold(ctx: &Context, name: &str, reason: &str) -> Result<DestinationView, AdminError> {
     let d = update(ctx, name, |d| {
         d.state = State::Paused;
         d.state_reason = Some(reason.to_string());
@@ -526,7 +461,11 @@ pub async fn hold(ctx: &Context, name: &str, reason: &str) -> Result<Value, Acti
 
 /// Pause (nothing claimed, deliveries still queued) or resume (also
 /// re-enables a disabled destination) destination `name`.
-pub async fn set_active(ctx: &Context, name: &str, active: bool) -> Result<Value, ActionError> {
+pub async fn set_active(
+    ctx: &Context,
+    name: &str,
+    active: bool,
+) -> Result<DestinationView, AdminError> {
     let d = update(ctx, name, |d| {
         d.state = if active { State::Active } else { State::Paused };
         d.state_reason = (!active).then(|| "paused by an operator".to_string());
@@ -539,12 +478,23 @@ pub async fn set_active(ctx: &Context, name: &str, active: bool) -> Result<Value
             .store
             .save_destination_health(
                 name,
-                &serde_json::to_string(&super::health::Health::default()).unwrap_or_default(),
+                &serde_json::to_string(&Health::default()).unwrap_or_default(),
             )
             .await;
     }
     tracing::info!(destination = %name, active, "destination state changed");
     Ok(d.redacted())
+}
+
+/// The answer of a secret rotation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Rotated {
+    /// The destination as the API shows it (no secret).
+    pub destination: DestinationView,
+    /// The new secret — the only time it is shown.
+    pub secret: String,
+    /// Until when the previous secret keeps signing beside it (RFC 3339).
+    pub previous_valid_until: Option<String>,
 }
 
 /// Rotate the signing secret of `name`: `new` (or a generated one) signs
@@ -555,7 +505,7 @@ pub async fn rotate(
     name: &str,
     new: Option<String>,
     grace: Option<Duration>,
-) -> Result<Value, ActionError> {
+) -> Result<Rotated, AdminError> {
     if new.as_deref() == Some("") {
         return Err(invalid("secret", "is empty"));
     }
@@ -572,7 +522,7 @@ pub async fn rotate(
         .secrets()
         .seal(&sealing::context(name), &secret)
         .map_err(|source| {
-            ActionError::Secret(SealingError {
+            AdminError::Secret(SealingError {
                 destination: name.to_string(),
                 field: "secret".into(),
                 source,
@@ -584,11 +534,11 @@ pub async fn rotate(
     })
     .await?;
     tracing::info!(destination = %name, grace = ?grace, "destination secret rotated");
-    Ok(json!({
-        "destination": d.redacted(),
-        "secret": secret,
-        "previous_valid_until": d.previous_until_ms.map(crate::rfc3339::format_ms),
-    }))
+    Ok(Rotated {
+        destination: d.redacted(),
+        secret,
+        previous_valid_until: d.previous_until_ms.map(crate::rfc3339::format_ms),
+    })
 }
 
 /// What a delete does with the destination's deliveries not yet delivered.
@@ -602,10 +552,21 @@ pub enum Pending {
     Purge,
 }
 
+/// The answer of a delete.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Deleted {
+    /// The destination deleted.
+    pub deleted: String,
+    /// What was done with its deliveries not yet delivered.
+    pub pending: Pending,
+    /// What a `purge` deleted (zero for `park`).
+    pub purged: Purged,
+}
+
 /// Delete destination `name`, with `pending` deciding its deliveries.
-pub async fn delete(ctx: &Context, name: &str, pending: Pending) -> Result<Value, ActionError> {
+pub async fn delete(ctx: &Context, name: &str, pending: Pending) -> Result<Deleted, AdminError> {
     if !ctx.store.delete_destination(name).await? {
-        return Err(ActionError::NotFound(name.to_string()));
+        return Err(not_found(name));
     }
     ctx.live.refresh().await?;
     let purged = match pending {
@@ -613,14 +574,100 @@ pub async fn delete(ctx: &Context, name: &str, pending: Pending) -> Result<Value
         Pending::Park => Purged::default(),
     };
     tracing::info!(destination = %name, ?pending, purged.pending, purged.dead, "destination deleted");
-    Ok(json!({ "deleted": name, "pending": pending, "purged": purged }))
+    Ok(Deleted {
+        deleted: name.to_string(),
+        pending,
+        purged,
+    })
+}
+
+/// A destination's queue, as a listing shows it (counted up to
+/// `crate::store::STATS_COUNT_CAP`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct QueueView {
+    /// Waiting for a first attempt.
+    pub pending: u64,
+    /// Waiting to retry.
+    pub retrying: u64,
+    /// Being delivered.
+    pub leased: u64,
+    /// Dead-lettered.
+    pub dead: u64,
+    /// How long its oldest due head has been due, ms.
+    pub oldest_due_age_ms: Option<i64>,
+    /// The count stopped at the cap: figures are lower bounds.
+    pub capped: bool,
+}
+
+/// One destination in a listing: the record without secrets, its store
+/// revision, its health (`{}` before its first attempt), its queue, and
+/// whether this daemon serves it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listing {
+    /// The record, without secrets.
+    #[serde(flatten)]
+    pub destination: DestinationView,
+    /// Its store revision.
+    pub revision: i64,
+    /// What its loop last saw; `{}` when nothing yet.
+    #[serde(serialize_with = "empty_when_none")]
+    pub health: Option<Health>,
+    /// Its deliveries by state.
+    pub queue: QueueView,
+    /// This daemon has it loaded and the plugin that serves it.
+    pub served_here: bool,
+}
+
+/// A stored destination whose record does not parse: shown, named, never
+/// served.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unreadable {
+    /// Its name.
+    pub name: String,
+    /// Its sink.
+    pub sink: String,
+    /// Why its record could not be read.
+    pub error: String,
+}
+
+/// One entry of `GET /v1/admin/destinations`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Listed {
+    /// A destination.
+    Destination(Box<Listing>),
+    /// A record that does not parse.
+    Unreadable(Unreadable),
+}
+
+impl Listed {
+    fn name(&self) -> &str {
+        match self {
+            Listed::Destination(l) => &l.destination.name,
+            Listed::Unreadable(u) => &u.name,
+        }
+    }
+}
+
+/// The answer of `GET /v1/admin/destinations`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Destinations {
+    /// By name.
+    pub destinations: Vec<Listed>,
+}
+
+fn empty_when_none<S: serde::Serializer>(h: &Option<Health>, s: S) -> Result<S::Ok, S::Error> {
+    match h {
+        Some(h) => h.serialize(s),
+        None => serde::ser::SerializeMap::end(serde::Serializer::serialize_map(s, Some(0))?),
+    }
 }
 
 /// Every destination: record (no secrets), health and queue figures.
-pub async fn list(ctx: &Context) -> Result<Vec<Value>, ActionError> {
+pub async fn list(ctx: &Context) -> Result<Destinations, AdminError> {
     let snapshot = ctx.live.current();
     let rows = ctx.store.destinations().await?;
-    let health: BTreeMap<String, Value> = ctx
+    let health: BTreeMap<String, Health> = ctx
         .store
         .destination_health()
         .await?
@@ -630,55 +677,59 @@ pub async fn list(ctx: &Context) -> Result<Vec<Value>, ActionError> {
     let queue = ctx.store.queue_stats(crate::store::STATS_COUNT_CAP).await?;
     let mut out = Vec::new();
     for row in rows {
-        let mut view = match serde_json::from_str::<Destination>(&row.record) {
-            Ok(d) => d.redacted(),
+        let d = match serde_json::from_str::<Destination>(&row.record) {
+            Ok(d) => d,
             Err(e) => {
-                json!({ "name": row.name, "sink": row.sink, "error": format!("unreadable record: {e}") })
+                out.push(Listed::Unreadable(Unreadable {
+                    name: row.name,
+                    sink: row.sink,
+                    error: format!("unreadable record: {e}"),
+                }));
+                continue;
             }
         };
         let q = queue.sinks.iter().find(|q| q.sink == row.name);
-        if let Some(map) = view.as_object_mut() {
-            map.insert("revision".into(), row.revision.into());
-            map.insert(
-                "health".into(),
-                health.get(&row.name).cloned().unwrap_or_else(|| json!({})),
-            );
-            map.insert(
-                "queue".into(),
-                json!({
-                    "pending": q.map_or(0, |q| q.pending),
-                    "retrying": q.map_or(0, |q| q.retrying),
-                    "leased": q.map_or(0, |q| q.leased),
-                    "dead": q.map_or(0, |q| q.dead),
-                    "oldest_due_age_ms": q.and_then(|q| q.oldest_due_age_ms),
-                    "capped": queue.capped,
-                }),
-            );
-            map.insert(
-                "served_here".into(),
-                (snapshot.by_name.contains_key(&row.name)
-                    && ctx.plugins.serving(&row.sink).is_some())
-                .into(),
-            );
-        }
-        out.push(view);
+        out.push(Listed::Destination(Box::new(Listing {
+            destination: d.redacted(),
+            revision: row.revision,
+            health: health.get(&row.name).cloned(),
+            queue: QueueView {
+                pending: q.map_or(0, |q| q.pending),
+                retrying: q.map_or(0, |q| q.retrying),
+                leased: q.map_or(0, |q| q.leased),
+                dead: q.map_or(0, |q| q.dead),
+                oldest_due_age_ms: q.and_then(|q| q.oldest_due_age_ms),
+                capped: queue.capped,
+            },
+            served_here: snapshot.by_name.contains_key(&row.name)
+                && ctx.plugins.serving(&row.sink).is_some(),
+        })));
     }
-    Ok(out)
+    Ok(Destinations { destinations: out })
 }
 
 /// One destination, as [`list`] shows it.
-pub async fn show(ctx: &Context, name: &str) -> Result<Value, ActionError> {
+pub async fn show(ctx: &Context, name: &str) -> Result<Listed, AdminError> {
     list(ctx)
         .await?
+        .destinations
         .into_iter()
-        .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
-        .ok_or_else(|| ActionError::NotFound(name.to_string()))
+        .find(|v| v.name() == name)
+        .ok_or_else(|| not_found(name))
 }
 
-fn list_or_none(items: &[String]) -> String {
-    if items.is_empty() {
-        "none".into()
-    } else {
-        items.join(", ")
-    }
+fn exists(name: &str) -> AdminError {
+    AdminError::Conflict(format!(
+        "destination {name:?} already exists (PUT replaces it)"
+    ))
+}
+
+fn changed(name: &str) -> AdminError {
+    AdminError::Conflict(format!(
+        "destination {name:?} was changed meanwhile; read it again and retry"
+    ))
+}
+
+fn not_found(name: &str) -> AdminError {
+    AdminError::NotFound(format!("no destination named {name:?}"))
 }

@@ -1,9 +1,11 @@
-//! `outboxd destinations …`: the CLI face of the destination actions.
+//! `outboxd destinations …`: the CLI face of the destination actions
+//! (`outboxd::ops::actions::destinations` and `…::sync`), through the
+//! running daemon only: it checks every input against its loaded plugins.
 //!
-//! Owns: turning arguments into a request to the running daemon's admin
-//! API (`/v1/admin/destinations`, through `ops::daemon_client::call`) and
-//! printing its answer. The daemon checks every input against its loaded
-//! plugins; the CLI decides nothing.
+//! Owns: turning arguments into a request to the daemon's admin API
+//! (`/v1/admin/destinations`) and printing its answer as JSON (through
+//! [`ask`], which the other JSON-printing commands share). The CLI
+//! decides nothing.
 //!
 //! Must never: write destinations to the database itself (the checks live
 //! in the daemon), or hide an error the daemon gave.
@@ -12,6 +14,7 @@ use clap::{Args, Subcommand};
 use http::Method;
 use outboxd::config::Config;
 use outboxd::limits::ADMIN_WRITE_TIMEOUT;
+use outboxd::ops::actions::sync;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -112,33 +115,31 @@ pub async fn run(config: &Config, command: DestinationsCommand) -> anyhow::Resul
     ask(config, method, &path, body).await
 }
 
-/// `method path` with `body` on the daemon's admin API; its answer printed
-/// as JSON (exit 0) or its error on stderr (exit 1).
+/// `method path` with `body` on the daemon's admin API (no `--offline`:
+/// these actions need the daemon); its answer printed as JSON (exit 0) or
+/// its refusal on stderr (exit 1).
 pub async fn ask(
     config: &Config,
     method: Method,
     path: &str,
     body: Option<Value>,
 ) -> anyhow::Result<ExitCode> {
-    let (status, answer) = outboxd::ops::daemon_client::call(
-        &outboxd::ops::daemon_client::DaemonAt::of(config),
+    let daemon = super::client::DaemonAt::of(config);
+    let answer: Result<Value, _> = super::ask(
+        &daemon,
         method,
         path,
         body,
-        Some(ADMIN_WRITE_TIMEOUT),
+        ADMIN_WRITE_TIMEOUT,
+        super::Offline::Refused,
     )
     .await?;
-    if (200..300).contains(&status) {
-        println!("{}", serde_json::to_string_pretty(&answer)?);
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!(
-            "outboxd: {} (HTTP {status})",
-            answer["error"]
-                .as_str()
-                .unwrap_or("the daemon refused the request")
-        );
-        Ok(ExitCode::from(1))
+    match answer {
+        Ok(answer) => {
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(refused) => Ok(super::refused_with_status(refused)),
     }
 }
 
@@ -162,8 +163,7 @@ fn request(command: DestinationsCommand) -> anyhow::Result<(Method, String, Opti
             let text = std::fs::read_to_string(&from)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", from.display()))?;
             // Checked here too, so a bad file is named before any request.
-            let req = outboxd::destinations::sync::parse(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", from.display()))?;
+            let req = sync::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", from.display()))?;
             (
                 Method::POST,
                 format!("{base}/sync"),
