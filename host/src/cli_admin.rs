@@ -215,8 +215,14 @@ async fn list_sinks(config: &Config) -> anyhow::Result<ExitCode> {
             ),
             None => text("state"),
         };
+        // A refused version: the running one (if any) keeps serving.
+        let state = match s["refused"].as_str() {
+            Some(reason) if state == "loaded" => format!("loaded, replacement refused ({reason})"),
+            Some(reason) => format!("{state} ({reason})"),
+            None => state,
+        };
         println!(
-            "{}\t{}\t{state}\t{}",
+            "{}\t{}\t{state}\t{}\t{}",
             text("sink"),
             if s["paused"] == true {
                 "paused"
@@ -224,6 +230,7 @@ async fn list_sinks(config: &Config) -> anyhow::Result<ExitCode> {
                 "active"
             },
             text("version"),
+            text("wasm_sha256"),
         );
     }
     if sinks.is_empty() {
