@@ -256,7 +256,8 @@ async fn the_cli_and_the_admin_api_answer_alike() {
         text(&out)
     );
 
-    // sinks list: one line per sink the API lists, with its state.
+    // sinks list: one line per sink the API lists, with its state, version
+    // and the SHA-256 of its .wasm.
     let check_sinks = |http: &Value, cli: &str| {
         let expected: Vec<String> = http["sinks"]
             .as_array()
@@ -264,7 +265,7 @@ async fn the_cli_and_the_admin_api_answer_alike() {
             .iter()
             .map(|s| {
                 format!(
-                    "{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}",
                     s["sink"].as_str().unwrap(),
                     if s["paused"] == true {
                         "paused"
@@ -272,7 +273,8 @@ async fn the_cli_and_the_admin_api_answer_alike() {
                         "active"
                     },
                     s["state"].as_str().unwrap(),
-                    s["version"].as_str().unwrap_or("-")
+                    s["version"].as_str().unwrap_or("-"),
+                    s["wasm_sha256"].as_str().unwrap_or("-")
                 )
             })
             .collect();

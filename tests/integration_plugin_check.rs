@@ -68,6 +68,26 @@ fn with_the_environment_set_nothing_is_needed() {
     assert!(!text.contains("needs at start"), "{text}");
 }
 
+/// The SHA-256 `check` prints is the file's, as `sha256sum` prints it: what
+/// `outboxd sinks list` shows for the version a daemon runs.
+#[test]
+fn the_components_sha256_is_printed_as_sha256sum_prints_it() {
+    use sha2::Digest;
+    let plugins = common::built_plugins();
+    let wasm = plugins.join("webhook.wasm");
+    let out = check(
+        &wasm,
+        &[(
+            "OUTBOXD_WEBHOOK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        )],
+        &[],
+    );
+    let text = stdout(&out);
+    let sha = hex::encode(sha2::Sha256::digest(std::fs::read(&wasm).unwrap()));
+    assert!(text.contains(&format!("wasm_sha256: {sha}\n")), "{text}");
+}
+
 #[test]
 fn a_broken_manifest_is_still_refused_with_the_key_named() {
     let plugins = common::built_plugins();

@@ -394,3 +394,130 @@ async fn a_renamed_manifest_keeps_serving_and_its_broken_edit_is_refused() {
     assert!(eventually(RELOAD, || receiver.count() == 3).await);
     d.stop().await;
 }
+
+/// What an operator sees of a plugin's version and of a refused
+/// replacement, from a daemon run as a process: `wasm_sha256` is the
+/// `.wasm` file's SHA-256 as `sha256sum` prints it (the fleet's
+/// `component_sha`, which covers the manifest too, is another figure); a
+/// refused replacement
+/// shows in `/v1/admin/sinks` and `outboxd sinks list` with its reason while
+/// the running version serves; and the daemon logs when the refusal clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_replacement_shows_in_sinks_list_and_its_clearing_is_logged() {
+    use sha2::Digest;
+    let db = TestDb::new(Backend::Postgres).await;
+    let receiver = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook_to("hook", &receiver);
+    let wasm = std::fs::read(plugins.path().join("webhook.wasm")).unwrap();
+    let sha = hex::encode(sha2::Sha256::digest(&wasm));
+    let data = tempfile::tempdir().unwrap();
+    let listen = free_loopback_addr();
+    let log = child_log("reload-refusal");
+    let mut child = ChildDaemon::spawn(&ChildConfig {
+        listen,
+        database_url: db.url.clone(),
+        plugins_dir: plugins.path().to_path_buf(),
+        data_dir: data.path().to_path_buf(),
+        env: Vec::new(),
+        log: log.clone(),
+    });
+    child.wait_healthy(Duration::from_secs(60)).await;
+    let http = reqwest::Client::new();
+    let sinks = || async {
+        let body: serde_json::Value = http
+            .get(format!("{}/v1/admin/sinks", child.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["sinks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["sink"] == "hook")
+            .cloned()
+            .unwrap_or_else(|| panic!("no sink hook: {body}"))
+    };
+    let cli = || {
+        let (data, listen) = (data.path().to_path_buf(), listen.to_string());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+                    .args(["sinks", "list", "--listen", &listen, "--data-dir"])
+                    .arg(&data)
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap()
+        }
+    };
+
+    // The sink's own line carries the .wasm's SHA-256.
+    let hook = sinks().await;
+    assert_eq!(hook["wasm_sha256"], sha.as_str(), "{hook}");
+    assert!(hook["refused"].is_null(), "{hook}");
+
+    // A replacement that is not WebAssembly: refused, and said so.
+    let manifest = std::fs::read_to_string(plugins.path().join("hook.toml")).unwrap();
+    plugins.write("broken.wasm", b"this is not a component");
+    plugins.write(
+        "hook.toml",
+        manifest.replace("webhook.wasm", "broken.wasm").as_bytes(),
+    );
+    let start = std::time::Instant::now();
+    let hook = loop {
+        let hook = sinks().await;
+        if hook["refused"].is_string() {
+            break hook;
+        }
+        assert!(start.elapsed() < RELOAD, "refusal not shown: {hook}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(hook["state"], "loaded", "{hook}");
+    let reason = hook["refused"].as_str().unwrap();
+    assert!(reason.contains("not a WebAssembly file"), "{hook}");
+    let out = cli().await;
+    let listed = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{listed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with("hook\t"))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        line.contains("loaded, replacement refused (") && line.contains("not a WebAssembly file"),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(&format!("\t{sha}")),
+        "the running version's SHA-256: {line}"
+    );
+
+    // The good manifest back: the refusal clears, once, in the log.
+    plugins.write("hook.toml", manifest.as_bytes());
+    let start = std::time::Instant::now();
+    while sinks().await["refused"].is_string() {
+        assert!(start.elapsed() < RELOAD, "refusal did not clear");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let cleared: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("plugin refusal cleared"))
+        .collect();
+    assert_eq!(cleared.len(), 1, "{}", child.log_tail(40));
+    assert!(
+        cleared[0].contains("hook") && cleared[0].contains("not a WebAssembly file"),
+        "{}",
+        cleared[0]
+    );
+    child.terminate(Duration::from_secs(10)).await;
+    db.cleanup().await;
+}

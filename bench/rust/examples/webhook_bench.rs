@@ -12,6 +12,9 @@
 //! requests run at once on both sides (the plugin's `max-concurrency`),
 //! batch after batch.
 //!
+//! `--only plugin` (or `native`) runs one side alone, for a profiler
+//! (`perf record`) to see that side's time only; no ratio is printed then.
+//!
 //! ```sh
 //! scripts/build-plugins.sh
 //! cargo run --release -p outboxd-bench --example bench_http -- receive --listen 127.0.0.1:18090 &
@@ -47,6 +50,8 @@ struct Args {
     rounds: usize,
     batch: usize,
     in_flight: usize,
+    /// Run only this side (`plugin` or `native`); both when `None`.
+    only: Option<String>,
 }
 
 fn args() -> Args {
@@ -56,6 +61,7 @@ fn args() -> Args {
         rounds: 3,
         batch: 100,
         in_flight: 32,
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -71,8 +77,10 @@ fn args() -> Args {
             "--rounds" => a.rounds = number(),
             "--batch" => a.batch = number(),
             "--in-flight" => a.in_flight = number(),
+            "--only" if value == "plugin" || value == "native" => a.only = Some(value),
+            "--only" => panic!("--only takes plugin or native"),
             other => panic!(
-                "unknown flag {other} (known: --url, --events, --rounds, --batch, --in-flight)"
+                "unknown flag {other} (known: --url, --events, --rounds, --batch, --in-flight, --only)"
             ),
         }
     }
@@ -221,6 +229,10 @@ async fn main() -> anyhow::Result<()> {
         let events: Vec<Event> = (0..args.events).map(|i| event(round, i)).collect();
         // Alternate which side goes first.
         for side in [round % 2, (round + 1) % 2] {
+            let name = if side == 0 { "plugin" } else { "native" };
+            if args.only.as_deref().is_some_and(|only| only != name) {
+                continue;
+            }
             if side == 0 {
                 let t = through_plugin(&plugin, &events, args.batch).await?;
                 plugin_rps.push(args.events as f64 / t.as_secs_f64());
@@ -231,9 +243,18 @@ async fn main() -> anyhow::Result<()> {
         }
         eprintln!(
             "round {round}: native {:.0} req/s, plugin {:.0} req/s",
-            native_rps[round - 1],
-            plugin_rps[round - 1]
+            native_rps.last().copied().unwrap_or(f64::NAN),
+            plugin_rps.last().copied().unwrap_or(f64::NAN)
         );
+    }
+    if args.only.is_some() {
+        let rps = if plugin_rps.is_empty() {
+            native_rps
+        } else {
+            plugin_rps
+        };
+        println!("{}", json!({ "side": args.only, "rps": median(rps) }));
+        return Ok(());
     }
     let (p, n) = (median(plugin_rps), median(native_rps));
     println!(

@@ -374,11 +374,20 @@ async fn list_sinks(config: &Config, offline: bool) -> anyhow::Result<ExitCode> 
                 Some(q) => format!("quarantined until {} ({})", q.until, q.reason),
                 None => s.state.as_str().to_string(),
             };
+            // A refused version: the running one (if any) keeps serving.
+            let state = match &s.refused {
+                Some(reason) if state == "loaded" => {
+                    format!("loaded, replacement refused ({reason})")
+                }
+                Some(reason) => format!("{state} ({reason})"),
+                None => state,
+            };
             println!(
-                "{}\t{}\t{state}\t{}",
+                "{}\t{}\t{state}\t{}\t{}",
                 s.sink,
                 if s.paused { "paused" } else { "active" },
                 s.version.as_deref().unwrap_or("-"),
+                s.wasm_sha256.as_deref().unwrap_or("-"),
             );
         }
         if sinks.is_empty() {

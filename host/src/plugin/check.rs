@@ -57,7 +57,7 @@ async fn check(
     let bytes = std::fs::read(file).map_err(|e| format!("cannot read: {e}"))?;
     let component = compile_checked(&runtime, &bytes)?;
     let ty = component.component_type();
-    print_interface(file, bytes.len(), &ty, runtime.engine());
+    print_interface(file, &bytes, &ty, runtime.engine());
     let (manifest, unresolved) = manifest_for(file, manifest)?;
     let plugin = runtime.prepare(manifest, &component)?;
     if ty
@@ -87,15 +87,18 @@ async fn check(
     Ok(())
 }
 
-/// Print the component's size, imports (with what limited ones give) and
-/// exports.
+/// Print the component's size, SHA-256 (hex, as `sha256sum` prints it and
+/// as `outboxd sinks list` shows the version a daemon runs), imports (with
+/// what limited ones give) and exports.
 fn print_interface(
     file: &Path,
-    size: usize,
+    bytes: &[u8],
     ty: &wasmtime::component::types::Component,
     engine: &wasmtime::Engine,
 ) {
-    println!("component: {} ({size} bytes)", file.display());
+    use sha2::Digest;
+    println!("component: {} ({} bytes)", file.display(), bytes.len());
+    println!("wasm_sha256: {}", hex::encode(sha2::Sha256::digest(bytes)));
     println!("imports:");
     for (name, _) in ty.imports(engine) {
         match import_note(name) {

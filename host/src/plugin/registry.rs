@@ -63,6 +63,8 @@ struct Entry {
     /// `None` while removed.
     fingerprint: Option<[u8; 32]>,
     version: String,
+    /// [`wasm_sha256`] of the serving version.
+    wasm_sha256: Option<String>,
     current: watch::Sender<Option<Plugin>>,
 }
 
@@ -155,6 +157,7 @@ impl Registry {
         for (name, plugin) in plugins.loaded {
             let manifest_path = plugin.manifest().file.clone();
             let fingerprint = Some(fingerprint(&manifest_path));
+            let wasm_sha256 = wasm_sha256(&plugin);
             let (tx, rx) = watch::channel(Some(plugin.clone()));
             (registry.start_sink)(&name, rx);
             state.sinks.insert(
@@ -163,6 +166,7 @@ impl Registry {
                     manifest_path,
                     fingerprint,
                     version: plugin.manifest().version.clone(),
+                    wasm_sha256,
                     current: tx,
                 },
             );
@@ -223,6 +227,32 @@ impl Registry {
                 };
                 (n.clone(), s)
             })
+            .collect()
+    }
+
+    /// The hex SHA-256 of the `.wasm` file of each sink with a version
+    /// loaded, as `sha256sum` prints it ([`wasm_sha256`]); builtin sinks,
+    /// which have no component, are left out.
+    pub fn wasm_sha256s(&self) -> BTreeMap<String, String> {
+        let state = self.state.lock().unwrap();
+        state
+            .sinks
+            .iter()
+            .filter(|(_, e)| e.fingerprint.is_some())
+            .filter_map(|(n, e)| Some((n.clone(), e.wasm_sha256.clone()?)))
+            .collect()
+    }
+
+    /// Why the last version of each sink offered was refused, while it is
+    /// (a sink already serving keeps its running version), by sink name.
+    /// A refused manifest that could not be read names no sink and is only
+    /// in [`Registry::failures`].
+    pub fn refusals(&self) -> BTreeMap<String, String> {
+        let state = self.state.lock().unwrap();
+        state
+            .failed
+            .iter()
+            .filter_map(|f| Some((f.name.clone()?, f.reason.clone())))
             .collect()
     }
 
@@ -459,6 +489,25 @@ impl Registry {
                 tracing::warn!(sink = %name, "plugin removed; its deliveries are parked ({REMOVED_REASON}) until it returns");
             }
         }
+        // A refusal that no longer holds (a good version loaded, the file
+        // put back or removed) is said once, as the refusal was.
+        for old in &state.failed {
+            let still = plan
+                .failed
+                .iter()
+                .any(|f| f.manifest == old.manifest && f.name == old.name);
+            if still {
+                continue;
+            }
+            match &old.name {
+                Some(sink) => {
+                    tracing::info!(sink = %sink, file = %old.manifest.display(), "plugin refusal cleared (was: {})", old.reason)
+                }
+                None => {
+                    tracing::info!(file = %old.manifest.display(), "plugin refusal cleared (was: {})", old.reason)
+                }
+            }
+        }
         state.failed = plan.failed;
         state.refused = plan.refused;
     }
@@ -468,6 +517,7 @@ impl Registry {
     /// with its delivery loop started.
     fn serve(&self, state: &mut State, name: String, path: PathBuf, fp: [u8; 32], plugin: Plugin) {
         let version = plugin.manifest().version.clone();
+        let wasm_sha256 = wasm_sha256(&plugin);
         self.metrics
             .plugin_loads
             .get_or_create(&PluginLabel {
@@ -480,6 +530,7 @@ impl Registry {
                 entry.manifest_path = path;
                 entry.fingerprint = Some(fp);
                 entry.version = version.clone();
+                entry.wasm_sha256 = wasm_sha256;
                 entry.current.send_replace(Some(plugin));
                 if was {
                     tracing::info!(sink = %name, %version, "plugin replaced; new batches run on the new version");
@@ -497,6 +548,7 @@ impl Registry {
                         manifest_path: path,
                         fingerprint: Some(fp),
                         version,
+                        wasm_sha256,
                         current: tx,
                     },
                 );
@@ -551,6 +603,21 @@ pub(super) fn manifest_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+/// The hex SHA-256 of `plugin`'s `.wasm` file, as `sha256sum` prints it:
+/// what `/v1/admin/sinks` and `outboxd sinks list` show as `wasm_sha256`
+/// and `outboxd plugin check` prints, so an author can tell which build
+/// runs. `None` for a builtin sink (no component). Read from disk once the
+/// version is loaded; a file that cannot be read then (removed at once)
+/// gives `None`.
+///
+/// Not the fleet's `component_sha`, which also covers the manifest: two
+/// replicas serving one `.wasm` under different manifests are version skew.
+pub fn wasm_sha256(plugin: &Plugin) -> Option<String> {
+    let file = plugin.manifest().component_path()?;
+    let bytes = std::fs::read(file).ok()?;
+    Some(hex::encode(Sha256::digest(bytes)))
 }
 
 /// SHA-256 over a manifest's bytes and, when it parses and names one, its

@@ -65,6 +65,15 @@ pub struct SinkView {
     pub state: SinkStatus,
     /// The manifest version loaded here.
     pub version: Option<String>,
+    /// The hex SHA-256 of the `.wasm` file loaded here, as `sha256sum`
+    /// prints it (`None` for a builtin sink or one not loaded here). The
+    /// fleet's `replicas[].component_sha` is another figure: it covers the
+    /// manifest too.
+    pub wasm_sha256: Option<String>,
+    /// Why the last version offered was refused, while it is: a loaded
+    /// sink keeps serving its running version (state `loaded`), one never
+    /// loaded is `refused`.
+    pub refused: Option<String>,
     /// Paused by an operator.
     pub paused: bool,
     /// Why its deliveries wait, when they do.
@@ -102,6 +111,8 @@ pub async fn list_sinks(
 ) -> Result<Sinks, AdminError> {
     let paused = store.paused_sinks().await?;
     let states = plugins.states();
+    let mut refusals = plugins.refusals();
+    let mut wasm_sha256s = plugins.wasm_sha256s();
     let mut quarantined = quarantines.current();
     let fleet = fleet.status();
     let known = plugins.known();
@@ -134,6 +145,8 @@ pub async fn list_sinks(
                 loaded,
                 state,
                 version,
+                wasm_sha256: wasm_sha256s.remove(&sink),
+                refused: refusals.remove(&sink),
                 paused: paused.contains(&sink),
                 parked,
                 quarantine,

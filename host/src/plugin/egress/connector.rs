@@ -131,9 +131,11 @@ impl tower_service::Service<http::Uri> for GuardedConnector {
 /// A plugin's outbound client.
 pub type HttpClient = Client<hyper_rustls::HttpsConnector<GuardedConnector>, WasiBody>;
 
-/// Build a plugin's pooled client (HTTP/1.1, keep-alive, TLS through rustls
-/// with the `ring` provider and the webpki roots), connecting only where
-/// `policy` allows.
+/// Build a plugin's pooled client, connecting only where `policy` allows:
+/// keep-alive HTTP/1.1, or HTTP/2 where a TLS receiver offers it by ALPN
+/// (`h2` first, then `http/1.1`; one connection then carries many
+/// requests at once); TLS through rustls with the `ring` provider and the
+/// webpki roots. Plain `http://` is HTTP/1.1 (no prior-knowledge HTTP/2).
 pub fn http_client(policy: Arc<EgressPolicy>) -> HttpClient {
     static TLS: OnceLock<rustls::ClientConfig> = OnceLock::new();
     let tls = TLS
@@ -151,7 +153,7 @@ pub fn http_client(policy: Arc<EgressPolicy>) -> HttpClient {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
-        .enable_http1()
+        .enable_all_versions()
         .wrap_connector(GuardedConnector { policy });
     Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(HTTP_POOL_IDLE_TIMEOUT)

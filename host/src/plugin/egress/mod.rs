@@ -8,7 +8,8 @@
 //! userinfo refused; the `Host` header forced to the checked authority), the
 //! address rule, and sending allowed requests over a keep-alive client per
 //! plugin (wasmtime's default sender opens a connection per request; a
-//! pooled one measured 1.2–1.5× faster here, docs/measurements.md). Timeouts a guest
+//! pooled one measured 1.2–1.5× faster here, docs/measurements.md), HTTP/1.1
+//! or, where a TLS receiver offers it by ALPN, HTTP/2. Timeouts a guest
 //! sets are clamped to host ceilings.
 //!
 //! The address rule: a request whose host is, or resolves to, a loopback,

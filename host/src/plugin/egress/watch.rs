@@ -14,7 +14,9 @@
 //!
 //! The head is watched through the connection's own byte count
 //! ([`Metered`], below the TLS layer, so TLS records count as bytes), found
-//! through hyper's connection capture; the body is watched frame by frame
+//! through hyper's connection capture — over HTTP/1.1 only, where a
+//! connection carries one exchange at a time; over HTTP/2 the head must come
+//! whole within the first-byte timeout — and the body frame by frame
 //! ([`Watched`]).
 //!
 //! Must never: let a request outlive the batch deadline's margin, or
@@ -286,12 +288,18 @@ pub async fn head<F: Future>(
     }
 }
 
-/// What the captured connection received for this request so far.
+/// What the captured connection received for this request so far. Over
+/// HTTP/2 the connection carries other requests' frames too, so its bytes
+/// say nothing of this request: nothing counts until the head comes, and
+/// the first-byte timeout holds for the whole head.
 fn received(captured: &CaptureConnection, started: Instant) -> (u64, Option<Instant>) {
     let metadata = captured.connection_metadata();
     let Some(connected) = metadata.as_ref() else {
         return (0, None);
     };
+    if connected.is_negotiated_h2() {
+        return (0, None);
+    }
     let mut extensions = http::Extensions::new();
     connected.get_extras(&mut extensions);
     match extensions.get::<ActivityOf>() {
