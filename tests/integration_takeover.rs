@@ -220,10 +220,7 @@ async fn a_running_vault_is_taken_over_mid_flight_and_handed_back_losing_nothing
     let neo4j = Neo4jServer::shared();
     let graph = neo4j.graph();
     let label = unique_label();
-    let logs = common::repo_root().join("target/test-logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    let vault_log = logs.join("takeover-vault.log");
-    std::fs::write(&vault_log, b"").unwrap();
+    let vault_log = common::child_log("takeover-vault");
 
     // The awareness service: refuses one post in seven, whoever sends it,
     // so that events wait for a retry in every phase.
@@ -503,10 +500,7 @@ async fn vault_nodes_in_every_state_the_dispatcher_leaves_are_read_in_its_words(
     let neo4j = Neo4jServer::shared();
     let graph = neo4j.graph();
     let label = unique_label();
-    let logs = common::repo_root().join("target/test-logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    let log = logs.join("takeover-states.log");
-    std::fs::write(&log, b"").unwrap();
+    let log = common::child_log("takeover-states");
     let written = vault(
         &[
             "write",

@@ -7,18 +7,20 @@
 //! with a reason naming the property), or read Neo4j.
 
 use super::*;
+use crate::sources::template::Template;
 
 /// Why a claimed node cannot become an event: the reason recorded on it,
 /// naming the property.
 pub(super) fn to_event(
     config: &Neo4jSourceConfig,
+    type_template: Option<&Template>,
     source_name: &str,
     node: &ClaimedNode,
 ) -> Result<NewEvent, String> {
     let p = &config.properties;
     let m = &config.event;
     let (stream, version) = stream_and_version(p, node)?;
-    let ty = event_type(config, node)?;
+    let ty = event_type(config, type_template, node)?;
     let source = node
         .source
         .clone()
@@ -131,18 +133,20 @@ fn stream_and_version(p: &PropertyNames, node: &ClaimedNode) -> Result<(String, 
     Ok((stream, version))
 }
 
-/// The CloudEvents `type`: the template rendered over the node's
-/// properties, or the type property.
-fn event_type(config: &Neo4jSourceConfig, node: &ClaimedNode) -> Result<String, String> {
+/// The CloudEvents `type`: `template` (the parsed `event.type`) rendered
+/// over the node's properties, or the type property.
+fn event_type(
+    config: &Neo4jSourceConfig,
+    template: Option<&Template>,
+    node: &ClaimedNode,
+) -> Result<String, String> {
     let m = &config.event;
-    let Some(template) = &m.type_template else {
+    let Some(template) = template else {
         return node
             .ty
             .clone()
             .ok_or_else(|| format!("property `{}` (the event type) is missing", m.type_property));
     };
-    let template = crate::sources::template::Template::parse(template)
-        .map_err(|e| format!("event.type: {e}"))?;
     let fields: serde_json::Map<String, serde_json::Value> = node
         .properties
         .iter()

@@ -87,6 +87,8 @@ struct RelayInner {
     config: Neo4jSourceConfig,
     password: String,
     ctx: SourceContext,
+    /// `event.type`, parsed once.
+    type_template: Option<crate::sources::template::Template>,
     /// By event id: nodes waiting for acknowledgements, at most
     /// [`AWAITING_BATCHES`] × `batch-size`.
     awaiting: Mutex<BTreeMap<String, Awaiting>>,
@@ -114,8 +116,16 @@ impl Relay {
                 ))
             })?,
         };
+        let type_template =
+            match &config.event.type_template {
+                Some(text) => Some(crate::sources::template::Template::parse(text).map_err(
+                    |e| OutboxError::Config(format!("key `sources.{name}.event.type`: {e}")),
+                )?),
+                None => None,
+            };
         Ok(Relay {
             inner: Arc::new(RelayInner {
+                type_template,
                 name: name.to_string(),
                 config,
                 password,
@@ -244,7 +254,12 @@ impl Relay {
         let mut dead: Vec<(String, String)> = Vec::new();
         let mut good: Vec<(ClaimedNode, NewEvent)> = Vec::new();
         for node in claimed {
-            match to_event(&inner.config, &inner.name, &node) {
+            match to_event(
+                &inner.config,
+                inner.type_template.as_ref(),
+                &inner.name,
+                &node,
+            ) {
                 Ok(ev) => good.push((node, ev)),
                 Err(reason) => {
                     tracing::warn!(source = %inner.name, event_id = %node.event_id, %reason, "outbox node refused");
