@@ -1250,6 +1250,10 @@ async fn document_service_publisher(couch_url: String, exchange: String, stop: A
     }
 }
 
+/// The `published_at` the test's document-service publisher writes (a
+/// fixed time, so its marks are told from outboxd's).
+const PUBLISHER_MARK: &str = "2026-12-04T12:00:00.000Z";
+
 /// Mark `event_id` published in document `id`, re-reading on 409; false
 /// when CouchDB failed otherwise.
 async fn mark_published(http: &reqwest::Client, couch_url: &str, id: &str, event_id: &str) -> bool {
@@ -1270,7 +1274,7 @@ async fn mark_published(http: &reqwest::Client, couch_url: &str, id: &str, event
             return true;
         }
         entry["status"] = json!("published");
-        entry["published_at"] = json!("2026-12-04T12:00:00.000Z");
+        entry["published_at"] = json!(PUBLISHER_MARK);
         match http
             .put(format!("{couch_url}/{DB}/{id}"))
             .json(&doc)
@@ -1307,26 +1311,103 @@ async fn append_entry(couch: &CouchServer, id: &str, sequence: u64) {
     }
 }
 
-/// Taking over from the document service's own publisher: it runs alone,
-/// then beside outboxd (SIGKILLed three times) while the service keeps
-/// writing revisions, then outboxd alone, then outboxd is killed and the
-/// service's publisher finishes (handing back). Every entry reaches the
-/// consumer, the first arrivals of each document in sequence order, every
-/// entry ends `published`, and no entry is marked twice (each document has
-/// exactly one revision per write and one per mark).
+/// The admin of the takeover test's CouchDB, given to the deployed
+/// configuration as `COUCHDB_USER` / `COUCHDB_PASSWORD`.
+const DEPLOY_USER: &str = "outboxd";
+const DEPLOY_PASSWORD: &str = "relay-secret";
+
+/// `deploy/couchdb-outbox/`'s `amqp.toml` and `couchdb-mark.toml` as
+/// shipped, with the test's 2 s sink deadline (a SIGKILLed daemon's
+/// deliveries come back when its 9 s lease runs out).
+fn deployed_plugins() -> PluginsDir {
+    let plugins = PluginsDir::new();
+    let built = built_plugins();
+    for sink in ["amqp", "couchdb-mark"] {
+        std::fs::copy(
+            built.join(format!("{sink}.wasm")),
+            plugins.path().join(format!("{sink}.wasm")),
+        )
+        .unwrap();
+        let manifest =
+            std::fs::read_to_string(repo_root().join(format!("deploy/couchdb-outbox/{sink}.toml")))
+                .unwrap();
+        assert!(manifest.contains("deadline = \"30s\""), "{manifest}");
+        std::fs::write(
+            plugins.path().join(format!("{sink}.toml")),
+            manifest.replace("deadline = \"30s\"", "deadline = \"2s\""),
+        )
+        .unwrap();
+    }
+    plugins
+}
+
+/// `deploy/couchdb-outbox/outboxd.toml` as shipped, pointed at `couch`
+/// (with its admin's credentials) and RabbitMQ through the environment its
+/// files name, with the test's short timers.
+fn deployed_config(
+    couch: &CouchServer,
+    plugins: &PluginsDir,
+    db: &TestDb,
+    data: &std::path::Path,
+    log: &str,
+) -> ChildConfig {
+    let file = repo_root().join("deploy/couchdb-outbox/outboxd.toml");
+    let env = [
+        ("OUTBOXD_CONFIG", file.display().to_string()),
+        ("OUTBOXD_SOURCES__DOCUMENTS__URL", couch.url.clone()),
+        ("OUTBOXD_SOURCES__DOCUMENTS__SCAN_INTERVAL", "2s".into()),
+        ("OUTBOXD_SOURCES__DOCUMENTS__FEED_TIMEOUT", "1s".into()),
+        ("OUTBOXD_SOURCES__DOCUMENTS__REQUEST_TIMEOUT", "2s".into()),
+        ("COUCHDB_URL", couch.url.clone()),
+        ("COUCHDB_USER", DEPLOY_USER.into()),
+        ("COUCHDB_PASSWORD", DEPLOY_PASSWORD.into()),
+        ("OUTBOXD_AMQP_URL", amqp_url()),
+        ("OUTBOXD_DELIVERY__LEASE", CRASH_LEASE.into()),
+        ("OUTBOXD_DELIVERY__MAX_POLL_INTERVAL", "200ms".into()),
+    ];
+    ChildConfig {
+        listen: free_loopback_addr(),
+        database_url: db.url.clone(),
+        plugins_dir: plugins.path().to_path_buf(),
+        data_dir: data.to_path_buf(),
+        env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        log: child_log(log),
+    }
+}
+
+/// Taking over from the document service's own publisher, with the files
+/// of `deploy/couchdb-outbox/` against a CouchDB that requires its admin's
+/// credentials for design documents. The publisher runs alone, then beside
+/// outboxd (SIGKILLed three times) while the service keeps writing
+/// revisions; then outboxd alone publishes and marks what the service
+/// writes next (the publisher's marks carry a fixed `published_at`,
+/// outboxd's the time of marking); then, while the service
+/// writes more, outboxd is killed mid-flight and the service's publisher
+/// finishes (handing back). Every entry reaches the consumer, the first
+/// arrivals of each document in sequence order, every entry ends
+/// `published`, and no entry is marked twice (each document has exactly one
+/// revision per write and one per mark).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_document_services_publisher_beside_outboxd_then_handed_back_loses_nothing() {
     const DOCS: usize = 12;
-    const ENTRIES: u64 = 8;
+    /// Entries per document written while the service's publisher runs,
+    /// ...
+    const BEFORE: u64 = 6;
+    /// ... up to this one while outboxd runs alone ...
+    const ALONE: u64 = 9;
+    /// ... and the rest while it is handed back.
+    const ENTRIES: u64 = 12;
     let couch = Arc::new(CouchServer::start().await);
     couch.create_db(DB).await;
-    let exchange = unique("x");
+    couch.add_admin(DEPLOY_USER, DEPLOY_PASSWORD).await;
+    // The deploy files' exchange; no other test publishes to it.
+    let exchange = "documents".to_string();
     declare_exchange(&exchange).await;
     let queue = Queue::bind(&exchange, "documents.#").await;
-    let plugins = plugins_with(&couch, &exchange, "2s");
+    let plugins = deployed_plugins();
     let db = TestDb::new(Backend::Sqlite).await;
     let data = tempfile::tempdir().unwrap();
-    let config = child_config(&couch, &plugins, &db, data.path(), "couchdb-takeover");
+    let config = deployed_config(&couch, &plugins, &db, data.path(), "couchdb-takeover");
     let doc_id = |d: usize| format!("t-{d:02}");
 
     // The document service: each document created with its first entry,
@@ -1338,10 +1419,10 @@ async fn the_document_services_publisher_beside_outboxd_then_handed_back_loses_n
             .save(DB, &id, &document("person", json!({}), &[first]))
             .await;
     }
-    let writer = {
+    let writes = |sequences: std::ops::RangeInclusive<u64>| {
         let couch = couch.clone();
         tokio::spawn(async move {
-            for sequence in 2..=ENTRIES {
+            for sequence in sequences {
                 for d in 0..DOCS {
                     append_entry(&couch, &doc_id(d), sequence).await;
                 }
@@ -1349,8 +1430,37 @@ async fn the_document_services_publisher_beside_outboxd_then_handed_back_loses_n
             }
         })
     };
+    // Entries published so far, and of them those outboxd marked.
+    let published = || async {
+        let (mut all, mut by_outboxd) = (0, 0);
+        for d in 0..DOCS {
+            let doc = couch.get(DB, &doc_id(d)).await.unwrap();
+            for e in doc["extensions"]["_server_outbox"].as_array().unwrap() {
+                if e["status"] == "published" {
+                    all += 1;
+                    by_outboxd += usize::from(e["published_at"] != PUBLISHER_MARK);
+                }
+            }
+        }
+        (all, by_outboxd)
+    };
+    let wait_published = |total: usize| async move {
+        let start = std::time::Instant::now();
+        loop {
+            let (all, by_outboxd) = published().await;
+            if all == total {
+                return by_outboxd;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{all} of {total} published"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
 
     // Its publisher alone, then outboxd beside it, SIGKILLed three times.
+    let writer = writes(2..=BEFORE);
     let stop_first = Arc::new(AtomicBool::new(false));
     let first = tokio::spawn(document_service_publisher(
         couch.url.clone(),
@@ -1366,12 +1476,22 @@ async fn the_document_services_publisher_beside_outboxd_then_handed_back_loses_n
         child = ChildDaemon::spawn(&config);
         child.wait_healthy(WAIT).await;
     }
-    // The switch: the service's publisher off, outboxd alone.
+    // The switch: the service's publisher off; outboxd alone publishes and
+    // marks what the service writes now.
     stop_first.store(true, Ordering::Relaxed);
     first.await.unwrap();
     writer.await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    // Handing back: outboxd killed mid-flight, the service's publisher on.
+    writes(BEFORE + 1..=ALONE).await.unwrap();
+    let by_outboxd = wait_published(DOCS * ALONE as usize).await;
+    assert!(
+        by_outboxd >= DOCS * (ALONE - BEFORE) as usize,
+        "outboxd marked {by_outboxd} entries"
+    );
+
+    // Handing back: the service writes more, outboxd is killed mid-flight,
+    // the service's publisher on.
+    let writer = writes(ALONE + 1..=ENTRIES);
+    tokio::time::sleep(Duration::from_millis(600)).await;
     child.kill();
     let stop_second = Arc::new(AtomicBool::new(false));
     let second = tokio::spawn(document_service_publisher(
@@ -1379,29 +1499,9 @@ async fn the_document_services_publisher_beside_outboxd_then_handed_back_loses_n
         exchange.clone(),
         stop_second.clone(),
     ));
-    let all_published = || async {
-        let mut n = 0;
-        for d in 0..DOCS {
-            let doc = couch.get(DB, &doc_id(d)).await.unwrap();
-            n += doc["extensions"]["_server_outbox"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|e| e["status"] == "published")
-                .count();
-        }
-        n
-    };
+    writer.await.unwrap();
     let total = DOCS * ENTRIES as usize;
-    let start = std::time::Instant::now();
-    while all_published().await < total {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{} of {total} published",
-            all_published().await
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_published(total).await;
     stop_second.store(true, Ordering::Relaxed);
     second.await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -115,6 +115,22 @@ impl CouchServer {
         assert_eq!(r.status().as_u16(), 201, "PUT /{db}: {:?}", r.text().await);
     }
 
+    /// `PUT /_config/admins/{user}`: end the admin party, as a production
+    /// CouchDB runs. Afterwards design documents and new databases need
+    /// this user's basic auth (a wrong password is refused with 401);
+    /// documents of existing databases stay writable without it, as in
+    /// CouchDB for a database with no `_security` members.
+    pub async fn add_admin(&self, user: &str, password: &str) {
+        let r = self
+            .http
+            .put(format!("{}/_config/admins/{}", self.url, encode(user)))
+            .json(&password)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "add admin: {:?}", r.text().await);
+    }
+
     /// `PUT /{db}/{id}` with `doc` as it is (give `_rev` to update).
     /// Returns the status and the answer.
     pub async fn put(&self, db: &str, id: &str, doc: &Value) -> (u16, Value) {
