@@ -22,6 +22,7 @@ bench/rust/examples/claim_bench.rs, the plugin call bench/rust/examples/plugin_b
 import argparse
 import base64
 import datetime
+import http.server
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -489,8 +491,10 @@ class Watch:
                     sessions={k: round(v / max(self.samples, 1), 2) for k, v in top})
 
 
-def outboxd_e2e(ctx, procs, sink="webhook", done_db=False, n=None, store="postgres", watch=False):
-    od = Outboxd(ctx, procs, sink, f"{sink}{procs}{store[:2]}", store=store)
+def outboxd_e2e(ctx, procs, sink="webhook", done_db=False, n=None, store="postgres", watch=False, extra_env=None,
+                tag=""):
+    od = Outboxd(ctx, procs, sink, f"{sink}{procs}{store[:2]}{tag}", store=store)
+    od.extra_env = extra_env or {}
     try:
         od.migrate()
         od.start()
@@ -511,6 +515,46 @@ def outboxd_e2e(ctx, procs, sink="webhook", done_db=False, n=None, store="postgr
         r["db_commits"] = od.commits
         r["commits_per_event"] = od.commits / r["n"]
     return r
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that reads each export and answers 200 with an
+    empty ExportTraceServiceResponse (an empty protobuf message)."""
+    exports = 0
+    received = 0
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).exports += 1
+        type(self).received += len(body)
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def tracing_cost(ctx):
+    """End to end (webhook sink, 1 process, PostgreSQL) with tracing off
+    twice (the noise between two identical runs), then on at full sampling
+    exporting OTLP/HTTP to a local endpoint: the ratios on/off and off/off."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    n = min(ctx.size["n"], ctx.size.get("plugin_n", ctx.size["n"]))
+    on_env = dict(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+                  OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
+                  OTEL_TRACES_SAMPLER="parentbased_always_on")
+    try:
+        off = outboxd_e2e(ctx, 1, "webhook", n=n, tag="off")
+        on = outboxd_e2e(ctx, 1, "webhook", n=n, extra_env=on_env, tag="on")
+        off2 = outboxd_e2e(ctx, 1, "webhook", n=n, tag="off2")
+    finally:
+        server.shutdown()
+    off_eps = (off["e2e_eps"] + off2["e2e_eps"]) / 2
+    return dict(n=n, off=off, on=on, off2=off2, exports=_Collector.exports, export_bytes=_Collector.received,
+                off_vs_off=ratio(off2["e2e_eps"], off["e2e_eps"]), on_vs_off=ratio(on["e2e_eps"], off_eps))
 
 
 def latency(ctx, sustained):
@@ -905,6 +949,10 @@ def summarise(ctx):
         for row in pc["sizes"]:
             s[f"WASM / native sink per event, batch {row['batch']}"] = round(row["ratio"], 2)
         s["empty-batch call on-demand / pooling"] = round(pc["empty"]["ratio"], 2)
+    tc = R.get("tracing_cost")
+    if tc:
+        s["tracing on, full sampling / off (e2e)"] = tc["on_vs_off"]
+        s["tracing off / off, two runs (e2e, the noise)"] = tc["off_vs_off"]
     sources.summary(R, s)
     dz = R.get("debezium")
     if dz and dz.get("ratio_eps"):
@@ -1198,7 +1246,7 @@ def main():
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
     ap.add_argument("--out", help="stem of the results files in bench/results (default latest, --ci: ci)")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,schemas,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,neo4j,takeover,couchdb,debezium,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,schemas,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,tracing,neo4j,takeover,couchdb,debezium,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -1281,6 +1329,10 @@ def main():
             log("awareness POST /ingest against POST /v1/events, three sinks")
             ctx.results["awareness_ingest"] = awareness_ingest(ctx)
             log(json.dumps({k: v for k, v in ctx.results["awareness_ingest"].items() if k != "runs"}))
+        if "tracing" not in ctx.skip:
+            log("tracing: off, on at full sampling (OTLP/HTTP), off again")
+            ctx.results["tracing_cost"] = tracing_cost(ctx)
+            log(json.dumps({k: v for k, v in ctx.results["tracing_cost"].items() if k not in ("off", "on", "off2")}))
         if "neo4j" not in ctx.skip:
             log("neo4j source: 1 and 3 relays against plain neo4rs + sqlx; claim against backlog")
             ctx.results["neo4j"] = sources.neo4j(ctx)

@@ -220,6 +220,44 @@ async fn metrics_parse_and_move_as_events_flow() {
         Some(0.0),
         "no claim came back full"
     );
+    // The messaging semantic conventions' families, beside ours.
+    let messaging = |name: &str, operation: &str, destination: &str| {
+        sample(
+            &after,
+            name,
+            &[
+                ("messaging_system", "outboxd"),
+                ("messaging_operation_name", operation),
+                ("messaging_destination_name", destination),
+            ],
+        )
+    };
+    assert_eq!(
+        messaging("messaging_client_sent_messages_total", "send", ""),
+        Some(5.0),
+        "events stored by ingest"
+    );
+    assert_eq!(
+        messaging(
+            "messaging_client_consumed_messages_total",
+            "receive",
+            "webhook"
+        ),
+        Some(5.0),
+        "deliveries claimed by the webhook sink"
+    );
+    for (name, operation, destination) in [
+        ("messaging_client_operation_duration_seconds", "send", ""),
+        (
+            "messaging_client_operation_duration_seconds",
+            "receive",
+            "webhook",
+        ),
+        ("messaging_process_duration_seconds", "process", "webhook"),
+    ] {
+        let count = messaging(name, operation, destination);
+        assert!(count >= Some(1.0), "{name} {operation}: {count:?}");
+    }
     d.stop().await;
 }
 

@@ -2,10 +2,12 @@
 //! context goes in with the event (HTTP headers, `outboxd.enqueue` in an
 //! application's transaction, a RabbitMQ message's headers), waits in the
 //! store, and comes out in the webhook's `traceparent`; the spans outboxd
-//! exports over OTLP/HTTP form producer → ingest → attempt(s) → HTTP client.
+//! exports over OTLP/HTTP (and gRPC) form producer → ingest → attempt(s) →
+//! HTTP client.
 //!
 //! The collector is a real HTTP server on loopback decoding the real OTLP
-//! protobuf (`opentelemetry-proto`); the receivers are real HTTP servers;
+//! protobuf (`opentelemetry-proto`), or tonic's gRPC server for the same
+//! service; the receivers are real HTTP servers;
 //! PostgreSQL and RabbitMQ are the local ones (scripts/setup.sh).
 
 mod common;
@@ -19,6 +21,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use common::*;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -88,6 +93,46 @@ impl Collector {
 
 async fn export(State(spans): State<Arc<Mutex<Vec<Span>>>>, body: Bytes) -> impl IntoResponse {
     let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+    keep(&spans, request);
+    let answer = ExportTraceServiceResponse::default().encode_to_vec();
+    ([("content-type", "application/x-protobuf")], answer)
+}
+
+/// The same collector over OTLP/gRPC: tonic's server for the
+/// `TraceService` that `opentelemetry-proto` generates.
+struct GrpcTraces(Arc<Mutex<Vec<Span>>>);
+
+#[tonic::async_trait]
+impl TraceService for GrpcTraces {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        keep(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Collector {
+    /// A collector answering OTLP over gRPC on a loopback port.
+    async fn start_grpc() -> Collector {
+        let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = TraceServiceServer::new(GrpcTraces(spans.clone()));
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap()
+        });
+        Collector { addr, spans }
+    }
+}
+
+/// Decode `request`'s spans into `spans`.
+fn keep(spans: &Mutex<Vec<Span>>, request: ExportTraceServiceRequest) {
     let mut seen = spans.lock().unwrap();
     for resource in request.resource_spans {
         for scope in resource.scope_spans {
@@ -123,8 +168,6 @@ async fn export(State(spans): State<Arc<Mutex<Vec<Span>>>>, body: Bytes) -> impl
             }
         }
     }
-    let answer = ExportTraceServiceResponse::default().encode_to_vec();
-    ([("content-type", "application/x-protobuf")], answer)
 }
 
 /// A producer's trace: a new trace id and the producer span's id.
@@ -261,6 +304,20 @@ async fn a_traced_post_reaches_the_webhook_in_the_producers_trace_with_every_att
             .unwrap_or_else(|| panic!("no HTTP client span under {attempt:?}: {clients:?}"));
         assert_eq!(client.kind, KIND_CLIENT);
         assert_eq!(client.trace_id, trace);
+        // The receiver's answer, as the HTTP client conventions name it: the
+        // 503 of the first attempt is an error, the 200 of the second not.
+        let status = &client.attributes["http.response.status_code"];
+        match attempt.attributes["outboxd.attempt"].as_str() {
+            "1" => {
+                assert_eq!(status, "503", "{client:?}");
+                assert_eq!(client.attributes["error.type"], "503");
+                assert_eq!(client.status_code, 2);
+            }
+            _ => {
+                assert_eq!(status, "200", "{client:?}");
+                assert!(!client.attributes.contains_key("error.type"));
+            }
+        }
         // What the receiver got names the client span as its parent.
         let header = request.header("traceparent").unwrap();
         assert!(
@@ -493,4 +550,115 @@ async fn a_rabbitmq_message_carries_its_trace_to_the_webhook() {
             .await;
     }
     let _ = conn.close(200, "done".into()).await;
+}
+
+/// An outbox node written by the application's transaction with the
+/// transaction's `traceparent` in a property of the application's naming
+/// (`event.traceparent-property`): the Neo4j relay carries it
+/// into the event, the webhook receives the producer's trace, and the
+/// attempt span is in that trace, linked to the creation context.
+#[tokio::test]
+async fn a_neo4j_outbox_node_carries_its_trace_to_the_webhook() {
+    use common::neo4j::{unique_label, Neo4jServer};
+
+    init_logs();
+    let label = unique_label();
+    let graph = Neo4jServer::shared().graph();
+    let (trace, producer, traceparent) = producer_context();
+    // As the application writes it: the outbox node in its own
+    // transaction, its trace context beside the payload.
+    graph
+        .run(
+            neo4rs::query(&format!(
+                "CREATE (:`{label}` {{eventId: 'graph-1', packetId: 'P', streamVersion: 1, \
+                 status: 'pending', eventType: 'com.example.changed', payload: '{{\"n\": 1}}', \
+                 createdAt: datetime(), txTrace: $tp}})"
+            ))
+            .param("tp", traceparent.clone()),
+        )
+        .await
+        .unwrap();
+    let source =
+        outboxd::sources::SourceConfig::Neo4j(outboxd::sources::neo4j::Neo4jSourceConfig {
+            url: Neo4jServer::shared().uri.clone(),
+            label: label.clone(),
+            poll_interval: Duration::from_millis(100),
+            timeout: Duration::from_secs(30),
+            event: outboxd::sources::neo4j::EventMapping {
+                traceparent_property: "txTrace".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+    let collector = Collector::start().await;
+    let trace_to = traced(&collector);
+    let h = Harness::new()
+        .webhook("hook", "")
+        .config(move |c| {
+            c.sources.insert("graph".into(), source);
+            trace_to(c);
+        })
+        .start()
+        .await;
+    let hook = h.hook("hook");
+
+    assert!(eventually(Duration::from_secs(60), || hook.receiver.count() == 1).await);
+    let r = &hook.receiver.seen()[0];
+    assert_eq!(
+        r.header("ce-traceparent").as_deref(),
+        Some(traceparent.as_str()),
+        "the creation context, unchanged"
+    );
+    assert_eq!(ids(&r.header("traceparent").unwrap()).0, trace);
+    assert!(
+        eventually(T, || attempts(
+            &collector, "hook", "graph-1", &trace, &producer
+        )
+        .len()
+            == 1)
+        .await,
+        "spans: {:#?}",
+        collector.spans()
+    );
+}
+
+/// `protocol = "grpc"`: the same spans reach a collector over OTLP/gRPC.
+#[tokio::test]
+async fn spans_reach_a_grpc_collector() {
+    init_logs();
+    let collector = Collector::start_grpc().await;
+    let endpoint = collector.endpoint();
+    let h = Harness::new()
+        .webhook("hook", "")
+        .config(move |c: &mut Config| {
+            c.otel.enabled = true;
+            c.otel.protocol = outboxd::otel::settings::OtlpProtocol::Grpc;
+            c.otel.endpoint = Some(endpoint);
+            c.otel.export_interval = Duration::from_millis(100);
+        })
+        .start()
+        .await;
+    let hook = h.hook("hook");
+    let (trace, producer, traceparent) = producer_context();
+    let response = h
+        .daemon
+        .http
+        .post(format!("{}/v1/events", h.daemon.base))
+        .header("content-type", "application/cloudevents+json")
+        .header("traceparent", &traceparent)
+        .body(event("g-1", "orders/1", "order.paid", json!({"n": 1})).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert!(eventually(T, || hook.receiver.count() == 1).await);
+    assert!(
+        eventually(T, || attempts(&collector, "hook", "g-1", &trace, &producer)
+            .len()
+            == 1
+            && collector.named("POST").iter().any(|c| c.trace_id == trace))
+        .await,
+        "spans over gRPC: {:#?}",
+        collector.spans()
+    );
 }

@@ -135,6 +135,47 @@ pub struct ProducerLabel {
     pub producer: String,
 }
 
+/// The OpenTelemetry messaging semantic conventions' attributes of a
+/// `messaging_*` family, as Prometheus labels (dots become underscores,
+/// the OTLP-to-Prometheus naming rule). An empty value is an attribute
+/// left out (Prometheus reads `error_type=""` as no label).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MessagingLabel {
+    /// `messaging.system`: always `outboxd`, as on the spans.
+    pub messaging_system: String,
+    /// `messaging.operation.name`: `send` (ingest storing events),
+    /// `receive` (a sink's claim) or `process` (a plugin's batch call).
+    pub messaging_operation_name: String,
+    /// `messaging.destination.name`: the sink; empty for `send`, whose
+    /// events go to every sink their routes name.
+    pub messaging_destination_name: String,
+    /// `error.type`: why the operation failed (`store`, a trap kind,
+    /// `init_refused`); empty when it did not.
+    pub error_type: String,
+}
+
+impl MessagingLabel {
+    fn new(operation: &str, destination: &str, error_type: Option<&str>) -> MessagingLabel {
+        MessagingLabel {
+            messaging_system: "outboxd".into(),
+            messaging_operation_name: operation.into(),
+            messaging_destination_name: destination.into(),
+            error_type: error_type.unwrap_or_default().into(),
+        }
+    }
+}
+
+/// The bucket boundaries, in seconds, the messaging semantic conventions
+/// advise for `messaging.client.operation.duration` and
+/// `messaging.process.duration`.
+const MESSAGING_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+fn messaging_histogram() -> Histogram {
+    Histogram::new(MESSAGING_BUCKETS)
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms … ~9 h, ×2 per bucket.
     Histogram::new(exponential_buckets(0.001, 2.0, 25))
@@ -201,6 +242,18 @@ pub struct Metrics {
     /// serving a registered sink within the last 30 s (0: registered,
     /// served by no replica; its deliveries wait).
     pub sink_serving_replicas: Family<SinkLabel, Gauge>,
+    /// `messaging_client_operation_duration_seconds{…}` (semantic
+    /// conventions, [`MessagingLabel`]): ingest's store call (`send`) and
+    /// a sink's claim (`receive`).
+    pub messaging_operation_duration: Family<MessagingLabel, Histogram, fn() -> Histogram>,
+    /// `messaging_process_duration_seconds{…}`: a plugin's batch call.
+    pub messaging_process_duration: Family<MessagingLabel, Histogram, fn() -> Histogram>,
+    /// `messaging_client_sent_messages_total{…}`: events stored by ingest
+    /// (duplicates not counted).
+    pub messaging_sent: Family<MessagingLabel, Counter>,
+    /// `messaging_client_consumed_messages_total{…}`: deliveries claimed,
+    /// by sink.
+    pub messaging_consumed: Family<MessagingLabel, Counter>,
 }
 
 impl Metrics {
@@ -208,10 +261,12 @@ impl Metrics {
     /// the label values known in advance created at 0.
     pub fn new() -> Arc<Metrics> {
         let m = Metrics::unregistered();
-        let mut registry = Registry::with_prefix("outboxd");
-        m.register_delivery(&mut registry);
-        m.register_plugins(&mut registry);
-        m.register_sources(&mut registry);
+        let mut registry = Registry::default();
+        let own = registry.sub_registry_with_prefix("outboxd");
+        m.register_delivery(own);
+        m.register_plugins(own);
+        m.register_sources(own);
+        m.register_messaging(&mut registry);
         for outcome in INGEST_OUTCOMES {
             drop(m.events_ingested.get_or_create(&OutcomeLabel {
                 outcome: outcome.to_string(),
@@ -250,6 +305,14 @@ impl Metrics {
             sink_serving_replicas: Family::default(),
             source_messages: Family::default(),
             source_unacked: Family::default(),
+            messaging_operation_duration: Family::new_with_constructor(
+                messaging_histogram as fn() -> Histogram,
+            ),
+            messaging_process_duration: Family::new_with_constructor(
+                messaging_histogram as fn() -> Histogram,
+            ),
+            messaging_sent: Family::default(),
+            messaging_consumed: Family::default(),
             registry: Registry::default(),
         }
     }
@@ -385,6 +448,66 @@ impl Metrics {
             "Messages a source holds and has not yet acknowledged, by source",
             self.source_unacked.clone(),
         );
+    }
+
+    /// The OpenTelemetry messaging semantic-convention families, beside
+    /// the `outboxd_*` ones and without their prefix, named as an OTLP
+    /// collector's Prometheus exporter names them.
+    fn register_messaging(&self, registry: &mut Registry) {
+        registry.register(
+            "messaging_client_operation_duration_seconds",
+            "Duration of a messaging operation: ingest storing events (send), a sink's claim (receive)",
+            self.messaging_operation_duration.clone(),
+        );
+        registry.register(
+            "messaging_process_duration_seconds",
+            "Duration of a plugin's batch call (process), by sink",
+            self.messaging_process_duration.clone(),
+        );
+        registry.register(
+            "messaging_client_sent_messages",
+            "Events stored by ingest",
+            self.messaging_sent.clone(),
+        );
+        registry.register(
+            "messaging_client_consumed_messages",
+            "Deliveries claimed, by sink",
+            self.messaging_consumed.clone(),
+        );
+    }
+
+    /// Record ingest's store call of `seconds`: failed (`error.type`
+    /// `store`) or storing `stored` new events.
+    pub fn sent(&self, seconds: f64, failed: bool, stored: u64) {
+        let label = MessagingLabel::new("send", "", failed.then_some("store"));
+        self.messaging_operation_duration
+            .get_or_create(&label)
+            .observe(seconds);
+        if stored > 0 {
+            self.messaging_sent.get_or_create(&label).inc_by(stored);
+        }
+    }
+
+    /// Record `sink`'s claim of `seconds` that returned `claimed`
+    /// deliveries.
+    pub fn received(&self, sink: &str, seconds: f64, claimed: usize) {
+        let label = MessagingLabel::new("receive", sink, None);
+        self.messaging_operation_duration
+            .get_or_create(&label)
+            .observe(seconds);
+        if claimed > 0 {
+            self.messaging_consumed
+                .get_or_create(&label)
+                .inc_by(claimed as u64);
+        }
+    }
+
+    /// Record `sink`'s plugin batch call of `seconds`, failed as a whole
+    /// with `error_type` or not.
+    pub fn processed(&self, sink: &str, seconds: f64, error_type: Option<&str>) {
+        self.messaging_process_duration
+            .get_or_create(&MessagingLabel::new("process", sink, error_type))
+            .observe(seconds);
     }
 
     /// The registry in the Prometheus text format.

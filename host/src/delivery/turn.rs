@@ -119,6 +119,7 @@ pub(super) async fn turn(
     let label = plugin.name();
     let db_timeout = shared.config.db_timeout;
     let claim_started = shared.telemetry.is_on().then(std::time::SystemTime::now);
+    let claim_timer = std::time::Instant::now();
     let claimed = TurnError::bounded(
         DbCall::Claim,
         db_timeout,
@@ -131,6 +132,9 @@ pub(super) async fn turn(
         .await,
     )?;
     shared.metrics.claimed(label, claimed.len(), batch_size);
+    shared
+        .metrics
+        .received(label, claim_timer.elapsed().as_secs_f64(), claimed.len());
     if let Some(full) = full {
         let _ = full.send(claimed.len() >= batch_size as usize);
     }
@@ -151,14 +155,20 @@ pub(super) async fn turn(
     let (attempts, trace) = start_attempts(&shared.telemetry, sink, &claimed);
     let started = std::time::Instant::now();
     let outcomes = plugin.deliver_traced(&batch, trace).await;
+    let seconds = started.elapsed().as_secs_f64();
     shared
         .metrics
         .attempt_duration
         .get_or_create(&SinkLabel {
             sink: label.to_string(),
         })
-        .observe(started.elapsed().as_secs_f64());
+        .observe(seconds);
     let decided = decide(shared, target, sink, &claimed, outcomes);
+    shared.metrics.processed(
+        label,
+        seconds,
+        decided.failure.as_ref().map(failure_type).as_deref(),
+    );
     let mut finishes = decided.finishes;
     hold_back_behind_failures(&claimed, &mut finishes);
     let links = end_attempts(attempts, &finishes, decided.failure.as_ref());
@@ -514,8 +524,7 @@ fn end_attempts(
         span.set("outboxd.outcome", outcome);
         if let Some(reason) = error {
             let error_type = match failure {
-                Some(SinkFailure::Trap { kind, .. }) => kind.to_string().replace(' ', "_"),
-                Some(SinkFailure::Init(_)) => "init_refused".to_string(),
+                Some(failure) => failure_type(failure),
                 None if outcome == "dead" => "rejected".to_string(),
                 None => "retryable".to_string(),
             };
@@ -525,6 +534,15 @@ fn end_attempts(
         span.end();
     }
     links
+}
+
+/// `error.type` of a batch that failed as a whole: the trap's kind
+/// (`deadline`, `out_of_memory`, …) or `init_refused`.
+fn failure_type(failure: &SinkFailure) -> String {
+    match failure {
+        SinkFailure::Trap { kind, .. } => kind.to_string().replace(' ', "_"),
+        SinkFailure::Init(_) => "init_refused".to_string(),
+    }
 }
 
 /// The WIT view of a claimed delivery.

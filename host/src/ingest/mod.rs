@@ -57,7 +57,10 @@ pub async fn submit_as(
             }
         })
         .collect();
-    let results = store.ingest(&items).await?;
+    let started = std::time::Instant::now();
+    let results = store.ingest(&items).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let results = results.inspect_err(|_| metrics.sent(seconds, true, 0))?;
     // Wake only the loops of the keys that got a delivery.
     wake.keys(
         items
@@ -68,6 +71,7 @@ pub async fn submit_as(
     );
     let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
     let stored = results.len() as u64 - duplicates;
+    metrics.sent(seconds, false, stored);
     metrics.ingested("stored", stored);
     metrics.ingested("duplicate", duplicates);
     if let Some(producer) = producer {

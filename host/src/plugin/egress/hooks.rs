@@ -138,7 +138,12 @@ impl WasiHttpHooks for EgressHooks {
         denials.sent();
         let span = client_span(&self.telemetry, &plugin, &mut request);
         Box::new(async move {
-            let _span = span;
+            let mut span = span;
+            let mut failed = |code: &HttpError, message: &str| {
+                if let Some(span) = span.as_mut() {
+                    span.fail(wit_name(code), message);
+                }
+            };
             let refusal = if over_budget {
                 Err("the batch used up its limits.max-requests".to_string())
             } else {
@@ -148,6 +153,7 @@ impl WasiHttpHooks for EgressHooks {
             };
             if let Err(reason) = refusal {
                 tracing::warn!(plugin = %plugin, uri = %request.uri(), code = wit_name(&HttpError::HttpRequestDenied), "outbound request refused: {reason}");
+                failed(&HttpError::HttpRequestDenied, &reason);
                 // Let the guest finish writing its body so it sees the refusal
                 // on the response, not as an opaque write error.
                 let body = http_body_util::Limited::new(request.into_body(), DRAIN_LIMIT);
@@ -171,12 +177,14 @@ impl WasiHttpHooks for EgressHooks {
             {
                 Err(stall) => {
                     tracing::warn!(plugin = %plugin, uri = %uri, code = wit_name(&stall.code()), "outbound request given up: {stall}");
+                    failed(&stall.code(), &stall.to_string());
                     return Err(stall.code());
                 }
                 Ok(Err(e)) => {
                     if let Some(refused @ ConnectError::AddressRefused(_)) = connect_error(&e) {
                         denials.deny(&refused.to_string(), &policy);
                         tracing::warn!(plugin = %plugin, uri = %uri, code = wit_name(&HttpError::HttpRequestDenied), "outbound request refused: {refused}");
+                        failed(&HttpError::HttpRequestDenied, &refused.to_string());
                         return Err(HttpError::HttpRequestDenied);
                     }
                     let chain: Vec<String> = std::iter::once(e.to_string())
@@ -184,10 +192,21 @@ impl WasiHttpHooks for EgressHooks {
                         .collect();
                     let code = classify(&e);
                     tracing::debug!(plugin = %plugin, uri = %uri, code = wit_name(&code), "outbound request failed: {}", chain.join(": "));
+                    failed(&code, &chain.join(": "));
                     return Err(code);
                 }
                 Ok(Ok(r)) => r,
             };
+            // HTTP client semantic conventions: the status as an attribute;
+            // 4xx and 5xx make the client span an error, `error.type` the
+            // status code.
+            if let Some(span) = span.as_mut() {
+                let status = response.status().as_u16();
+                span.set("http.response.status_code", i64::from(status));
+                if status >= 400 {
+                    span.fail(&status.to_string(), response.status().as_str());
+                }
+            }
             let head_bytes = watch::head_bytes(&captured, started);
             let response = response.map(|body| {
                 let body =
