@@ -106,7 +106,7 @@ pub fn markdown(command: &Command) -> String {
             .map(|s| s.to_string())
             .unwrap_or_default();
         for paragraph in about.split("\n\n").filter(|p| !p.trim().is_empty()) {
-            let _ = writeln!(out, "{}\n", text(paragraph));
+            let _ = writeln!(out, "{}\n", sentence(&text(paragraph)));
         }
         let _ = writeln!(out, "```text\n{}\n```\n", usage(path, cmd));
         let args: Vec<&Arg> = cmd
