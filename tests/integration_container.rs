@@ -69,9 +69,7 @@ impl Running {
     fn spawn(mut command: Command, name: &str) -> Running {
         let log = child_log(name);
         let file = std::fs::File::create(&log).unwrap();
-        command
-            .stdout(file.try_clone().unwrap())
-            .stderr(file);
+        command.stdout(file.try_clone().unwrap()).stderr(file);
         Running(command.spawn().expect("spawn outboxd"), log)
     }
 
@@ -146,9 +144,15 @@ fn the_containerfile_agrees_with_the_image_configuration() {
     assert_eq!(instruction(&file, "FROM"), "scratch");
     assert_eq!(config["data-dir"].as_str(), Some(IMAGE_DATA_DIR));
     assert_eq!(config["plugins-dir"].as_str(), Some(IMAGE_PLUGINS_DIR));
-    assert_eq!(instruction(&file, "VOLUME"), format!("[\"{IMAGE_DATA_DIR}\"]"));
+    assert_eq!(
+        instruction(&file, "VOLUME"),
+        format!("[\"{IMAGE_DATA_DIR}\"]")
+    );
     let user = instruction(&file, "USER");
-    assert!(!user.starts_with("0") && !user.starts_with("root"), "USER {user}");
+    assert!(
+        !user.starts_with("0") && !user.starts_with("root"),
+        "USER {user}"
+    );
     assert!(
         instruction(&file, "ENV").contains("OUTBOXD_CONFIG=/etc/outboxd/outboxd.toml"),
         "the image names its configuration"
@@ -162,10 +166,7 @@ fn the_containerfile_agrees_with_the_image_configuration() {
     let port = listen.rsplit_once(':').unwrap().1;
     assert_eq!(instruction(&file, "EXPOSE"), port);
     assert!(instruction(&file, "HEALTHCHECK").contains("\"/usr/bin/outboxd\", \"health\""));
-    assert_eq!(
-        instruction(&file, "ENTRYPOINT"),
-        "[\"/usr/bin/outboxd\"]"
-    );
+    assert_eq!(instruction(&file, "ENTRYPOINT"), "[\"/usr/bin/outboxd\"]");
 }
 
 /// The image's environment: its configuration file, the rest left to the
@@ -209,7 +210,11 @@ async fn the_image_default_needs_an_admin_token_and_then_guards_every_door() {
     probe_env.insert("OUTBOXD_LISTEN".into(), format!("127.0.0.1:{port}"));
     let nobody = outboxd(&probe_env).arg("health").output().unwrap();
     assert_eq!(nobody.status.code(), Some(1), "{}", text(&nobody));
-    assert!(text(&nobody).contains("no daemon answered"), "{}", text(&nobody));
+    assert!(
+        text(&nobody).contains("no daemon answered"),
+        "{}",
+        text(&nobody)
+    );
 
     let token = "container-test-admin-token";
     env.insert("OUTBOXD_ADMIN__TOKEN".into(), token.into());
@@ -226,13 +231,20 @@ async fn the_image_default_needs_an_admin_token_and_then_guards_every_door() {
     check_env.insert("OUTBOXD_LISTEN".into(), format!("127.0.0.1:{port}"));
     let healthy = outboxd(&check_env).arg("health").output().unwrap();
     assert!(healthy.status.success(), "{}", text(&healthy));
-    assert!(text(&healthy).contains("\"status\":\"ok\""), "{}", text(&healthy));
+    assert!(
+        text(&healthy).contains("\"status\":\"ok\""),
+        "{}",
+        text(&healthy)
+    );
 
     let http = reqwest::Client::new();
     let ready = http.get(format!("{base}/ready")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
     let ready: serde_json::Value = ready.json().await.unwrap();
-    assert_eq!(ready["checks"]["plugins"]["loaded"], serde_json::json!(["webhook"]));
+    assert_eq!(
+        ready["checks"]["plugins"]["loaded"],
+        serde_json::json!(["webhook"])
+    );
     for (what, request) in [
         ("admin API", http.get(format!("{base}/v1/admin/sinks"))),
         ("metrics", http.get(format!("{base}/metrics"))),
@@ -348,8 +360,14 @@ async fn the_compose_files_outboxd_config_is_accepted_and_runs_on_postgres() {
     assert!(shown.status.success(), "{}", text(&shown));
     let shown = text(&shown);
     assert!(shown.contains("auth = \"required\""), "{shown}");
-    assert!(!shown.contains("compose-admin-token"), "a secret shown: {shown}");
-    assert!(!shown.contains("0123abcd"), "the database password shown: {shown}");
+    assert!(
+        !shown.contains("compose-admin-token"),
+        "a secret shown: {shown}"
+    );
+    assert!(
+        !shown.contains("0123abcd"),
+        "the database password shown: {shown}"
+    );
 
     // And it runs: on a PostgreSQL database of the test's own (the compose
     // network's `postgres` host is this machine's server here), with the
@@ -380,7 +398,10 @@ async fn the_compose_files_outboxd_config_is_accepted_and_runs_on_postgres() {
         .json()
         .await
         .unwrap();
-    let token = made["token"].as_str().expect("a producer token").to_string();
+    let token = made["token"]
+        .as_str()
+        .expect("a producer token")
+        .to_string();
     let posted = http
         .post(format!("{base}/v1/events"))
         .bearer_auth(&token)

@@ -98,7 +98,10 @@ fn routes_in_code(dir: &Path, found: &mut BTreeSet<(String, String)>) {
             }
             let args = call_arguments(&source, start);
             let (first, rest) = args.split_once(',').unwrap_or_else(|| {
-                panic!("{}: a .route( call without a handler: {args}", path.display())
+                panic!(
+                    "{}: a .route( call without a handler: {args}",
+                    path.display()
+                )
             });
             let first = first.trim();
             let route = if let Some(literal) = first.strip_prefix('"') {
@@ -182,7 +185,10 @@ async fn the_served_document_is_valid_openapi_3_1() {
     for (path, method) in documented(&doc) {
         let op = &doc["paths"][&path][&method];
         let id = op["operationId"].as_str().unwrap_or_default().to_string();
-        assert!(!id.is_empty() && ids.insert(id), "{method} {path}: operationId");
+        assert!(
+            !id.is_empty() && ids.insert(id),
+            "{method} {path}: operationId"
+        );
         assert!(op["security"].is_array(), "{method} {path}: no security");
     }
 }
@@ -215,7 +221,11 @@ async fn every_documented_operation_is_answered_by_a_real_daemon() {
     let http = reqwest::Client::new();
     // Controls: the router's own answers carry no JSON `code`, so a 404
     // from a handler ("no such event") is told apart from "no such route".
-    let none = http.get(format!("{base}/v1/no-such-route")).send().await.unwrap();
+    let none = http
+        .get(format!("{base}/v1/no-such-route"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(none.status(), 404);
     assert!(none.text().await.unwrap().is_empty());
     let wrong = http.delete(format!("{base}/health")).send().await.unwrap();
@@ -238,7 +248,10 @@ async fn every_documented_operation_is_answered_by_a_real_daemon() {
             .unwrap();
         let status = response.status().as_u16();
         let body = response.text().await.unwrap();
-        assert_ne!(status, 405, "{method} {path}: the daemon has no such method");
+        assert_ne!(
+            status, 405,
+            "{method} {path}: the daemon has no such method"
+        );
         if status == 404 {
             let answer: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
             assert!(

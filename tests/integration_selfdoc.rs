@@ -62,10 +62,7 @@ fn subcommands_of(args: &[&str]) -> Vec<String> {
 /// …), as `--help` lists them.
 fn every_command() -> Vec<Vec<String>> {
     let mut all = Vec::new();
-    let mut todo: Vec<Vec<String>> = subcommands_of(&[])
-        .into_iter()
-        .map(|n| vec![n])
-        .collect();
+    let mut todo: Vec<Vec<String>> = subcommands_of(&[]).into_iter().map(|n| vec![n]).collect();
     while let Some(path) = todo.pop() {
         let args: Vec<&str> = path.iter().map(String::as_str).collect();
         for sub in subcommands_of(&args) {
@@ -83,7 +80,10 @@ fn every_command() -> Vec<Vec<String>> {
 fn the_help_lists_the_self_documenting_commands() {
     let top = subcommands_of(&[]);
     for name in ["run", "plugin", "dead", "completions", "man", "health"] {
-        assert!(top.contains(&name.to_string()), "{name} missing from {top:?}");
+        assert!(
+            top.contains(&name.to_string()),
+            "{name} missing from {top:?}"
+        );
     }
 }
 
@@ -92,7 +92,11 @@ fn bash_completions_are_a_script_bash_accepts_and_that_completes_subcommands() {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("outboxd.bash");
     std::fs::write(&script, outboxd(&["completions", "bash"]).stdout).unwrap();
-    let syntax = Command::new("bash").arg("-n").arg(&script).output().unwrap();
+    let syntax = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
     assert!(
         syntax.status.success(),
         "bash -n refused the script: {}",
@@ -111,7 +115,11 @@ fn bash_completions_are_a_script_bash_accepts_and_that_completes_subcommands() {
             ))
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout)
             .split_whitespace()
             .map(str::to_string)
@@ -146,7 +154,11 @@ fn the_man_page_renders_with_every_subcommand() {
     let dir = tempfile::tempdir().unwrap();
     let page = dir.path().join("outboxd.1");
     let roff = stdout(&outboxd(&["man"]));
-    assert!(roff.contains(".TH outboxd 1"), "{}", &roff[..200.min(roff.len())]);
+    assert!(
+        roff.contains(".TH outboxd 1"),
+        "{}",
+        &roff[..200.min(roff.len())]
+    );
     std::fs::write(&page, &roff).unwrap();
     let rendered = Command::new("man")
         .arg("-l")
@@ -156,7 +168,11 @@ fn the_man_page_renders_with_every_subcommand() {
         .env("PAGER", "cat")
         .output()
         .expect("man (man-db) renders the page");
-    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
     let text = String::from_utf8_lossy(&rendered.stdout);
     assert!(text.contains("SUBCOMMANDS"), "{text}");
     for name in subcommands_of(&[]) {
@@ -218,7 +234,12 @@ fn the_cli_reference_is_what_the_cli_renders() {
         let heading = format!("### `outboxd {}`", path.join(" "));
         assert!(committed.contains(&heading), "no {heading}");
     }
-    for flag in ["--listen <LISTEN>", "--migrate", "--manifest <MANIFEST>", "--offline"] {
+    for flag in [
+        "--listen <LISTEN>",
+        "--migrate",
+        "--manifest <MANIFEST>",
+        "--offline",
+    ] {
         assert!(committed.contains(flag), "no {flag}");
     }
 }
