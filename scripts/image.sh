@@ -112,18 +112,32 @@ fi
 say "buildah bud"
 buildah bud --isolation chroot --format docker --layers=false \
     -f "$context/Containerfile" -t "$image:$tag" -t "$image:latest" "$context"
-size="$(buildah inspect --type image --format '{{.Docker.Size}}' "$image:$tag" 2>/dev/null || true)"
-say "image $image:$tag built"
-buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E "/?$image:($tag|latest) " || true
+size="$(buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | awk -v want="$image:$tag" '$1 == want || $1 ~ ("/" want "$") { $1 = ""; print substr($0, 2); exit }')"
+say "image $image:$tag built: ${size:-size unknown}"
 
 # ---- smoke test --------------------------------------------------------------
 ctr="$(buildah from --pull-never "$image:$tag")"
 daemon_pid=""
-cleanup() {
+# The processes below `pid`, deepest last: `buildah run` does not pass a
+# signal on, so the daemon itself (the last of them) is the one stopped.
+descendants() {
+    local child
+    for child in $(ps -o pid= --ppid "$1"); do
+        echo "$child"
+        descendants "$child"
+    done
+}
+stop_daemon() {
     if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then
-        kill -TERM "$daemon_pid" 2>/dev/null || true
+        local last
+        last="$(descendants "$daemon_pid" | tail -n1)"
+        kill -TERM "${last:-$daemon_pid}" 2>/dev/null || true
         wait "$daemon_pid" 2>/dev/null || true
     fi
+    daemon_pid=""
+}
+cleanup() {
+    stop_daemon
     buildah rm "$ctr" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -155,6 +169,10 @@ grep -q "admin.token" <<<"$out" || { echo "$out" >&2; say "FAILED: the refusal d
 echo "refused: $(grep -o "configuration key .admin.token.*" <<<"$out" | head -n1)"
 
 say "smoke: a daemon in the image, listening on 0.0.0.0:$port"
+if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
+    say "FAILED: something already listens on port $port (set SMOKE_PORT)"
+    exit 1
+fi
 token="$(head -c 32 /dev/urandom | base64 | tr -d '/+=')"
 inside --env "OUTBOXD_ADMIN__TOKEN=$token" "${plugin_env[@]}" "$ctr" -- \
     /usr/bin/outboxd run --migrate --listen "0.0.0.0:$port" >"$repo/target/image/smoke-daemon.log" 2>&1 &
@@ -175,6 +193,9 @@ if ! $healthy; then
     say "FAILED: no /health from the daemon in the image"
     exit 1
 fi
+daemon_uid="$(ps -o uid= -p "$(descendants "$daemon_pid" | tail -n1)" | tr -d ' ')"
+echo "the daemon runs as uid $daemon_uid"
+[[ "$daemon_uid" == "$uid" ]] || { say "FAILED: the daemon runs as uid $daemon_uid, not $uid"; exit 1; }
 echo "health (outboxd health in the image): $(inside "$ctr" -- /usr/bin/outboxd health --listen "127.0.0.1:$port")"
 echo "health (from the host): $(curl -fsS "http://127.0.0.1:$port/health")"
 ready="$(curl -sS -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/ready")"
@@ -184,7 +205,8 @@ admin="$(curl -sS -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/admi
 with_token="$(curl -sS -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $token" "http://127.0.0.1:$port/v1/admin/sinks")"
 echo "admin API: HTTP $admin without the token, HTTP $with_token with it"
 [[ "$admin" == 401 && "$with_token" == 200 ]] || { say "FAILED: the admin API is not guarded by the token"; exit 1; }
-kill -TERM "$daemon_pid"
-wait "$daemon_pid" || true
-daemon_pid=""
-say "smoke test passed: $image:$tag (${size:+$size bytes, }$(du -sh "$root" | cut -f1) staged)"
+stop_daemon
+if grep -q "shutdown requested" "$repo/target/image/smoke-daemon.log"; then
+    echo "stopped: $(grep -o 'shutdown requested.*' "$repo/target/image/smoke-daemon.log" | head -n1)"
+fi
+say "smoke test passed: $image:$tag, ${size:-size unknown} (staged root: $(du -sh "$root" | cut -f1))"
