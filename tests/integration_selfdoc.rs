@@ -242,4 +242,34 @@ fn the_cli_reference_is_what_the_cli_renders() {
     ] {
         assert!(committed.contains(flag), "no {flag}");
     }
+    // Every argument says what it is: its doc comment is its only
+    // description, in --help, the man pages and here.
+    let mut heading = "";
+    let mut undocumented = Vec::new();
+    for line in committed.lines() {
+        if line.starts_with("### ") {
+            heading = line;
+        }
+        let Some(row) = line.strip_prefix("| `") else {
+            continue;
+        };
+        let Some((argument, meaning)) = row.split_once("` | ") else {
+            continue;
+        };
+        let meaning = meaning.trim_end_matches('|').trim();
+        let generated_only = [
+            "Required.",
+            "Default:",
+            "One of",
+            "May be given",
+            "Environment:",
+        ];
+        if meaning.is_empty() || generated_only.iter().any(|g| meaning.starts_with(g)) {
+            undocumented.push(format!("{heading}: {argument}"));
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "arguments without a doc comment: {undocumented:#?}"
+    );
 }

@@ -111,6 +111,7 @@ enum Command {
     /// through the running daemon (at `listen`); running it twice creates
     /// nothing new.
     Backfill {
+        /// The sink to create deliveries for.
         #[arg(long)]
         sink: String,
         /// Events ingested at or after this time (RFC 3339). Default: all.
