@@ -8,7 +8,8 @@
 #   - PostgreSQL: a cluster (created when there is none), trust for loopback
 #     TCP, started without systemd, waited for on 127.0.0.1:5432;
 #   - RabbitMQ: started detached, waited for on 127.0.0.1:5672;
-#   - the Rust target wasm32-wasip2 (every plugin is built for it).
+#   - the Rust target wasm32-wasip2 (every plugin is built for it);
+#   - Python's openapi-spec-validator (the HTTP API description's check).
 #
 # Each step runs only when its result is missing, so a second run changes
 # nothing and takes seconds. A step that fails says what failed and how to
@@ -77,6 +78,15 @@ if ((${#need_apt[@]})); then
     DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -q --no-install-recommends \
         "${need_apt[@]}" ||
         fail "apt-get install ${need_apt[*]}" "run by hand: apt-get install ${need_apt[*]}"
+fi
+
+# The OpenAPI 3.1 validator the HTTP API's description is checked with
+# (tests/integration_openapi.rs).
+if ((!build_only)) && ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
+    say "installing openapi-spec-validator (pip)"
+    python3 -m pip install -q openapi-spec-validator ||
+        fail "pip install openapi-spec-validator" \
+            "run by hand: python3 -m pip install openapi-spec-validator (or apt-get install python3-openapi-spec-validator)"
 fi
 
 # --- Rust -------------------------------------------------------------------

@@ -1,5 +1,6 @@
-//! The `outboxd` command line: `run`, `migrate`, `plugin check|wit|new|run`,
-//! and the admin commands (the `cli` folder: each goes through the running
+//! The `outboxd` command line: `run`, `migrate`, `health`, `plugin
+//! check|wit|new|run`, `completions` and `man` (the CLI documenting
+//! itself, from this one clap `Command`), and the admin commands (the `cli` folder: each goes through the running
 //! daemon's admin API, and only `events`, `dead` and `sinks` may open the
 //! database instead, with `--offline`).
 //!
@@ -17,7 +18,7 @@ use std::process::ExitCode;
 
 mod cli;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use outboxd::config::{Config, LogFormat};
 use outboxd::daemon::{Daemon, Migrations};
 use serde::Serialize;
@@ -110,6 +111,7 @@ enum Command {
     /// through the running daemon (at `listen`); running it twice creates
     /// nothing new.
     Backfill {
+        /// The sink to create deliveries for.
         #[arg(long)]
         sink: String,
         /// Events ingested at or after this time (RFC 3339). Default: all.
@@ -121,6 +123,30 @@ enum Command {
     Config {
         #[command(subcommand)]
         command: cli::admin::ConfigCommand,
+    },
+    /// Ask the running daemon (at `listen`) for `/health`: print its answer,
+    /// exit 0 when it is 200 and 1 otherwise (a container's health check).
+    Health,
+    /// Print the shell completion script of this command line to stdout.
+    ///
+    /// Bash: `outboxd completions bash > /etc/bash_completion.d/outboxd`;
+    /// zsh: into a folder of `$fpath` as `_outboxd`; fish: into
+    /// `~/.config/fish/completions/outboxd.fish`.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout, or write one page per command
+    /// with `--out`, or print the Markdown reference with `--markdown`.
+    Man {
+        /// Folder to write `outboxd.1`, `outboxd-run.1`, … into (created
+        /// when missing).
+        #[arg(long, conflicts_with = "markdown")]
+        out: Option<PathBuf>,
+        /// Print the manual's CLI reference (Markdown) instead.
+        #[arg(long)]
+        markdown: bool,
     },
 }
 
@@ -279,7 +305,29 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Producers { command } => cli::producers::run(&load()?, command).await,
         Command::Secrets { command } => cli::secrets::run(&load()?, command).await,
         Command::Plugin { command } => plugin(command, load).await,
+        Command::Health => Ok(cli::health::run(&load()?).await),
+        Command::Completions { shell } => {
+            cli::selfdoc::completions(shell, Cli::command(), &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man { out, markdown } => man(out, markdown),
     }
+}
+
+/// `outboxd man [--out DIR | --markdown]`.
+fn man(out: Option<PathBuf>, markdown: bool) -> anyhow::Result<ExitCode> {
+    use std::io::Write as _;
+    let command = Cli::command();
+    if markdown {
+        std::io::stdout().write_all(cli::selfdoc::markdown(&command).as_bytes())?;
+    } else if let Some(dir) = out {
+        for page in cli::selfdoc::man_pages_to(command, &dir)? {
+            println!("wrote {}", page.display());
+        }
+    } else {
+        cli::selfdoc::man_page(command, &mut std::io::stdout())?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `outboxd run`: until SIGTERM or SIGINT, then a graceful shutdown.

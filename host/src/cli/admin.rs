@@ -41,14 +41,20 @@ pub struct OfflineFlag {
 pub enum EventsCommand {
     /// Print an event and its deliveries as JSON (what `GET
     /// /v1/admin/events/ID` answers).
-    Show { id: String },
+    Show {
+        /// The event's CloudEvents `id`.
+        id: String,
+    },
 }
 
 /// Which dead letters: every given option must match.
 #[derive(Args)]
 pub struct DeadArgs {
+    /// One sink's or destination's dead letters (its delivery key).
     #[arg(long)]
     sink: Option<String>,
+    /// One stream's dead letters (`partitionkey`, else `subject`, else
+    /// `source`).
     #[arg(long)]
     stream: Option<String>,
     /// One event's deliveries.
@@ -87,13 +93,22 @@ pub enum SinksCommand {
     /// (or `retired`).
     List,
     /// Pause a sink: nothing is claimed, nothing is lost.
-    Pause { sink: String },
+    Pause {
+        /// The sink's name (its manifest's `name`).
+        sink: String,
+    },
     /// Resume a paused sink.
-    Resume { sink: String },
+    Resume {
+        /// The sink's name.
+        sink: String,
+    },
     /// Retire a sink from the fleet's registry: no replica routes new
     /// events to it; its queued deliveries are kept (and delivered by any
     /// replica that still has its plugin loaded).
-    Retire { sink: String },
+    Retire {
+        /// The sink's name.
+        sink: String,
+    },
 }
 
 #[derive(Subcommand)]

@@ -25,7 +25,10 @@ pub enum DestinationsCommand {
     /// Every destination: state, health and queue, no secrets.
     List,
     /// One destination as JSON.
-    Show { name: String },
+    Show {
+        /// The destination's name.
+        name: String,
+    },
     /// Create a destination (refused when the name exists). Prints its
     /// secret once when one is generated.
     Create(CreateArgs),
@@ -33,22 +36,31 @@ pub enum DestinationsCommand {
     /// `PUT /v1/admin/destinations/{name}`); the same spec again changes
     /// nothing, so a job can sync destinations from a source of truth.
     Update {
+        /// The destination's name.
         name: String,
+        /// The spec, a JSON file.
         #[arg(long)]
         file: PathBuf,
     },
     /// Delete a destination; `--pending` says what happens to its
     /// deliveries not yet delivered.
     Delete {
+        /// The destination's name.
         name: String,
         /// `park`: keep them waiting under its name; `purge`: delete them.
         #[arg(long, value_parser = ["park", "purge"])]
         pending: String,
     },
     /// Pause: nothing is claimed for it; events still queue for it.
-    Pause { name: String },
+    Pause {
+        /// The destination's name.
+        name: String,
+    },
     /// Resume a paused or disabled destination.
-    Resume { name: String },
+    Resume {
+        /// The destination's name.
+        name: String,
+    },
     /// Make the catch-all destinations match a platform list (JSON: an
     /// array of `{name, url, secret}`, or `{"platforms": [...], "sink",
     /// "config", "prefix", "backfill"}`): new platforms created and
@@ -62,7 +74,10 @@ pub enum DestinationsCommand {
     /// Rotate its signing secret; the previous one keeps signing beside the
     /// new one for the grace period.
     RotateSecret {
+        /// The destination's name.
         name: String,
+        /// The new secret (`whsec_…`); default: a generated one, printed
+        /// once.
         #[arg(long)]
         secret: Option<String>,
         /// e.g. `1h`; default 24 h.
@@ -74,6 +89,8 @@ pub enum DestinationsCommand {
 /// `destinations create`.
 #[derive(Args)]
 pub struct CreateArgs {
+    /// Its name: letters, digits, `-`, `_`, `.`; at most 128 bytes; not a
+    /// sink's name.
     name: String,
     /// The sink (plugin manifest `name`) that serves it.
     #[arg(long)]

@@ -20,14 +20,20 @@
 //! Owns: that rule ([`Via`], [`ask`]), the offline opening of the
 //! database ([`open_store`]), and how an answer or a refusal is printed.
 //!
+//! Besides the admin commands, two rooms of their own: [`health`] (the
+//! daemon's `/health` for a container's probe) and [`selfdoc`] (the CLI's
+//! completions, man pages and Markdown reference).
+//!
 //! Must never: decide anything an action decides, create state from a
 //! read-only command, or hide an error the daemon gave.
 
 pub mod admin;
 pub mod client;
 pub mod destinations;
+pub mod health;
 pub mod producers;
 pub mod secrets;
+pub mod selfdoc;
 
 use std::process::ExitCode;
 use std::sync::Arc;

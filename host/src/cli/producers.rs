@@ -24,10 +24,14 @@ pub enum ProducersCommand {
     Create(CreateArgs),
     /// Revoke a producer: its tokens are refused from now on; the events
     /// it posted keep its name.
-    Revoke { name: String },
+    Revoke {
+        /// The producer's name.
+        name: String,
+    },
     /// Give a producer a new token (printed once); the current one stays
     /// accepted for `--grace` (default: refused at once).
     Rotate {
+        /// The producer's name.
         name: String,
         /// e.g. `10m`.
         #[arg(long)]

@@ -7,7 +7,8 @@
 //! no migration pending, every loop fresh *and* succeeding, plugins
 //! loaded; with queue figures), `/metrics` (Prometheus text), and the
 //! admin API under `/v1/admin/` (bearer token when configured; `/metrics`
-//! too when `metrics.require-token` is on, the default beyond loopback).
+//! too when `metrics.require-token` is on, the default beyond loopback),
+//! and the API's own description at `/v1/openapi.json` ([`openapi`]).
 //!
 //! Must never: run an unbounded query on a probe path — counts are capped
 //! and every store call has a short timeout, so a huge backlog cannot make
@@ -15,6 +16,7 @@
 
 pub mod actions;
 pub mod admin;
+pub mod openapi;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -89,6 +91,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .with_state(state.clone())
+        .merge(openapi::router())
         .merge(admin::router(state))
 }
 
