@@ -34,7 +34,10 @@ use crate::store::DeadFilter;
 /// The admin routes, behind the token check.
 pub fn router(state: OpsState) -> Router {
     Router::new()
+        .route("/v1/admin/events", get(search_events))
         .route("/v1/admin/events/{id}", get(show_event))
+        .route("/v1/admin/events/{id}/body", get(show_body))
+        .route("/v1/admin/streams/{stream}", get(show_stream))
         .route("/v1/admin/dead", get(list_dead))
         .route("/v1/admin/dead/replay", post(replay_dead))
         .route("/v1/admin/dead/purge", post(purge_dead))
@@ -142,6 +145,25 @@ async fn require_token(State(state): State<OpsState>, request: Request, next: Ne
 /// `GET /v1/admin/events/{id}`: [`events::EventView`].
 async fn show_event(State(state): State<OpsState>, Path(id): Path<String>) -> Response {
     answer(events::show_event(&*state.store, &id).await)
+}
+
+/// `GET /v1/admin/events?id=&stream=&type=&source=&since=&until=&state=&limit=`:
+/// [`events::FoundEvents`], newest first.
+async fn search_events(
+    State(state): State<OpsState>,
+    Query(q): Query<events::EventQuery>,
+) -> Response {
+    answer(events::search(&*state.store, &q).await)
+}
+
+/// `GET /v1/admin/events/{id}/body`: [`events::EventBody`].
+async fn show_body(State(state): State<OpsState>, Path(id): Path<String>) -> Response {
+    answer(events::show_body(&*state.store, &id).await)
+}
+
+/// `GET /v1/admin/streams/{stream}`: [`super::actions::streams::StreamView`].
+async fn show_stream(State(state): State<OpsState>, Path(stream): Path<String>) -> Response {
+    answer(super::actions::streams::show(&state.destinations(), &stream).await)
 }
 
 /// Query of `GET /v1/admin/dead`: the fields of the replay and purge body
