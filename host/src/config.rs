@@ -3,9 +3,9 @@
 //! Owns: the composition of every room's settings into one [`Config`]
 //! (each room defines its own: `delivery::settings`,
 //! `destinations::settings`, `ingest::settings`, `routing::settings`,
-//! `secrets::settings`, `auth`, `sources`, `tls`; the few process-wide
-//! knobs are here), the form `config show` prints ([`Config::redacted`]),
-//! and the precedence rule — command-line flags win over `OUTBOXD_*`
+//! `secrets::settings`, `auth`, `sources`, `tls`, `console::settings`;
+//! the few process-wide knobs are here), the form `config show` prints
+//! ([`Config::redacted`]), and the precedence rule — command-line flags win over `OUTBOXD_*`
 //! environment variables, which win over the TOML file, which wins over
 //! the defaults.
 //! Environment keys map to config keys by lower-casing, `__` for nesting and
@@ -91,6 +91,8 @@ pub struct Config {
     pub secrets: SecretsConfig,
     /// Traces over OTLP (`[otel]`). Default off.
     pub otel: crate::otel::OtelConfig,
+    /// The operator console (`[console]`). Default on, under `/console`.
+    pub console: crate::console::settings::ConsoleConfig,
 }
 
 /// `[metrics]`.
@@ -132,6 +134,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             secrets: SecretsConfig::default(),
             otel: crate::otel::OtelConfig::default(),
+            console: Default::default(),
         }
     }
 }
@@ -262,6 +265,9 @@ impl Config {
         }
         if let Err((key, problem)) = self.otel.validate() {
             return value(&format!("otel.{key}"), &problem);
+        }
+        if let Err((key, problem)) = self.console.validate() {
+            return value(&format!("console.{key}"), &problem);
         }
         if let Some(routes) = &self.routes {
             if let Err((key, problem)) = crate::routing::settings::validate(routes) {

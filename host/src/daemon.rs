@@ -193,7 +193,14 @@ impl Daemon {
             wake,
             fleet,
         };
-        let app = http_app(&config, ops, &telemetry)?;
+        let (console, sampler) = crate::console::mount(
+            &config.console,
+            ops.clone(),
+            config.tls.is_some(),
+            shutdown_rx.clone(),
+        );
+        tasks.extend(sampler);
+        let app = http_app(&config, ops, &telemetry)?.merge(console);
         let (addr, server) = serve(config.listen, tls, app, shutdown_rx).await?;
         tasks.extend(server);
         if config.tls.is_none() && !config.listen.ip().is_loopback() {

@@ -43,6 +43,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/dead/purge", post(purge_dead))
         .route("/v1/admin/sinks", get(list_sinks))
         .route("/v1/admin/sources", get(list_sources))
+        .route("/v1/admin/queue", get(queue))
         .route("/v1/admin/backfill", post(backfill))
         .route("/v1/admin/sinks/{sink}/pause", post(pause))
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
@@ -227,6 +228,11 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
         )
         .await,
     )
+}
+
+/// `GET /v1/admin/queue`: [`crate::store::QueueStats`].
+async fn queue(State(state): State<OpsState>) -> Response {
+    answer(sinks::queue(&*state.store).await)
 }
 
 /// `GET /v1/admin/sources`: [`super::actions::sources::Sources`].
