@@ -72,3 +72,31 @@ impl ConsoleConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_prefix(prefix: &str) -> Result<(), (String, String)> {
+        ConsoleConfig {
+            prefix: prefix.into(),
+            ..ConsoleConfig::default()
+        }
+        .validate()
+    }
+
+    #[test]
+    fn a_prefix_is_a_plain_path_apart_from_the_api() {
+        assert!(with_prefix("/console").is_ok());
+        assert!(with_prefix("/ops/console-2").is_ok());
+        for bad in ["", "/", "console", "/console/", "/a//b", "/v1", "/v1/console", "/metrics", "/c?x"] {
+            let (key, _) = with_prefix(bad).unwrap_err();
+            assert_eq!(key, "prefix", "{bad:?}");
+        }
+        let zero = ConsoleConfig {
+            session_ttl: Duration::ZERO,
+            ..ConsoleConfig::default()
+        };
+        assert_eq!(zero.validate().unwrap_err().0, "session-ttl");
+    }
+}
