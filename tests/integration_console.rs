@@ -105,7 +105,10 @@ impl Browser {
                     Ok(shown) => shown.text().await.unwrap_or_default(),
                     Err(_) => String::new(),
                 };
-                panic!("no {css} on {} (error shown: {error:?}): {e}", self.url().await)
+                panic!(
+                    "no {css} on {} (error shown: {error:?}): {e}",
+                    self.url().await
+                )
             }
         }
     }
@@ -158,7 +161,11 @@ impl Browser {
     async fn shot(&mut self, name: &str) {
         self.taken += 1;
         let png = self.client.screenshot().await.unwrap();
-        std::fs::write(self.shots.join(format!("{:02}-{name}.png", self.taken)), png).unwrap();
+        std::fs::write(
+            self.shots.join(format!("{:02}-{name}.png", self.taken)),
+            png,
+        )
+        .unwrap();
     }
 }
 
@@ -248,7 +255,10 @@ async fn post(base: &str, path: &str, cookie: &str, form: &[(&str, &str)]) -> (u
 
 /// The CSRF token in a page's forms.
 fn csrf_of(html: &str) -> String {
-    let at = html.find("name=\"csrf\" value=\"").expect("a form with a CSRF token") + 19;
+    let at = html
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token")
+        + 19;
     html[at..at + 64].to_string()
 }
 
@@ -266,8 +276,13 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
         receiver.script(400, &[], "not today");
     }
     for i in 1..=3 {
-        d.post_event(&event(&format!("s1-{i}"), "s1", "order.paid", json!({"n": i})))
-            .await;
+        d.post_event(&event(
+            &format!("s1-{i}"),
+            "s1",
+            "order.paid",
+            json!({"n": i}),
+        ))
+        .await;
         d.wait_delivery(&format!("s1-{i}"), Duration::from_secs(20), |x| {
             x["status"] == "dead"
         })
@@ -285,7 +300,11 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     // Not logged in: sent to the login page. A wrong token is refused and
     // starts no session.
     b.goto(&format!("{base}/console/overview")).await;
-    assert!(b.url().await.contains("/console/login"), "{}", b.url().await);
+    assert!(
+        b.url().await.contains("/console/login"),
+        "{}",
+        b.url().await
+    );
     b.fill("#token", "not-the-token").await;
     b.click("#login").await;
     assert!(b.text("#error").await.contains("wrong admin token"));
@@ -296,7 +315,11 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
 
     b.fill("#token", TOKEN).await;
     b.click("#login").await;
-    assert!(b.url().await.ends_with("/console/overview"), "{}", b.url().await);
+    assert!(
+        b.url().await.ends_with("/console/overview"),
+        "{}",
+        b.url().await
+    );
     assert!(b.text("#sinks").await.contains("hook"));
     b.shot("overview").await;
 
@@ -356,14 +379,19 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     // Create a destination (its secret shown once), then pause it.
     b.goto(&format!("{base}/console/destinations")).await;
     b.fill("#d-name", "east").await;
-    b.fill("#d-config", &format!("url = {}", receiver.url())).await;
+    b.fill("#d-config", &format!("url = {}", receiver.url()))
+        .await;
     b.click("#d-create").await;
     assert!(b.text("#notice").await.contains("Created destination east"));
     assert!(b.text("#secret").await.contains("whsec_"));
     b.shot("destination-created").await;
-    b.click("tr.destination[data-name='east'] button.pause").await;
+    b.click("tr.destination[data-name='east'] button.pause")
+        .await;
     assert!(b.text("#notice").await.contains("Paused destination east"));
-    assert!(b.text("tr.destination[data-name='east'] td.state").await.contains("paused"));
+    assert!(b
+        .text("tr.destination[data-name='east'] td.state")
+        .await
+        .contains("paused"));
     assert!(!b.has("#secret").await, "the secret is shown once");
     b.shot("destination-paused").await;
 
@@ -373,7 +401,10 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
         .await;
     b.goto(&format!("{base}/console/streams?stream=s3")).await;
     let why = b.text("#heads").await;
-    assert!(why.contains("east") && why.contains("destination paused"), "{why}");
+    assert!(
+        why.contains("east") && why.contains("destination paused"),
+        "{why}"
+    );
     b.shot("stream-paused").await;
     b.goto(&format!("{base}/console/streams?stream=s1")).await;
     assert!(b.has("#caught-up").await);
@@ -385,9 +416,17 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
             .bearer_auth(TOKEN)
             .send()
     };
-    let heads: serde_json::Value = admin("/v1/admin/streams/s3").await.unwrap().json().await.unwrap();
+    let heads: serde_json::Value = admin("/v1/admin/streams/s3")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(heads["heads"][0]["sink"], "east", "{heads}");
-    assert_eq!(heads["heads"][0]["why"]["kind"], "destination_held", "{heads}");
+    assert_eq!(
+        heads["heads"][0]["why"]["kind"], "destination_held",
+        "{heads}"
+    );
     let found: serde_json::Value = admin("/v1/admin/events?stream=s1&state=delivered")
         .await
         .unwrap()
@@ -412,6 +451,10 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     b.goto(&format!("{base}/console/overview")).await;
     assert!(b.text("#destinations").await.contains("east"));
     b.shot("overview-with-destination").await;
+    b.goto(&format!("{base}/console/events/s1-2")).await;
+    let east = b.text("tr.delivery[data-key='east']").await;
+    assert!(east.contains("filtered out"), "{east}");
+    b.shot("event-two-destinations").await;
 
     // Logging out ends the session.
     b.click("#logout").await;
@@ -421,7 +464,11 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     // Plain HTTP: a form without or with a wrong CSRF token is refused
     // and changes nothing; with it, it acts.
     let (status, none) = login(&base, "wrong").await;
-    assert_eq!((status, none), (401, None), "a wrong token starts no session");
+    assert_eq!(
+        (status, none),
+        (401, None),
+        "a wrong token starts no session"
+    );
     let (status, cookie) = login(&base, TOKEN).await;
     assert_eq!(status, 303);
     let cookie = cookie.unwrap();
@@ -488,7 +535,11 @@ async fn an_expired_session_and_a_read_only_console_change_nothing(backend: Back
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 303, "an expired session is sent to log in");
+    assert_eq!(
+        r.status().as_u16(),
+        303,
+        "an expired session is sent to log in"
+    );
     assert!(r.headers()[reqwest::header::LOCATION]
         .to_str()
         .unwrap()

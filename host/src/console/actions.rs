@@ -33,24 +33,24 @@ fn checked(
     state: &ConsoleState,
     authed: &Authed,
     fields: Vec<(String, String)>,
-) -> Result<Fields, Response> {
+) -> Result<Fields, Box<Response>> {
     if state.read_only {
-        return Err(refusal(
+        return Err(Box::new(refusal(
             state,
             Some(authed),
             StatusCode::FORBIDDEN,
             "the console is read-only (console.read-only): nothing was changed",
-        ));
+        )));
     }
     let fields: Fields = fields.into_iter().collect();
     match fields.get("csrf") {
         Some(given) if same(given, &authed.csrf) => Ok(fields),
-        _ => Err(refusal(
+        _ => Err(Box::new(refusal(
             state,
             Some(authed),
             StatusCode::FORBIDDEN,
             "the form's CSRF token is missing or wrong: reload the page and try again; nothing was changed",
-        )),
+        ))),
     }
 }
 
@@ -159,7 +159,7 @@ pub async fn dead_replay(
 ) -> Response {
     let fields = match checked(&state, &authed, fields) {
         Ok(f) => f,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let replayed = match dead_selection(&fields) {
         Ok((_, sel)) => dead::replay_dead(&*state.ops.store, &sel).await,
@@ -191,7 +191,7 @@ pub async fn dead_purge(
 ) -> Response {
     let fields = match checked(&state, &authed, fields) {
         Ok(f) => f,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let purged = match dead_selection(&fields) {
         Ok((_, sel)) => dead::purge_dead(&*state.ops.store, &sel).await,
@@ -245,7 +245,7 @@ pub async fn destination_create(
 ) -> Response {
     let fields = match checked(&state, &authed, fields) {
         Ok(f) => f,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let name = field(&fields, "name").unwrap_or_default();
     let created = async {
@@ -285,7 +285,7 @@ pub async fn destination_action(
 ) -> Response {
     let fields = match checked(&state, &authed, fields) {
         Ok(f) => f,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let ctx = state.ops.destinations();
     let outcome: Result<(String, Option<(String, String)>), AdminError> = async {
@@ -314,10 +314,7 @@ pub async fn destination_action(
                     other => {
                         return Err(invalid(
                             "pending",
-                            format!(
-                                "must be park or purge, got {:?}",
-                                other.unwrap_or("")
-                            ),
+                            format!("must be park or purge, got {:?}", other.unwrap_or("")),
                         ))
                     }
                 };

@@ -203,12 +203,7 @@ struct MessagePage {
 /// `template` rendered with `status`.
 fn render(status: StatusCode, template: &impl Template) -> Response {
     match template.render() {
-        Ok(html) => (
-            status,
-            [(header::CACHE_CONTROL, "no-store")],
-            Html(html),
-        )
-            .into_response(),
+        Ok(html) => (status, [(header::CACHE_CONTROL, "no-store")], Html(html)).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("console: page did not render: {e}"),

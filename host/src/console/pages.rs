@@ -41,7 +41,8 @@ pub async fn login_form(
 ) -> Response {
     let mut frame = Frame::new(&state, None, "Log in");
     if q.expired.is_some() {
-        frame.notice = Some("Log in with the admin token (your session ended or was never started).".into());
+        frame.notice =
+            Some("Log in with the admin token (your session ended or was never started).".into());
     }
     let no_token = state.ops.admin_token.as_deref().unwrap_or("").is_empty();
     render(StatusCode::OK, &LoginPage { frame, no_token })
@@ -235,9 +236,11 @@ pub async fn events(
             (Vec::new(), 0)
         }
     };
-    let searched = [&q.id, &q.stream, &q.ty, &q.source, &q.since, &q.until, &q.state]
-        .iter()
-        .any(|f| f.as_deref().is_some_and(|t| !t.trim().is_empty()));
+    let searched = [
+        &q.id, &q.stream, &q.ty, &q.source, &q.since, &q.until, &q.state,
+    ]
+    .iter()
+    .any(|f| f.as_deref().is_some_and(|t| !t.trim().is_empty()));
     let page = EventsPage {
         frame,
         q,
@@ -329,9 +332,8 @@ impl DeadQuery {
     /// The admin layer's filter. Errors: a time that does not parse,
     /// naming `since` or `until`.
     pub fn filter(&self) -> Result<DeadFilter, AdminError> {
-        let time = |field: &str, t: &Option<String>| {
-            blank(t).map(|t| parse_time(field, &t)).transpose()
-        };
+        let time =
+            |field: &str, t: &Option<String>| blank(t).map(|t| parse_time(field, &t)).transpose();
         Ok(DeadFilter {
             sink: blank(&self.sink),
             stream: blank(&self.stream),

@@ -160,6 +160,23 @@ mod tests {
     }
 
     #[test]
+    fn the_cookie_is_http_only_strict_on_the_prefix_and_secure_over_tls() {
+        let plain = set_cookie("abc", "/console", Duration::from_secs(60), false);
+        assert_eq!(
+            plain,
+            "outboxd_console=abc; HttpOnly; SameSite=Strict; Path=/console; Max-Age=60"
+        );
+        let tls = set_cookie("abc", "/console", Duration::from_secs(60), true);
+        assert!(tls.ends_with("; Secure"), "{tls}");
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(
+            axum::http::header::COOKIE,
+            "other=1; outboxd_console=abc".parse().unwrap(),
+        );
+        assert_eq!(cookie_value(&headers).as_deref(), Some("abc"));
+    }
+
+    #[test]
     fn a_session_ends_at_its_expiry() {
         let s = Sessions::new(Duration::from_millis(20));
         let id = s.login("t", Some("t")).unwrap();

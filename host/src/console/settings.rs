@@ -89,7 +89,17 @@ mod tests {
     fn a_prefix_is_a_plain_path_apart_from_the_api() {
         assert!(with_prefix("/console").is_ok());
         assert!(with_prefix("/ops/console-2").is_ok());
-        for bad in ["", "/", "console", "/console/", "/a//b", "/v1", "/v1/console", "/metrics", "/c?x"] {
+        for bad in [
+            "",
+            "/",
+            "console",
+            "/console/",
+            "/a//b",
+            "/v1",
+            "/v1/console",
+            "/metrics",
+            "/c?x",
+        ] {
             let (key, _) = with_prefix(bad).unwrap_err();
             assert_eq!(key, "prefix", "{bad:?}");
         }
