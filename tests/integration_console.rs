@@ -551,9 +551,60 @@ async fn an_expired_session_and_a_read_only_console_change_nothing(backend: Back
     db.cleanup().await;
 }
 
+async fn a_blocked_stream_names_the_dead_letter_that_holds_it(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let plugins = plugins(&receiver);
+    let manifest = plugins.path().join("hook.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n"),
+    )
+    .unwrap();
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    let base = d.base.clone();
+    receiver.script(400, &[], "not today");
+    for id in ["b1", "b2"] {
+        d.post_event(&event(id, "blocked", "order.paid", json!({})))
+            .await;
+    }
+    d.wait_delivery("b1", Duration::from_secs(20), |x| x["status"] == "dead")
+        .await;
+
+    let (_, cookie) = login(&base, TOKEN).await;
+    let cookie = cookie.unwrap();
+    let (status, page) = get(&base, "/console/streams?stream=blocked", &cookie).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("blocked by dead letter b1") && page.contains("not today"),
+        "{page}"
+    );
+    let (_, page) = get(&base, "/console/events/b2", &cookie).await;
+    assert!(page.contains(">pending<"), "b2 waits behind b1: {page}");
+    let heads: serde_json::Value = http()
+        .get(format!("{base}/v1/admin/streams/blocked"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        heads["heads"][0]["why"]["kind"], "blocked_by_dead",
+        "{heads}"
+    );
+    assert_eq!(heads["heads"][0]["why"]["event_id"], "b1", "{heads}");
+
+    d.stop().await;
+    db.cleanup().await;
+}
+
 use common::both_stores;
 
 both_stores!(
     the_console_finds_replays_and_manages_in_a_browser,
     an_expired_session_and_a_read_only_console_change_nothing,
+    a_blocked_stream_names_the_dead_letter_that_holds_it,
 );
