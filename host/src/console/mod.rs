@@ -6,8 +6,8 @@
 //!
 //! Owns: the pages' routes and templates (`templates/`, compiled in by
 //! askama), the one stylesheet (`assets/`), logins and CSRF
-//! ([`session`]), the delivery-rate graph ([`rate`]), its settings
-//! ([`settings`]). Every page is a GET whose filters are in its query
+//! ([`session`]), the delivery-rate graph ([`rate`]). Its settings
+//! (`[console]`) are the daemon's configuration's, handed in as [`Mount`]. Every page is a GET whose filters are in its query
 //! string, so a link can be shared; no page needs JavaScript.
 //!
 //! Must never: read or write the store but through the admin actions
@@ -19,7 +19,6 @@
 
 pub mod rate;
 pub mod session;
-pub mod settings;
 
 mod actions;
 mod pages;
@@ -38,7 +37,6 @@ use axum::Router;
 use crate::ops::actions::AdminError;
 use crate::ops::OpsState;
 use session::Sessions;
-use settings::ConsoleConfig;
 
 /// What every page handler reaches.
 #[derive(Clone)]
@@ -57,28 +55,37 @@ pub struct ConsoleState {
     pub rate: Arc<rate::Rate>,
 }
 
-/// The console's routes (nothing when `console.enabled` is off) and the
-/// task sampling the delivery rate, stopped by `stop`.
+/// Where and how the console is served (from `[console]`, and `[tls]`).
+#[derive(Debug, Clone)]
+pub struct Mount {
+    /// Path prefix, e.g. `/console`: starts with `/`, no trailing `/`.
+    pub prefix: String,
+    /// Every action hidden and refused.
+    pub read_only: bool,
+    /// How long a login lasts.
+    pub session_ttl: std::time::Duration,
+    /// Cookies carry `Secure`: the daemon serves TLS.
+    pub secure: bool,
+}
+
+/// The console's routes under `mount.prefix`, and the task sampling the
+/// delivery rate, stopped by `stop`.
 pub fn mount(
-    config: &ConsoleConfig,
+    mount: Mount,
     ops: OpsState,
-    secure: bool,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> (Router, Option<tokio::task::JoinHandle<()>>) {
-    if !config.enabled {
-        return (Router::new(), None);
-    }
+) -> (Router, tokio::task::JoinHandle<()>) {
     let rate = Arc::new(rate::Rate::default());
     let sampler = rate.clone().run(ops.metrics.clone(), stop);
     let state = ConsoleState {
         ops,
-        prefix: config.prefix.as_str().into(),
-        read_only: config.read_only,
-        secure,
-        sessions: Arc::new(Sessions::new(config.session_ttl)),
+        prefix: mount.prefix.as_str().into(),
+        read_only: mount.read_only,
+        secure: mount.secure,
+        sessions: Arc::new(Sessions::new(mount.session_ttl)),
         rate,
     };
-    (router(state), Some(sampler))
+    (router(state), sampler)
 }
 
 fn router(state: ConsoleState) -> Router {
