@@ -474,16 +474,37 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     let cookie = cookie.unwrap();
     let (_, page) = get(&base, "/console/destinations", &cookie).await;
     let csrf = csrf_of(&page);
-    for form in [vec![], vec![("csrf", "0".repeat(64))]] {
-        let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let (status, body) = post(&base, "/console/destinations/east/resume", &cookie, &form).await;
-        assert_eq!(status, 403, "{body}");
-        assert!(body.contains("CSRF"), "{body}");
-        let (status, _) = post(&base, "/console/dead/purge", &cookie, &form).await;
-        assert_eq!(status, 403);
+    // Every form of the console, each with what it would otherwise act on.
+    let forms: [(&str, &[(&str, &str)]); 9] = [
+        ("/console/destinations/east/resume", &[]),
+        ("/console/destinations/east/pause", &[]),
+        ("/console/destinations/east/rotate", &[]),
+        ("/console/destinations/east/delete", &[("pending", "purge")]),
+        (
+            "/console/destinations",
+            &[("name", "west"), ("sink", "hook")],
+        ),
+        ("/console/dead/replay", &[]),
+        ("/console/dead/purge", &[]),
+        ("/console/logout", &[]),
+        ("/console/destinations/east/resume", &[("csrf", "")]),
+    ];
+    let wrong = "0".repeat(64);
+    for (path, fields) in forms {
+        for csrf in [None, Some(wrong.as_str())] {
+            let mut form = fields.to_vec();
+            form.extend(csrf.map(|c| ("csrf", c)));
+            let (status, body) = post(&base, path, &cookie, &form).await;
+            assert_eq!(status, 403, "{path} {form:?}: {body}");
+            assert!(body.contains("CSRF"), "{path}: {body}");
+        }
     }
-    let (_, page) = get(&base, "/console/destinations", &cookie).await;
-    assert!(page.contains("paused"), "still paused");
+    let (status, page) = get(&base, "/console/destinations", &cookie).await;
+    assert_eq!(status, 200, "still logged in");
+    assert!(
+        page.contains("paused") && !page.contains("west"),
+        "nothing changed"
+    );
     let (status, body) = post(
         &base,
         "/console/destinations/east/resume",
