@@ -4,7 +4,8 @@
 #
 #   - system packages: PostgreSQL, RabbitMQ, Node.js + npm, Python's venv
 #     support, Java 17 + Maven (the embedded Neo4j of the tests), a C
-#     toolchain and curl;
+#     toolchain and curl, Chromium and its WebDriver (the console's
+#     browser tests);
 #   - PostgreSQL: a cluster (created when there is none), trust for loopback
 #     TCP, started without systemd, waited for on 127.0.0.1:5432;
 #   - RabbitMQ: started detached, waited for on 127.0.0.1:5672;
@@ -67,6 +68,9 @@ fi
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 # The model checker for model/ (the delivery protocol, checked by model/check.sh).
 command -v spin >/dev/null 2>&1 || need_apt+=(spin)
+# A real browser and its WebDriver for the console's browser tests.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 fi
 
 if ((${#need_apt[@]})); then

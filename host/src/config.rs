@@ -4,10 +4,10 @@
 //! (each room defines its own: `delivery::settings`,
 //! `destinations::settings`, `ingest::settings`, `routing::settings`,
 //! `secrets::settings`, `auth`, `sources`, `tls`; the few process-wide
-//! knobs are here), the form `config show` prints ([`Config::redacted`]),
-//! and the precedence rule — command-line flags win over `OUTBOXD_*`
-//! environment variables, which win over the TOML file, which wins over
-//! the defaults.
+//! knobs — `[admin]`, `[metrics]`, `[console]` — are here), the form
+//! `config show` prints ([`Config::redacted`]), and the precedence rule —
+//! command-line flags win over `OUTBOXD_*` environment variables, which
+//! win over the TOML file, which wins over the defaults.
 //! Environment keys map to config keys by lower-casing, `__` for nesting and
 //! `_` for `-`: `OUTBOXD_DELIVERY__BATCH_SIZE` → `delivery.batch-size`.
 //!
@@ -91,6 +91,8 @@ pub struct Config {
     pub secrets: SecretsConfig,
     /// Traces over OTLP (`[otel]`). Default off.
     pub otel: crate::otel::OtelConfig,
+    /// The operator console (`[console]`). Default on, under `/console`.
+    pub console: ConsoleConfig,
 }
 
 /// `[metrics]`.
@@ -132,6 +134,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             secrets: SecretsConfig::default(),
             otel: crate::otel::OtelConfig::default(),
+            console: Default::default(),
         }
     }
 }
@@ -263,6 +266,9 @@ impl Config {
         if let Err((key, problem)) = self.otel.validate() {
             return value(&format!("otel.{key}"), &problem);
         }
+        if let Err((key, problem)) = self.console.validate() {
+            return value(&format!("console.{key}"), &problem);
+        }
         if let Some(routes) = &self.routes {
             if let Err((key, problem)) = crate::routing::settings::validate(routes) {
                 return value(&key, &problem);
@@ -305,5 +311,111 @@ impl Config {
             Some(url) => url.clone(),
             None => format!("sqlite://{}", self.data_dir.join("outboxd.db").display()),
         }
+    }
+}
+
+/// Default `console.session-ttl`: a working day.
+pub const DEFAULT_SESSION_TTL: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+
+/// `[console]`: the operator console (`crate::console`) — whether
+/// `outboxd run` serves it, where, and how.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ConsoleConfig {
+    /// Serve the console. Default on; it answers only after a login with
+    /// `admin.token`, and with no token set nobody can log in.
+    pub enabled: bool,
+    /// Path the console lives under, e.g. `/console` (the default): starts
+    /// with `/`, no trailing `/`, letters, digits, `-`, `_`, `/` only.
+    pub prefix: String,
+    /// Show everything, change nothing: every action is hidden and refused.
+    pub read_only: bool,
+    /// How long a login lasts ("12h", "30m"). Default 12 h.
+    #[serde(with = "humantime_serde")]
+    pub session_ttl: std::time::Duration,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            enabled: true,
+            prefix: "/console".into(),
+            read_only: false,
+            session_ttl: DEFAULT_SESSION_TTL,
+        }
+    }
+}
+
+impl ConsoleConfig {
+    /// Check the values; `Err((key, problem))` names the key under
+    /// `console.`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let p = &self.prefix;
+        let well_formed = p.len() > 1
+            && p.starts_with('/')
+            && !p.ends_with('/')
+            && !p.contains("//")
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_'));
+        if !well_formed {
+            return Err((
+                "prefix".into(),
+                format!(
+                    "{p:?} is not a path such as \"/console\" (starts with /, no trailing /, letters, digits, -, _)"
+                ),
+            ));
+        }
+        if ["/v1", "/health", "/ready", "/metrics", "/ingest"]
+            .iter()
+            .any(|taken| p == taken || p.starts_with(&format!("{taken}/")))
+        {
+            return Err((
+                "prefix".into(),
+                format!("{p:?} is a path of the daemon's own API; pick another, e.g. \"/console\""),
+            ));
+        }
+        if self.session_ttl.is_zero() {
+            return Err(("session-ttl".into(), "must be greater than 0".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod console_tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn with_prefix(prefix: &str) -> Result<(), (String, String)> {
+        ConsoleConfig {
+            prefix: prefix.into(),
+            ..ConsoleConfig::default()
+        }
+        .validate()
+    }
+
+    #[test]
+    fn a_prefix_is_a_plain_path_apart_from_the_api() {
+        assert!(with_prefix("/console").is_ok());
+        assert!(with_prefix("/ops/console-2").is_ok());
+        for bad in [
+            "",
+            "/",
+            "console",
+            "/console/",
+            "/a//b",
+            "/v1",
+            "/v1/console",
+            "/metrics",
+            "/c?x",
+        ] {
+            let (key, _) = with_prefix(bad).unwrap_err();
+            assert_eq!(key, "prefix", "{bad:?}");
+        }
+        let zero = ConsoleConfig {
+            session_ttl: Duration::ZERO,
+            ..ConsoleConfig::default()
+        };
+        assert_eq!(zero.validate().unwrap_err().0, "session-ttl");
     }
 }

@@ -193,7 +193,18 @@ impl Daemon {
             wake,
             fleet,
         };
-        let app = http_app(&config, ops, &telemetry)?;
+        let mut app = http_app(&config, ops.clone(), &telemetry)?;
+        if config.console.enabled {
+            let mount = crate::console::Mount {
+                prefix: config.console.prefix.clone(),
+                read_only: config.console.read_only,
+                session_ttl: config.console.session_ttl,
+                secure: config.tls.is_some(),
+            };
+            let (console, sampler) = crate::console::mount(mount, ops, shutdown_rx.clone());
+            app = app.merge(console);
+            tasks.push(sampler);
+        }
         let (addr, server) = serve(config.listen, tls, app, shutdown_rx).await?;
         tasks.extend(server);
         if config.tls.is_none() && !config.listen.ip().is_loopback() {

@@ -12,8 +12,9 @@
 //! floor; [`routing`] (the route table, the destination record, its filter
 //! and the snapshot routed by) sits on the store; [`delivery`] and
 //! [`ingest`] sit above them, [`sources`] and [`destinations`] above
-//! those; [`config`] composes the settings each room defines; [`ops`] and
-//! [`daemon`] sit on top. No two modules import each other (`python3
+//! those; [`config`] composes the settings each room defines; [`ops`] sits
+//! above them, the operator [`console`] (pages over `ops`' admin actions)
+//! above it, and [`daemon`] on top. No two modules import each other (`python3
 //! scripts/house.py` counts it). docs/architecture.md draws it.
 
 #![warn(missing_docs)]
@@ -22,6 +23,7 @@ pub mod auth;
 pub mod backoff;
 pub mod broker;
 pub mod config;
+pub mod console;
 pub mod daemon;
 pub mod delivery;
 pub mod destinations;

@@ -195,6 +195,10 @@ pub struct Metrics {
     pub producer_events: Family<ProducerLabel, Counter>,
     /// `outboxd_deliveries_total{sink, outcome}`.
     pub deliveries: Family<SinkOutcomeLabel, Counter>,
+    /// Deliveries acknowledged since start, every sink together: the sum of
+    /// `deliveries{outcome="delivered"}`, read by the console's rate graph
+    /// (a family cannot be summed without encoding it).
+    pub delivered_total: std::sync::atomic::AtomicU64,
     /// `outboxd_claims_total{sink, fill}`: claims made, by how full they
     /// came back. Many `short` claims beside a backlog mean the workers
     /// (replicas, batches in flight) outnumber the due stream heads.
@@ -303,6 +307,7 @@ impl Metrics {
             ),
             source_ready: Family::default(),
             sink_serving_replicas: Family::default(),
+            delivered_total: Default::default(),
             source_messages: Family::default(),
             source_unacked: Family::default(),
             messaging_operation_duration: Family::new_with_constructor(
@@ -600,6 +605,10 @@ impl Metrics {
 
     /// Count a delivery outcome for `sink`.
     pub fn delivery(&self, sink: &str, outcome: &str) {
+        if outcome == "delivered" {
+            self.delivered_total
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.deliveries
             .get_or_create(&SinkOutcomeLabel {
                 sink: sink.to_string(),

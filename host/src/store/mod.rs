@@ -253,6 +253,71 @@ pub struct DeadLetter {
     pub died_at_ms: Option<i64>,
 }
 
+/// Which events a search returns ([`Store::search_events`]). Every given
+/// field must match; none given matches all. Each filter is served by an
+/// index: `id` (unique), `stream` (`stream, sequence`), `type` and `source`
+/// (`…, ingested_at`), the time range (`ingested_at`); `state` is checked
+/// per candidate through the deliveries' `(event_id, sink)` index.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EventFilter {
+    /// This event only.
+    pub id: Option<String>,
+    /// This stream only.
+    pub stream: Option<String>,
+    /// CloudEvents `type`, exactly.
+    pub ty: Option<String>,
+    /// CloudEvents `source`, exactly.
+    pub source: Option<String>,
+    /// Ingested at or after, Unix ms.
+    pub since_ms: Option<i64>,
+    /// Ingested before, Unix ms.
+    pub until_ms: Option<i64>,
+    /// With at least one delivery in this state.
+    pub state: Option<DeliveryStatus>,
+}
+
+/// One event in a search's answer (no payload).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventSummary {
+    /// The event's id.
+    pub id: String,
+    /// CloudEvents `source`.
+    pub source: String,
+    /// CloudEvents `type`.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// Its stream.
+    pub stream: String,
+    /// Its position in the stream.
+    pub sequence: u64,
+    /// Commit time of the ingest, Unix ms.
+    pub ingested_at_ms: i64,
+}
+
+/// The head of one (delivery key, stream): the earliest live delivery,
+/// the one the next claim of that key takes on that stream
+/// ([`Store::stream_heads`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StreamHead {
+    /// The delivery key (a sink, or one destination of it).
+    pub sink: String,
+    /// The head delivery's event.
+    pub event_id: String,
+    /// Its position in the stream.
+    pub sequence: u64,
+    /// Its state (`dead` for a dead letter that blocks the stream).
+    pub status: DeliveryStatus,
+    /// Attempts counted so far.
+    pub attempts: u32,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+    /// When the head may be claimed next, Unix ms; `None`: never, until
+    /// the dead letter that blocks it is replayed or purged.
+    pub due_at_ms: Option<i64>,
+    /// Until when the current lease runs, Unix ms, while leased.
+    pub lease_expires_at_ms: Option<i64>,
+}
+
 /// One page of a backfill.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BackfillPage {
@@ -505,6 +570,22 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<DeadLetter>, StoreError> {
         shared::list_dead(self.sql(), filter, limit).await
+    }
+
+    /// Events matching `filter`, newest first (ingest time, then row),
+    /// at most `limit` (the caller bounds it).
+    async fn search_events(
+        &self,
+        filter: &EventFilter,
+        limit: u32,
+    ) -> Result<Vec<EventSummary>, StoreError> {
+        shared::search_events(self.sql(), filter, limit).await
+    }
+
+    /// The head of `stream` for every delivery key that has live
+    /// deliveries on it, by key.
+    async fn stream_heads(&self, stream: &str) -> Result<Vec<StreamHead>, StoreError> {
+        shared::stream_heads(self.sql(), stream).await
     }
 
     /// Make up to `limit` matching dead letters pending again: attempts and

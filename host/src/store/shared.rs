@@ -14,8 +14,9 @@ use std::time::Duration;
 use super::plan::{self, RowState};
 use super::sql::{Arg, Col, Rows, Sql, SqlTx, Stmt, Val};
 use super::{
-    DeadFilter, DeadLetter, DeliveryInfo, DeliveryProgress, DestinationRow, ProducerRow, Purged,
-    PutMode, QueueStats, RegisteredSink, SinkIdentity, SinkQueue, SinkReplica, StoreError,
+    DeadFilter, DeadLetter, DeliveryInfo, DeliveryProgress, DeliveryStatus, DestinationRow,
+    EventFilter, EventSummary, ProducerRow, Purged, PutMode, QueueStats, RegisteredSink,
+    SinkIdentity, SinkQueue, SinkReplica, StoreError, StreamHead,
 };
 
 /// SQL text with its arguments, numbering placeholders as they are added.
@@ -231,6 +232,125 @@ pub async fn list_dead(
             died_at_ms: r[6].opt_int(),
         })
         .collect())
+}
+
+/// The [`row_state_sql`](plan::row_state_sql) names a shown state stands
+/// for (a run-out lease is shown as retrying).
+fn row_states(state: DeliveryStatus) -> &'static str {
+    match state {
+        DeliveryStatus::Pending => "'pending'",
+        DeliveryStatus::Leased => "'leased'",
+        DeliveryStatus::Retrying => "'retrying', 'expired'",
+        DeliveryStatus::Delivered => "'delivered'",
+        DeliveryStatus::Dead => "'dead'",
+    }
+}
+
+/// Events matching `f`, newest first, at most `limit`. One statement: by
+/// stream it walks `(stream, sequence)` backwards; otherwise the
+/// `(type|source, ingested_at)` or `ingested_at` index backwards, and a
+/// state is checked per candidate through `deliveries (event_id, sink)`.
+pub async fn search_events(
+    sql: &dyn Sql,
+    f: &EventFilter,
+    limit: u32,
+) -> Result<Vec<EventSummary>, StoreError> {
+    let d = sql.dialect();
+    let mut q = Builder::new(format!(
+        "SELECT e.id, e.source, e.type, e.stream, e.sequence, {} FROM {{s}}events e WHERE 1 = 1",
+        d.time_as_ms("e.ingested_at")
+    ));
+    for (column, value) in [
+        ("e.id", &f.id),
+        ("e.stream", &f.stream),
+        ("e.type", &f.ty),
+        ("e.source", &f.source),
+    ] {
+        if let Some(value) = value {
+            let p = q.arg(value);
+            q.push(&format!(" AND {column} = {p}"));
+        }
+    }
+    for (op, value) in [(">=", f.since_ms), ("<", f.until_ms)] {
+        if let Some(ms) = value {
+            let p = q.arg(ms);
+            q.push(&format!(" AND e.ingested_at {op} {}", d.ms_as_time(&p)));
+        }
+    }
+    if let Some(state) = f.state {
+        q.push(&format!(
+            " AND EXISTS (SELECT 1 FROM {{s}}deliveries WHERE event_id = e.id AND {} IN ({}))",
+            plan::row_state_sql(d.now),
+            row_states(state)
+        ));
+    }
+    let p = q.arg(limit as i64);
+    if f.stream.is_some() {
+        q.push(&format!(" ORDER BY e.sequence DESC LIMIT {p}"));
+    } else {
+        q.push(&format!(
+            " ORDER BY e.ingested_at DESC, e.seq_id DESC LIMIT {p}"
+        ));
+    }
+    use Col::*;
+    let rows = sql
+        .read(q.build(sql, &[Text, Text, Text, Text, Int, Int]))
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| EventSummary {
+            id: r[0].text(),
+            source: r[1].text(),
+            ty: r[2].text(),
+            stream: r[3].text(),
+            sequence: r[4].int() as u64,
+            ingested_at_ms: r[5].int(),
+        })
+        .collect())
+}
+
+/// The heads of `stream` by delivery key, through `heads (stream)`.
+pub async fn stream_heads(sql: &dyn Sql, stream: &str) -> Result<Vec<StreamHead>, StoreError> {
+    let d = sql.dialect();
+    let template = format!(
+        "SELECT h.sink, dl.event_id, dl.sequence, {state}, CAST(dl.attempts AS BIGINT), \
+           dl.last_error, CASE WHEN h.due_at = {blocked} THEN NULL ELSE {due} END, \
+           CASE WHEN dl.lease_expires_at > {now} THEN {lease} END \
+         FROM {{s}}heads h JOIN {{s}}deliveries dl ON dl.id = h.delivery_id \
+         WHERE h.stream = $1 ORDER BY h.sink",
+        state = plan::row_state_sql(d.now),
+        blocked = d.blocked_due,
+        due = d.time_as_ms("h.due_at"),
+        now = d.now,
+        lease = d.time_as_ms("dl.lease_expires_at"),
+    );
+    use Col::*;
+    let rows = sql
+        .read(
+            stmt(
+                sql,
+                &template,
+                &[Text, Text, Int, Text, Int, OptText, OptInt, OptInt],
+            )
+            .arg(stream),
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let state = RowState::parse(&r[3].text())
+                .ok_or_else(|| StoreError::Corrupt(format!("delivery state {:?}", r[3])))?;
+            Ok(StreamHead {
+                sink: r[0].text(),
+                event_id: r[1].text(),
+                sequence: r[2].int() as u64,
+                status: state.shown(),
+                attempts: r[4].int() as u32,
+                last_error: r[5].opt_text(),
+                due_at_ms: r[6].opt_int(),
+                lease_expires_at_ms: r[7].opt_int(),
+            })
+        })
+        .collect()
 }
 
 /// `SELECT id FROM deliveries WHERE status = 'dead' AND <filter> LIMIT

@@ -1,5 +1,5 @@
 //! The admin actions: every operation an operator runs on a daemon —
-//! events ([`events`]), dead letters ([`dead`]), sinks and backfill
+//! events ([`events`]), streams' heads ([`streams`]), dead letters ([`dead`]), sinks and backfill
 //! ([`sinks`]), sources ([`sources`]), destinations ([`destinations`],
 //! platform [`sync`]), producers ([`producers`]) and secrets at rest
 //! ([`secrets`]). The HTTP admin API (`super::admin`, under `/v1/admin/`)
@@ -23,6 +23,7 @@ pub mod producers;
 pub mod secrets;
 pub mod sinks;
 pub mod sources;
+pub mod streams;
 pub mod sync;
 
 use crate::destinations::sealing::SealingError;

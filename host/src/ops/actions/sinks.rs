@@ -306,3 +306,11 @@ fn check_known(known: &[String], sink: &str) -> Result<(), AdminError> {
         )))
     }
 }
+
+/// Queue figures per delivery key (`GET /v1/admin/queue`, the console's
+/// overview): live and dead deliveries counted up to
+/// [`crate::store::STATS_COUNT_CAP`], and how long each key's oldest due
+/// head has waited.
+pub async fn queue(store: &dyn Store) -> Result<crate::store::QueueStats, AdminError> {
+    Ok(store.queue_stats(crate::store::STATS_COUNT_CAP).await?)
+}

@@ -34,12 +34,16 @@ use crate::store::DeadFilter;
 /// The admin routes, behind the token check.
 pub fn router(state: OpsState) -> Router {
     Router::new()
+        .route("/v1/admin/events", get(search_events))
         .route("/v1/admin/events/{id}", get(show_event))
+        .route("/v1/admin/events/{id}/body", get(show_body))
+        .route("/v1/admin/streams/{stream}", get(show_stream))
         .route("/v1/admin/dead", get(list_dead))
         .route("/v1/admin/dead/replay", post(replay_dead))
         .route("/v1/admin/dead/purge", post(purge_dead))
         .route("/v1/admin/sinks", get(list_sinks))
         .route("/v1/admin/sources", get(list_sources))
+        .route("/v1/admin/queue", get(queue))
         .route("/v1/admin/backfill", post(backfill))
         .route("/v1/admin/sinks/{sink}/pause", post(pause))
         .route("/v1/admin/sinks/{sink}/resume", post(resume))
@@ -144,6 +148,25 @@ async fn show_event(State(state): State<OpsState>, Path(id): Path<String>) -> Re
     answer(events::show_event(&*state.store, &id).await)
 }
 
+/// `GET /v1/admin/events?id=&stream=&type=&source=&since=&until=&state=&limit=`:
+/// [`events::FoundEvents`], newest first.
+async fn search_events(
+    State(state): State<OpsState>,
+    Query(q): Query<events::EventQuery>,
+) -> Response {
+    answer(events::search(&*state.store, &q).await)
+}
+
+/// `GET /v1/admin/events/{id}/body`: [`events::EventBody`].
+async fn show_body(State(state): State<OpsState>, Path(id): Path<String>) -> Response {
+    answer(events::show_body(&*state.store, &id).await)
+}
+
+/// `GET /v1/admin/streams/{stream}`: [`super::actions::streams::StreamView`].
+async fn show_stream(State(state): State<OpsState>, Path(stream): Path<String>) -> Response {
+    answer(super::actions::streams::show(&state.destinations(), &stream).await)
+}
+
 /// Query of `GET /v1/admin/dead`: the fields of the replay and purge body
 /// (a [`DeadFilter`] and `limit`), spelled out because a query string
 /// cannot carry a flattened struct's numbers.
@@ -205,6 +228,11 @@ async fn list_sinks(State(state): State<OpsState>) -> Response {
         )
         .await,
     )
+}
+
+/// `GET /v1/admin/queue`: [`crate::store::QueueStats`].
+async fn queue(State(state): State<OpsState>) -> Response {
+    answer(sinks::queue(&*state.store).await)
 }
 
 /// `GET /v1/admin/sources`: [`super::actions::sources::Sources`].

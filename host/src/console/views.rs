@@ -1,0 +1,256 @@
+//! What the pages show, in words: the admin actions' typed answers turned
+//! into rows of text for the templates (times, states, reasons).
+//!
+//! Owns: the console's wording of a delivery's state and of why a head
+//! does not move. Must never: reach the store or an action itself.
+
+use crate::ops::actions::destinations::Listed;
+use crate::ops::actions::streams::{HeadView, Why};
+use crate::store::{DeliveryInfo, DeliveryStatus};
+
+/// `ms` (Unix ms) as RFC 3339 text.
+pub fn when(ms: i64) -> String {
+    crate::rfc3339::format_ms(ms)
+}
+
+/// `ms` (Unix ms) or a dash.
+pub fn when_opt(ms: Option<i64>) -> String {
+    ms.map_or_else(|| "—".to_string(), when)
+}
+
+/// A duration in ms, short (`950 ms`, `12.5 s`, `3.2 min`, `1.5 h`).
+pub fn age(ms: Option<i64>) -> String {
+    let Some(ms) = ms else {
+        return "—".into();
+    };
+    let s = ms as f64 / 1000.0;
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if s < 120.0 {
+        format!("{s:.1} s")
+    } else if s < 7200.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
+}
+
+/// One delivery key's state for one event, as the event page shows it.
+pub struct DeliveryRow {
+    /// The delivery key (destination or sink).
+    pub key: String,
+    /// `delivered`, `pending`, `in flight`, `failing`, `dead`, `not routed`.
+    pub state: String,
+    /// CSS class of the state.
+    pub class: String,
+    /// When, why, attempts.
+    pub detail: String,
+}
+
+/// `d` in words.
+pub fn delivery_row(d: &DeliveryInfo) -> DeliveryRow {
+    let attempts = format!(
+        "{} attempt{}",
+        d.attempts,
+        if d.attempts == 1 { "" } else { "s" }
+    );
+    let reason = d.last_error.clone().unwrap_or_default();
+    let (state, class, detail) = match d.status {
+        DeliveryStatus::Delivered => (
+            "delivered",
+            "ok",
+            format!("at {}; {attempts}", when_opt(d.finished_at_ms)),
+        ),
+        DeliveryStatus::Pending => (
+            "pending",
+            "wait",
+            format!("due at {}", when_opt(d.next_attempt_at_ms)),
+        ),
+        DeliveryStatus::Leased => ("in flight", "wait", format!("being delivered; {attempts}")),
+        DeliveryStatus::Retrying => (
+            "failing",
+            "bad",
+            format!(
+                "next attempt at {}; {attempts}; last reason: {reason}",
+                when_opt(d.next_attempt_at_ms)
+            ),
+        ),
+        DeliveryStatus::Dead => (
+            "dead",
+            "bad",
+            format!(
+                "since {}; {attempts}; reason: {reason}",
+                when_opt(d.finished_at_ms)
+            ),
+        ),
+    };
+    DeliveryRow {
+        key: d.sink.clone(),
+        state: state.into(),
+        class: class.into(),
+        detail,
+    }
+}
+
+/// A destination with no delivery of the event: its filter did not take
+/// it, or it did not exist yet when the event was routed.
+pub fn not_routed(key: &str) -> DeliveryRow {
+    DeliveryRow {
+        key: key.to_string(),
+        state: "filtered out".into(),
+        class: "muted".into(),
+        detail: "no delivery: its filter or the routes did not take this event (or it was created later)"
+            .into(),
+    }
+}
+
+/// One destination as the destinations page and the overview list it.
+pub struct DestinationRow {
+    /// Its name (delivery key).
+    pub name: String,
+    /// Its sink (plugin).
+    pub sink: String,
+    /// `active`, `paused`, `disabled`, or `unreadable`.
+    pub state: String,
+    /// Why it is paused or disabled; why unreadable.
+    pub reason: String,
+    /// Paused or disabled: the form offers resume.
+    pub held: bool,
+    /// Queue figures.
+    pub pending: u64,
+    /// Waiting to retry.
+    pub retrying: u64,
+    /// Being delivered.
+    pub leased: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// How long its oldest due head has waited.
+    pub oldest_due: String,
+    /// Health in words: `delivering`, `failing since T: reason`, `no attempt yet`.
+    pub health: String,
+    /// A signing secret is set.
+    pub has_secret: bool,
+}
+
+/// `l` in words.
+pub fn destination_row(l: &Listed) -> DestinationRow {
+    match l {
+        Listed::Destination(l) => {
+            let d = &l.destination;
+            let state = serde_json::to_value(d.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let health = match &l.health {
+                None => "no attempt yet".to_string(),
+                Some(h) => match h.failing_since_ms {
+                    Some(since) => format!(
+                        "failing since {}: {}",
+                        when(since),
+                        h.last_error.clone().unwrap_or_default()
+                    ),
+                    None if h.last_success_at_ms.is_some() => format!(
+                        "delivering (last success {})",
+                        when_opt(h.last_success_at_ms)
+                    ),
+                    None => "no attempt yet".to_string(),
+                },
+            };
+            DestinationRow {
+                name: d.name.clone(),
+                sink: d.sink.clone(),
+                held: state != "active",
+                state,
+                reason: d.state_reason.clone().unwrap_or_default(),
+                pending: l.queue.pending,
+                retrying: l.queue.retrying,
+                leased: l.queue.leased,
+                dead: l.queue.dead,
+                oldest_due: age(l.queue.oldest_due_age_ms),
+                health,
+                has_secret: d.has_secret,
+            }
+        }
+        Listed::Unreadable(u) => DestinationRow {
+            name: u.name.clone(),
+            sink: u.sink.clone(),
+            state: "unreadable".into(),
+            reason: u.error.clone(),
+            held: false,
+            pending: 0,
+            retrying: 0,
+            leased: 0,
+            dead: 0,
+            oldest_due: "—".into(),
+            health: "—".into(),
+            has_secret: false,
+        },
+    }
+}
+
+/// One head of a stream in words.
+pub struct HeadRow {
+    /// The delivery key.
+    pub key: String,
+    /// The plugin serving it.
+    pub plugin: String,
+    /// The head's event.
+    pub event_id: String,
+    /// Its sequence.
+    pub sequence: u64,
+    /// Its delivery state.
+    pub status: String,
+    /// Attempts so far.
+    pub attempts: u32,
+    /// Why it does not move, in words.
+    pub why: String,
+    /// CSS class: `ok` when due, `bad` otherwise.
+    pub class: String,
+}
+
+/// `h` in words.
+pub fn head_row(h: &HeadView) -> HeadRow {
+    let why = match &h.why {
+        Why::SinkPaused { sink } => format!("paused: sink {sink} is paused by an operator"),
+        Why::DestinationHeld { state, reason } => format!(
+            "destination {state}{}",
+            reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        Why::BlockedByDead { event_id, reason } => format!(
+            "blocked by dead letter {event_id}{} — replay or purge it",
+            reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        ),
+        Why::InFlight { until_ms } => format!("in flight, lease until {}", when_opt(*until_ms)),
+        Why::WaitingForRetry {
+            until_ms,
+            last_error,
+        } => format!(
+            "waiting for retry until {}{}",
+            when(*until_ms),
+            last_error
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        Why::ChainedBehind { sink, status } => {
+            format!("chained behind sink {sink}, whose delivery of this event is {status}")
+        }
+        Why::Due => "due: the next claim takes it".to_string(),
+    };
+    HeadRow {
+        key: h.head.sink.clone(),
+        plugin: h.plugin.clone(),
+        event_id: h.head.event_id.clone(),
+        sequence: h.head.sequence,
+        status: h.head.status.to_string(),
+        attempts: h.head.attempts,
+        class: if h.why == Why::Due { "ok" } else { "bad" }.into(),
+        why,
+    }
+}

@@ -1,0 +1,631 @@
+//! The operator console in a real browser: Debian's Chromium driven over
+//! WebDriver (chromedriver, `fantoccini`) against a real daemon with a
+//! real webhook sink and receiver on loopback, on both stores — log in (a
+//! wrong token refused), find an event and its state per destination,
+//! replay dead letters by filter after a dry run and see them delivered in
+//! order, create and pause a destination, see why a stream does not move;
+//! and, over plain HTTP, that a form without its CSRF token, an expired
+//! session and a read-only console change nothing.
+//!
+//! Each page the browser visits is written as a screenshot to
+//! `target/test-logs/console/<store>/`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{event, Backend, PluginsDir, Receiver, TestDaemon, TestDb};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+const TOKEN: &str = "console-test-admin-token";
+
+/// chromedriver and the browser session it drives; the driver is killed
+/// on drop.
+struct Browser {
+    client: Client,
+    driver: Child,
+    shots: PathBuf,
+    taken: usize,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Browser {
+    /// Start chromedriver on a free port and a headless Chromium session.
+    async fn start(store: &str) -> Browser {
+        let port = free_port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver; scripts/setup.sh installs it)");
+        let url = format!("http://127.0.0.1:{port}");
+        let caps: fantoccini::wd::Capabilities = serde_json::from_value(json!({
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1360,1000"],
+            }
+        }))
+        .unwrap();
+        let mut last = None;
+        for _ in 0..100 {
+            // chromedriver listens on loopback: plain HTTP, no TLS stack.
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(client) => {
+                    let shots = common::repo_root()
+                        .join("target/test-logs/console")
+                        .join(store);
+                    std::fs::create_dir_all(&shots).unwrap();
+                    return Browser {
+                        client,
+                        driver,
+                        shots,
+                        taken: 0,
+                    };
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no WebDriver session from chromedriver on {url}: {last:?}");
+    }
+
+    async fn goto(&self, url: &str) {
+        self.client.goto(url).await.unwrap();
+    }
+
+    async fn text(&self, css: &str) -> String {
+        match self.client.find(Locator::Css(css)).await {
+            Ok(e) => e.text().await.unwrap(),
+            Err(e) => {
+                let error = match self.client.find(Locator::Css("#error")).await {
+                    Ok(shown) => shown.text().await.unwrap_or_default(),
+                    Err(_) => String::new(),
+                };
+                panic!(
+                    "no {css} on {} (error shown: {error:?}): {e}",
+                    self.url().await
+                )
+            }
+        }
+    }
+
+    async fn has(&self, css: &str) -> bool {
+        self.client.find(Locator::Css(css)).await.is_ok()
+    }
+
+    async fn fill(&self, css: &str, value: &str) {
+        let e = self.client.find(Locator::Css(css)).await.unwrap();
+        e.clear().await.unwrap();
+        e.send_keys(value).await.unwrap();
+    }
+
+    /// Click `css` (a link or a submit button: every click in these pages
+    /// loads a page) and wait until the next page has loaded.
+    async fn click(&self, css: &str) {
+        self.client
+            .execute("window.__before_click = true; return true;", vec![])
+            .await
+            .unwrap();
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css} to click: {e}"))
+            .click()
+            .await
+            .unwrap();
+        for _ in 0..400 {
+            let loaded = self
+                .client
+                .execute(
+                    "return window.__before_click === undefined && document.readyState === 'complete';",
+                    vec![],
+                )
+                .await;
+            if matches!(loaded, Ok(serde_json::Value::Bool(true))) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("clicking {css} loaded no page within 10 s");
+    }
+
+    async fn url(&self) -> String {
+        self.client.current_url().await.unwrap().to_string()
+    }
+
+    /// Write the page as `NN-name.png`.
+    async fn shot(&mut self, name: &str) {
+        self.taken += 1;
+        let png = self.client.screenshot().await.unwrap();
+        std::fs::write(
+            self.shots.join(format!("{:02}-{name}.png", self.taken)),
+            png,
+        )
+        .unwrap();
+    }
+}
+
+/// A webhook sink `hook` whose manifest target is `receiver`.
+fn plugins(receiver: &Receiver) -> PluginsDir {
+    let plugins = PluginsDir::new();
+    plugins.add_webhook_to("hook", receiver);
+    plugins
+}
+
+async fn start(
+    plugins: &PluginsDir,
+    db: &TestDb,
+    adjust: impl FnOnce(&mut outboxd::config::Config),
+) -> TestDaemon {
+    let url = db.url.clone();
+    TestDaemon::start_with(plugins.path(), move |c| {
+        c.database_url = Some(url);
+        c.admin.token = Some(TOKEN.into());
+        adjust(c);
+    })
+    .await
+}
+
+/// Ids of the events `r` received, in arrival order.
+fn ids(r: &Receiver) -> Vec<String> {
+    r.with_seen(|seen| {
+        seen.iter()
+            .map(|x| x.header("ce-id").expect("ce-id header"))
+            .collect()
+    })
+}
+
+/// A plain HTTP client that keeps redirects as answers.
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// Log in over plain HTTP; the session cookie (`name=value`).
+async fn login(base: &str, token: &str) -> (u16, Option<String>) {
+    let r = http()
+        .post(format!("{base}/console/login"))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    let cookie = r
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .map(|v| v.to_str().unwrap().to_string());
+    if let Some(c) = &cookie {
+        assert!(
+            c.contains("HttpOnly") && c.contains("SameSite=Strict") && c.contains("Path=/console"),
+            "{c}"
+        );
+        assert!(!c.contains(TOKEN), "the cookie carries the token: {c}");
+    }
+    (
+        r.status().as_u16(),
+        cookie.map(|c| c.split(';').next().unwrap().to_string()),
+    )
+}
+
+async fn get(base: &str, path: &str, cookie: &str) -> (u16, String) {
+    let r = http()
+        .get(format!("{base}{path}"))
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn post(base: &str, path: &str, cookie: &str, form: &[(&str, &str)]) -> (u16, String) {
+    let r = http()
+        .post(format!("{base}{path}"))
+        .header(reqwest::header::COOKIE, cookie)
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The CSRF token in a page's forms.
+fn csrf_of(html: &str) -> String {
+    let at = html
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token")
+        + 19;
+    html[at..at + 64].to_string()
+}
+
+async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let plugins = plugins(&receiver);
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    let base = d.base.clone();
+    let store = format!("{backend:?}").to_lowercase();
+
+    // Three events of stream s1 refused for good (400: dead letters), then
+    // one delivered.
+    for _ in 0..3 {
+        receiver.script(400, &[], "not today");
+    }
+    for i in 1..=3 {
+        d.post_event(&event(
+            &format!("s1-{i}"),
+            "s1",
+            "order.paid",
+            json!({"n": i}),
+        ))
+        .await;
+        d.wait_delivery(&format!("s1-{i}"), Duration::from_secs(20), |x| {
+            x["status"] == "dead"
+        })
+        .await;
+    }
+    d.post_event(&event("ok-1", "s2", "order.shipped", json!({"n": 4})))
+        .await;
+    d.wait_delivery("ok-1", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
+
+    let mut b = Browser::start(&store).await;
+
+    // Not logged in: sent to the login page. A wrong token is refused and
+    // starts no session.
+    b.goto(&format!("{base}/console/overview")).await;
+    assert!(
+        b.url().await.contains("/console/login"),
+        "{}",
+        b.url().await
+    );
+    b.fill("#token", "not-the-token").await;
+    b.click("#login").await;
+    assert!(b.text("#error").await.contains("wrong admin token"));
+    b.shot("login-refused").await;
+    assert!(b.client.get_all_cookies().await.unwrap().is_empty());
+    b.goto(&format!("{base}/console/overview")).await;
+    assert!(b.url().await.contains("/console/login"));
+
+    b.fill("#token", TOKEN).await;
+    b.click("#login").await;
+    assert!(
+        b.url().await.ends_with("/console/overview"),
+        "{}",
+        b.url().await
+    );
+    assert!(b.text("#sinks").await.contains("hook"));
+    b.shot("overview").await;
+
+    // Find an event by id and see its state per destination.
+    b.goto(&format!("{base}/console/events")).await;
+    b.fill("#q-id", "s1-2").await;
+    b.click("#search-go").await;
+    assert!(b.url().await.contains("id=s1-2"), "filters in the URL");
+    let found = b.text("#events").await;
+    assert!(found.contains("s1-2") && !found.contains("s1-1"), "{found}");
+    b.shot("events-search").await;
+    b.click("a.event-link").await;
+    assert!(b.url().await.ends_with("/console/events/s1-2"));
+    let row = b.text("tr.delivery[data-key='hook']").await;
+    assert!(row.contains("dead") && row.contains("not today"), "{row}");
+    assert!(b.text("#data").await.contains("\"n\":2"));
+    b.shot("event-dead").await;
+
+    // Dead letters by filter: a dry run counts them, the confirmation
+    // replays them, and they are delivered in stream order.
+    b.goto(&format!("{base}/console/dead")).await;
+    b.fill("#f-stream", "s1").await;
+    b.click("#dead-go").await;
+    assert_eq!(
+        b.client
+            .find_all(Locator::Css("#dead tr"))
+            .await
+            .unwrap()
+            .len(),
+        4,
+        "a header and three dead letters"
+    );
+    b.shot("dead-letters").await;
+    b.click("#replay").await;
+    assert_eq!(b.text("#count").await, "3");
+    assert!(b.text("#dry-run").await.contains("s1"));
+    assert_eq!(receiver.count(), 4, "a dry run changes nothing");
+    b.shot("dead-replay-dry-run").await;
+    b.click("#confirm").await;
+    assert!(b.text("#notice").await.contains("Replayed 3 dead letters"));
+    b.shot("dead-replayed").await;
+    assert!(
+        common::eventually(Duration::from_secs(20), || receiver.count() == 7).await,
+        "replayed letters delivered: {:?}",
+        ids(&receiver)
+    );
+    assert_eq!(
+        ids(&receiver)[4..],
+        ["s1-1", "s1-2", "s1-3"],
+        "in stream order"
+    );
+    b.goto(&format!("{base}/console/events/s1-2")).await;
+    let row = b.text("tr.delivery[data-key='hook']").await;
+    assert!(row.contains("delivered"), "{row}");
+    b.shot("event-delivered").await;
+
+    // Create a destination (its secret shown once), then pause it.
+    b.goto(&format!("{base}/console/destinations")).await;
+    b.fill("#d-name", "east").await;
+    b.fill("#d-config", &format!("url = {}", receiver.url()))
+        .await;
+    b.click("#d-create").await;
+    assert!(b.text("#notice").await.contains("Created destination east"));
+    assert!(b.text("#secret").await.contains("whsec_"));
+    b.shot("destination-created").await;
+    b.click("tr.destination[data-name='east'] button.pause")
+        .await;
+    assert!(b.text("#notice").await.contains("Paused destination east"));
+    assert!(b
+        .text("tr.destination[data-name='east'] td.state")
+        .await
+        .contains("paused"));
+    assert!(!b.has("#secret").await, "the secret is shown once");
+    b.shot("destination-paused").await;
+
+    // An event for the paused destination: its stream's head says why it
+    // does not move.
+    d.post_event(&event("s3-1", "s3", "order.paid", json!({"n": 5})))
+        .await;
+    b.goto(&format!("{base}/console/streams?stream=s3")).await;
+    let why = b.text("#heads").await;
+    assert!(
+        why.contains("east") && why.contains("destination paused"),
+        "{why}"
+    );
+    b.shot("stream-paused").await;
+    b.goto(&format!("{base}/console/streams?stream=s1")).await;
+    assert!(b.has("#caught-up").await);
+
+    // The admin API gives the same answers the pages show.
+    let admin = |path: &str| {
+        http()
+            .get(format!("{base}{path}"))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let heads: serde_json::Value = admin("/v1/admin/streams/s3")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(heads["heads"][0]["sink"], "east", "{heads}");
+    assert_eq!(
+        heads["heads"][0]["why"]["kind"], "destination_held",
+        "{heads}"
+    );
+    let found: serde_json::Value = admin("/v1/admin/events?stream=s1&state=delivered")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let found: Vec<&str> = found["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(found, ["s1-3", "s1-2", "s1-1"], "by stream: newest first");
+    let refused = admin("/v1/admin/events?state=lost").await.unwrap();
+    assert_eq!(refused.status().as_u16(), 400);
+    let refused: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(refused["field"], "state");
+
+    b.goto(&format!("{base}/console/plugins")).await;
+    assert!(b.text("#plugins").await.contains("hook"));
+    b.shot("plugins").await;
+    b.goto(&format!("{base}/console/overview")).await;
+    assert!(b.text("#destinations").await.contains("east"));
+    b.shot("overview-with-destination").await;
+    b.goto(&format!("{base}/console/events/s1-2")).await;
+    let east = b.text("tr.delivery[data-key='east']").await;
+    assert!(east.contains("filtered out"), "{east}");
+    b.shot("event-two-destinations").await;
+
+    // Logging out ends the session.
+    b.click("#logout").await;
+    b.goto(&format!("{base}/console/destinations")).await;
+    assert!(b.url().await.contains("/console/login"));
+
+    // Plain HTTP: a form without or with a wrong CSRF token is refused
+    // and changes nothing; with it, it acts.
+    let (status, none) = login(&base, "wrong").await;
+    assert_eq!(
+        (status, none),
+        (401, None),
+        "a wrong token starts no session"
+    );
+    let (status, cookie) = login(&base, TOKEN).await;
+    assert_eq!(status, 303);
+    let cookie = cookie.unwrap();
+    let (_, page) = get(&base, "/console/destinations", &cookie).await;
+    let csrf = csrf_of(&page);
+    // Every form of the console, each with what it would otherwise act on.
+    let forms: [(&str, &[(&str, &str)]); 9] = [
+        ("/console/destinations/east/resume", &[]),
+        ("/console/destinations/east/pause", &[]),
+        ("/console/destinations/east/rotate", &[]),
+        ("/console/destinations/east/delete", &[("pending", "purge")]),
+        (
+            "/console/destinations",
+            &[("name", "west"), ("sink", "hook")],
+        ),
+        ("/console/dead/replay", &[]),
+        ("/console/dead/purge", &[]),
+        ("/console/logout", &[]),
+        ("/console/destinations/east/resume", &[("csrf", "")]),
+    ];
+    let wrong = "0".repeat(64);
+    for (path, fields) in forms {
+        for csrf in [None, Some(wrong.as_str())] {
+            let mut form = fields.to_vec();
+            form.extend(csrf.map(|c| ("csrf", c)));
+            let (status, body) = post(&base, path, &cookie, &form).await;
+            assert_eq!(status, 403, "{path} {form:?}: {body}");
+            assert!(body.contains("CSRF"), "{path}: {body}");
+        }
+    }
+    let (status, page) = get(&base, "/console/destinations", &cookie).await;
+    assert_eq!(status, 200, "still logged in");
+    assert!(
+        page.contains("paused") && !page.contains("west"),
+        "nothing changed"
+    );
+    let (status, body) = post(
+        &base,
+        "/console/destinations/east/resume",
+        &cookie,
+        &[("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("Resumed destination east"));
+
+    drop(b);
+    d.stop().await;
+    db.cleanup().await;
+}
+
+async fn an_expired_session_and_a_read_only_console_change_nothing(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let plugins = plugins(&receiver);
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |c| {
+        c.console.session_ttl = Duration::from_millis(1500);
+        c.console.read_only = true;
+    })
+    .await;
+    let base = d.base.clone();
+    let (status, cookie) = login(&base, TOKEN).await;
+    assert_eq!(status, 303);
+    let cookie = cookie.unwrap();
+    let (status, page) = get(&base, "/console/destinations", &cookie).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("read-only") && !page.contains("id=\"create\""));
+    let csrf = csrf_of(&page);
+    let (status, body) = post(
+        &base,
+        "/console/destinations",
+        &cookie,
+        &[("csrf", &csrf), ("name", "west"), ("sink", "hook")],
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("read-only"));
+    let (_, page) = get(&base, "/console/destinations", &cookie).await;
+    assert!(!page.contains("west"), "nothing created");
+
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let r = http()
+        .get(format!("{base}/console/overview"))
+        .header(reqwest::header::COOKIE, &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        303,
+        "an expired session is sent to log in"
+    );
+    assert!(r.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .starts_with("/console/login"));
+    let (status, _) = post(&base, "/console/logout", &cookie, &[("csrf", &csrf)]).await;
+    assert_eq!(status, 403, "an expired session acts on nothing");
+
+    d.stop().await;
+    db.cleanup().await;
+}
+
+async fn a_blocked_stream_names_the_dead_letter_that_holds_it(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let plugins = plugins(&receiver);
+    let manifest = plugins.path().join("hook.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replace("[retry]\n", "[retry]\non-dead = \"block\"\n"),
+    )
+    .unwrap();
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    let base = d.base.clone();
+    receiver.script(400, &[], "not today");
+    for id in ["b1", "b2"] {
+        d.post_event(&event(id, "blocked", "order.paid", json!({})))
+            .await;
+    }
+    d.wait_delivery("b1", Duration::from_secs(20), |x| x["status"] == "dead")
+        .await;
+
+    let (_, cookie) = login(&base, TOKEN).await;
+    let cookie = cookie.unwrap();
+    let (status, page) = get(&base, "/console/streams?stream=blocked", &cookie).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("blocked by dead letter b1") && page.contains("not today"),
+        "{page}"
+    );
+    let (_, page) = get(&base, "/console/events/b2", &cookie).await;
+    assert!(page.contains(">pending<"), "b2 waits behind b1: {page}");
+    let heads: serde_json::Value = http()
+        .get(format!("{base}/v1/admin/streams/blocked"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        heads["heads"][0]["why"]["kind"], "blocked_by_dead",
+        "{heads}"
+    );
+    assert_eq!(heads["heads"][0]["why"]["event_id"], "b1", "{heads}");
+
+    d.stop().await;
+    db.cleanup().await;
+}
+
+use common::both_stores;
+
+both_stores!(
+    the_console_finds_replays_and_manages_in_a_browser,
+    an_expired_session_and_a_read_only_console_change_nothing,
+    a_blocked_stream_names_the_dead_letter_that_holds_it,
+);
