@@ -176,6 +176,9 @@ fn plugins(receiver: &Receiver) -> PluginsDir {
     plugins
 }
 
+/// The trace id of the producer's context of event `ok-1`.
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
 async fn start(
     plugins: &PluginsDir,
     db: &TestDb,
@@ -266,7 +269,10 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     let receiver = Receiver::start().await;
     let plugins = plugins(&receiver);
     let db = TestDb::new(backend).await;
-    let d = start(&plugins, &db, |_| {}).await;
+    let d = start(&plugins, &db, |c| {
+        c.console.trace_url = Some("http://traces.example/trace/{trace_id}".into());
+    })
+    .await;
     let base = d.base.clone();
     let store = format!("{backend:?}").to_lowercase();
 
@@ -288,8 +294,10 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
         })
         .await;
     }
-    d.post_event(&event("ok-1", "s2", "order.shipped", json!({"n": 4})))
-        .await;
+    // Posted in a producer's trace: its page links the trace.
+    let mut traced = event("ok-1", "s2", "order.shipped", json!({"n": 4}));
+    traced["traceparent"] = json!(format!("00-{TRACE_ID}-00f067aa0ba902b7-01"));
+    d.post_event(&traced).await;
     d.wait_delivery("ok-1", Duration::from_secs(20), |x| {
         x["status"] == "delivered"
     })
@@ -322,6 +330,21 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     );
     assert!(b.text("#sinks").await.contains("hook"));
     b.shot("overview").await;
+
+    // An event's page links its trace in the operator's trace UI.
+    b.goto(&format!("{base}/console/events/ok-1")).await;
+    let link = b
+        .client
+        .find(Locator::Css("#trace a"))
+        .await
+        .expect("a trace link on the event page")
+        .attr("href")
+        .await
+        .unwrap();
+    assert_eq!(
+        link.as_deref(),
+        Some(format!("http://traces.example/trace/{TRACE_ID}").as_str())
+    );
 
     // Find an event by id and see its state per destination.
     b.goto(&format!("{base}/console/events")).await;

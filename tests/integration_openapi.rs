@@ -23,6 +23,12 @@ const METHODS: [&str; 8] = [
 /// `ingest.awareness.path`, documented at its default.
 const CONFIGURED_PATHS: &[(&str, &str)] = &[("&awareness.path", "/ingest")];
 
+/// Folders of `host/src` whose routes are not the HTTP API: the operator
+/// console's HTML pages and forms (under `console.prefix`, documented in
+/// docs/console.md), which read and act through the admin API's own
+/// actions — those are in the document.
+const NOT_THE_API: &[&str] = &["console"];
+
 /// A daemon on loopback with the admin token set and the awareness ingest
 /// mounted, so every route of the document exists.
 async fn daemon() -> Harness {
@@ -80,7 +86,9 @@ fn routes_in_code(dir: &Path, found: &mut BTreeSet<(String, String)>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            routes_in_code(&path, found);
+            if !NOT_THE_API.iter().any(|dir| path.ends_with(dir)) {
+                routes_in_code(&path, found);
+            }
             continue;
         }
         if path.extension().is_none_or(|e| e != "rs") {

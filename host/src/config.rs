@@ -333,6 +333,11 @@ pub struct ConsoleConfig {
     /// How long a login lasts ("12h", "30m"). Default 12 h.
     #[serde(with = "humantime_serde")]
     pub session_ttl: std::time::Duration,
+    /// Link from an event's page to its trace in the operator's trace UI:
+    /// a URL with `{trace_id}` (32 lower-case hex digits, from the event's
+    /// `traceparent`), e.g. `http://jaeger:16686/trace/{trace_id}` or
+    /// Tempo's explore URL. Unset: the trace id is shown without a link.
+    pub trace_url: Option<String>,
 }
 
 impl Default for ConsoleConfig {
@@ -342,6 +347,7 @@ impl Default for ConsoleConfig {
             prefix: "/console".into(),
             read_only: false,
             session_ttl: DEFAULT_SESSION_TTL,
+            trace_url: None,
         }
     }
 }
@@ -376,6 +382,18 @@ impl ConsoleConfig {
         }
         if self.session_ttl.is_zero() {
             return Err(("session-ttl".into(), "must be greater than 0".into()));
+        }
+        if let Some(url) = &self.trace_url {
+            if !(url.starts_with("http://") || url.starts_with("https://"))
+                || !url.contains("{trace_id}")
+            {
+                return Err((
+                    "trace-url".into(),
+                    format!(
+                        "{url:?} is not an http(s) URL with {{trace_id}}, e.g. \"http://jaeger:16686/trace/{{trace_id}}\""
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -200,6 +200,7 @@ impl Daemon {
                 read_only: config.console.read_only,
                 session_ttl: config.console.session_ttl,
                 secure: config.tls.is_some(),
+                trace_url: config.console.trace_url.clone(),
             };
             let (console, sampler) = crate::console::mount(mount, ops, shutdown_rx.clone());
             app = app.merge(console);

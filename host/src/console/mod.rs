@@ -53,6 +53,8 @@ pub struct ConsoleState {
     pub sessions: Arc<Sessions>,
     /// Deliveries per second, last hour.
     pub rate: Arc<rate::Rate>,
+    /// An event page's trace link, `{trace_id}` replaced.
+    pub trace_url: Option<Arc<str>>,
 }
 
 /// Where and how the console is served (from `[console]`, and `[tls]`).
@@ -66,6 +68,8 @@ pub struct Mount {
     pub session_ttl: std::time::Duration,
     /// Cookies carry `Secure`: the daemon serves TLS.
     pub secure: bool,
+    /// An event page's trace link, `{trace_id}` replaced (`console.trace-url`).
+    pub trace_url: Option<String>,
 }
 
 /// The console's routes under `mount.prefix`, and the task sampling the
@@ -84,6 +88,7 @@ pub fn mount(
         secure: mount.secure,
         sessions: Arc::new(Sessions::new(mount.session_ttl)),
         rate,
+        trace_url: mount.trace_url.as_deref().map(Arc::from),
     };
     (router(state), sampler)
 }

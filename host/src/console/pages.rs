@@ -263,6 +263,10 @@ struct EventPage {
     time: String,
     content_type: String,
     deliveries: Vec<DeliveryRow>,
+    /// The trace id of the event's `traceparent` (its creation context).
+    trace_id: Option<String>,
+    /// `console.trace-url` with the trace id in it.
+    trace_link: Option<String>,
 }
 
 /// `GET {prefix}/events/{id}`: the event, its payload and its state per
@@ -289,7 +293,18 @@ pub async fn event(
             deliveries.push(views::not_routed(&d.name));
         }
     }
+    let trace_id = body
+        .extensions
+        .get("traceparent")
+        .and_then(|tp| crate::otel::context::parse_traceparent(tp))
+        .map(|(trace, _, _)| trace.to_string());
+    let trace_link = trace_id.as_ref().and_then(|trace| {
+        let url = state.trace_url.as_deref()?;
+        Some(url.replace("{trace_id}", trace))
+    });
     let page = EventPage {
+        trace_id,
+        trace_link,
         frame: Frame::new(&state, Some(&authed), &format!("Event {id}")),
         ingested: views::when(ev.ingested_at_ms),
         producer: ev.producer.clone().unwrap_or_else(|| "—".into()),
