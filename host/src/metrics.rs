@@ -1,8 +1,9 @@
 //! The metric families, on the ground floor so every part may record.
 //!
 //! Owns: one registry per daemon with every `outboxd_*` family (documented
-//! in the README), and the label sets. Counters and histograms are
-//! recorded where things happen; gauges of the queue are filled from the
+//! in docs/reference/metrics.md, checked by tests/integration_docs.rs),
+//! and the label sets. Counters and histograms are recorded where things
+//! happen; gauges of the queue are filled from the
 //! store at scrape time by `ops`.
 //!
 //! Must never: import anything of ours (it is the ground floor), or take a
@@ -15,7 +16,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::TypedMetric;
+use prometheus_client::registry::{Metric, Registry};
 
 /// Every `outcome` label of `outboxd_events_ingested_total`, created at 0
 /// when the registry is made so that `rate()` and alerts see the series on a
@@ -140,9 +142,49 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 25))
 }
 
+/// One registered family as a scrape names it: `outboxd_deliveries` (a
+/// counter's samples add `_total`) and its OpenMetrics type (`counter`,
+/// `gauge`, `histogram`). The list is what `docs/reference/metrics.md` is
+/// checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilyInfo {
+    /// The family's name with the `outboxd_` prefix.
+    pub name: String,
+    /// Its OpenMetrics type.
+    pub kind: &'static str,
+}
+
+/// The registry being filled, and each family put in it: an empty family
+/// is left out of the exposition, so the list is kept as they are
+/// registered.
+struct Registering {
+    registry: Registry,
+    families: Vec<FamilyInfo>,
+}
+
+impl Registering {
+    /// As [`Registry::register`], recording the family.
+    fn register<M: Metric + TypedMetric>(&mut self, name: &str, help: &str, metric: M) {
+        let kind = match M::TYPE {
+            prometheus_client::metrics::MetricType::Counter => "counter",
+            prometheus_client::metrics::MetricType::Gauge => "gauge",
+            prometheus_client::metrics::MetricType::Histogram => "histogram",
+            prometheus_client::metrics::MetricType::Info => "info",
+            prometheus_client::metrics::MetricType::Unknown => "unknown",
+        };
+        self.families.push(FamilyInfo {
+            name: format!("outboxd_{name}"),
+            kind,
+        });
+        self.registry.register(name, help, metric);
+    }
+}
+
 /// Every metric of the daemon.
 pub struct Metrics {
     registry: Registry,
+    /// Every family registered, in order.
+    families: Vec<FamilyInfo>,
     /// `outboxd_events_ingested_total{outcome}`.
     pub events_ingested: Family<OutcomeLabel, Counter>,
     /// `outboxd_requests_refused_total{endpoint, reason}`: requests
@@ -208,16 +250,24 @@ impl Metrics {
     /// the label values known in advance created at 0.
     pub fn new() -> Arc<Metrics> {
         let m = Metrics::unregistered();
-        let mut registry = Registry::with_prefix("outboxd");
+        let mut registry = Registering {
+            registry: Registry::with_prefix("outboxd"),
+            families: Vec::new(),
+        };
         m.register_delivery(&mut registry);
         m.register_plugins(&mut registry);
         m.register_sources(&mut registry);
+        let Registering { registry, families } = registry;
         for outcome in INGEST_OUTCOMES {
             drop(m.events_ingested.get_or_create(&OutcomeLabel {
                 outcome: outcome.to_string(),
             }));
         }
-        Arc::new(Metrics { registry, ..m })
+        Arc::new(Metrics {
+            registry,
+            families,
+            ..m
+        })
     }
 
     /// Every family empty, none registered yet.
@@ -251,11 +301,12 @@ impl Metrics {
             source_messages: Family::default(),
             source_unacked: Family::default(),
             registry: Registry::default(),
+            families: Vec::new(),
         }
     }
 
     /// Ingest, delivery, queue, lease, worker and fleet families.
-    fn register_delivery(&self, registry: &mut Registry) {
+    fn register_delivery(&self, registry: &mut Registering) {
         registry.register(
             "events_ingested",
             "Events received by ingest, by outcome",
@@ -329,7 +380,7 @@ impl Metrics {
     }
 
     /// Plugin load, trap and quarantine families.
-    fn register_plugins(&self, registry: &mut Registry) {
+    fn register_plugins(&self, registry: &mut Registering) {
         registry.register(
             "plugin_traps",
             "Plugin traps, by plugin and kind",
@@ -349,7 +400,7 @@ impl Metrics {
     }
 
     /// Source (outbox relay and consumer) families.
-    fn register_sources(&self, registry: &mut Registry) {
+    fn register_sources(&self, registry: &mut Registering) {
         registry.register(
             "source_entries",
             "Outbox entries a source found, by source and outcome",
@@ -385,6 +436,12 @@ impl Metrics {
             "Messages a source holds and has not yet acknowledged, by source",
             self.source_unacked.clone(),
         );
+    }
+
+    /// Every family registered, each once, whether or not it has a series
+    /// yet (the text format leaves out a family with none).
+    pub fn families(&self) -> &[FamilyInfo] {
+        &self.families
     }
 
     /// The registry in the Prometheus text format.
