@@ -120,6 +120,23 @@ fn anchors_are_made_as_mdbook_and_github_make_them() {
     }
 }
 
+#[test]
+fn every_page_of_docs_is_in_the_books_table_of_contents() {
+    let root = repo_root();
+    let summary = read("docs/SUMMARY.md");
+    let listed: BTreeSet<PathBuf> = links::links(&summary)
+        .into_iter()
+        .map(|(_, link)| root.join("docs").join(link.split('#').next().unwrap()))
+        .collect();
+    let missing: Vec<String> = markdown_files(&root)
+        .into_iter()
+        .filter(|f| f.starts_with(root.join("docs")) && !f.ends_with("docs/SUMMARY.md"))
+        .filter(|f| !listed.contains(f))
+        .map(|f| f.strip_prefix(&root).unwrap().display().to_string())
+        .collect();
+    assert!(missing.is_empty(), "pages not in docs/SUMMARY.md: {missing:?}");
+}
+
 // --- configuration -------------------------------------------------------------
 
 /// Every key the configuration reference documents: the first cell of
