@@ -437,45 +437,86 @@ fn every_toml_example_parses_as_outboxd_configuration_or_a_manifest() {
 }
 
 /// The commands and expected output of a `console` block: each `$ ` line
-/// is a command, the lines up to the next one its standard output.
+/// is a command, a `> ` line right after it (the shell's prompt for more)
+/// goes on with it, and the lines up to the next command are its standard
+/// output.
 fn console_steps(text: &str) -> Vec<(String, String)> {
     let mut steps: Vec<(String, String)> = Vec::new();
     for line in text.lines() {
         if let Some(command) = line.strip_prefix("$ ") {
             steps.push((command.to_string(), String::new()));
-        } else if let Some((_, out)) = steps.last_mut() {
-            out.push_str(line);
-            out.push('\n');
+        } else if let Some((command, out)) = steps.last_mut() {
+            match line.strip_prefix("> ") {
+                Some(more) if out.is_empty() => {
+                    command.push('\n');
+                    command.push_str(more);
+                }
+                _ => {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
         }
     }
     steps
 }
 
-#[test]
-fn every_console_example_runs_and_prints_what_the_page_shows() {
-    let binary = env!("CARGO_BIN_EXE_outboxd");
+/// Run a `console` example's command with bash in `dir`, `outboxd` being
+/// the binary under test and no `OUTBOXD_*` of the test's environment
+/// (the example shows what a new user sees). With `daemon`, the address
+/// the examples use (`127.0.0.1:8080`) is the test daemon's, for `curl`
+/// and for the CLI (`OUTBOXD_LISTEN`).
+fn run_console_command(command: &str, dir: &Path, daemon: Option<&str>) -> std::process::Output {
+    let binary = Path::new(env!("CARGO_BIN_EXE_outboxd"));
+    let mut command = command.to_string();
+    let mut run = std::process::Command::new("bash");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("OUTBOXD_") {
+            run.env_remove(key);
+        }
+    }
+    if let Some(addr) = daemon {
+        command = command.replace("127.0.0.1:8080", addr);
+        run.env("OUTBOXD_LISTEN", addr);
+    }
+    let path = format!(
+        "{}:{}",
+        binary.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    run.args(["-euo", "pipefail", "-c", &command])
+        .env("PATH", path)
+        .current_dir(dir);
+    run.output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_console_example_runs_and_prints_what_the_page_shows() {
     let mut failures = Vec::new();
     let mut ran = 0;
     for (file, block) in every_block().into_iter().filter(|(_, b)| b.is("console")) {
+        // A daemon of its own for the examples that talk to one; a fresh
+        // folder for each block.
+        let plugins = common::PluginsDir::new();
+        let daemon = if block.tagged("daemon") {
+            Some(common::TestDaemon::start(plugins.path()).await)
+        } else {
+            None
+        };
+        let addr = daemon.as_ref().map(|d| d.base.trim_start_matches("http://").to_string());
+        let dir = tempfile::tempdir().unwrap();
         for (command, expected) in console_steps(&block.text) {
-            let words: Vec<&str> = command.split_whitespace().collect();
-            assert_eq!(
-                words.first(),
-                Some(&"outboxd"),
-                "{}: a console example runs outboxd only: {command}",
+            assert!(
+                command.starts_with("outboxd ") || command.starts_with("curl "),
+                "{}: a console example runs outboxd or curl: {command}",
                 place(&file, block.line)
             );
-            // A folder of its own and no OUTBOXD_* of the test's
-            // environment: the example shows what a new user sees.
-            let dir = tempfile::tempdir().unwrap();
-            let mut run = std::process::Command::new(binary);
-            run.args(&words[1..]).current_dir(dir.path());
-            for (key, _) in std::env::vars() {
-                if key.starts_with("OUTBOXD_") {
-                    run.env_remove(key);
-                }
-            }
-            let out = run.output().unwrap();
+            let (cmd, folder, at) = (command.clone(), dir.path().to_path_buf(), addr.clone());
+            let out = tokio::task::spawn_blocking(move || {
+                run_console_command(&cmd, &folder, at.as_deref())
+            })
+            .await
+            .unwrap();
             ran += 1;
             let stdout = String::from_utf8_lossy(&out.stdout);
             if !out.status.success() || stdout.trim_end() != expected.trim_end() {
@@ -488,6 +529,6 @@ fn every_console_example_runs_and_prints_what_the_page_shows() {
             }
         }
     }
-    assert!(ran > 0, "no console example found");
+    assert!(ran > 1, "no console example found");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
