@@ -38,7 +38,9 @@ fn table_rows(markdown: &str) -> Vec<Vec<String>> {
             .split(" | ")
             .map(|c| c.trim().to_string())
             .collect();
-        let separator = cells.iter().all(|c| c.chars().all(|ch| "-: |".contains(ch)));
+        let separator = cells
+            .iter()
+            .all(|c| c.chars().all(|ch| "-: |".contains(ch)));
         if previous_was_table && !separator {
             rows.push(cells);
         }
@@ -49,7 +51,11 @@ fn table_rows(markdown: &str) -> Vec<Vec<String>> {
 
 /// The code spans (`` `x` ``) of `text`, in order.
 fn code_spans(text: &str) -> Vec<String> {
-    text.split('`').skip(1).step_by(2).map(str::to_string).collect()
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
 }
 
 /// A first cell that is one code span and nothing else: the key it names.
@@ -85,7 +91,11 @@ fn the_link_check_fails_on_a_missing_file_and_a_missing_anchor() {
         "# B title\n\n[out](../../outside.md) [web](https://example.org/x.md)\n",
     )
     .unwrap();
-    std::fs::write(root.join("README.md"), "[the a page](docs/guides/a.md#a-page)\n").unwrap();
+    std::fs::write(
+        root.join("README.md"),
+        "[the a page](docs/guides/a.md#a-page)\n",
+    )
+    .unwrap();
 
     let broken = links::check(root, &markdown_files(root));
     let got: Vec<(String, usize, String)> = broken
@@ -99,8 +109,16 @@ fn the_link_check_fails_on_a_missing_file_and_a_missing_anchor() {
         got,
         vec![
             ("docs/b.md".to_string(), 3, "../../outside.md".to_string()),
-            ("docs/guides/a.md".to_string(), 7, "../nowhere.md".to_string()),
-            ("docs/guides/a.md".to_string(), 8, "../b.md#no-such-heading".to_string()),
+            (
+                "docs/guides/a.md".to_string(),
+                7,
+                "../nowhere.md".to_string()
+            ),
+            (
+                "docs/guides/a.md".to_string(),
+                8,
+                "../b.md#no-such-heading".to_string()
+            ),
         ],
         "{broken:#?}"
     );
@@ -134,7 +152,10 @@ fn every_page_of_docs_is_in_the_books_table_of_contents() {
         .filter(|f| !listed.contains(f))
         .map(|f| f.strip_prefix(&root).unwrap().display().to_string())
         .collect();
-    assert!(missing.is_empty(), "pages not in docs/SUMMARY.md: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "pages not in docs/SUMMARY.md: {missing:?}"
+    );
 }
 
 // --- configuration -------------------------------------------------------------
@@ -224,7 +245,11 @@ fn the_metrics_reference_lists_every_family_the_registry_has() {
             problems.push(format!("{name} is documented but not registered"));
         }
     }
-    assert!(problems.is_empty(), "docs/reference/metrics.md:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/reference/metrics.md:\n{}",
+        problems.join("\n")
+    );
 }
 
 /// The field paths of a `/ready` body: objects' keys dotted, a by-name map
@@ -292,7 +317,10 @@ async fn the_ready_reference_lists_every_field_a_running_daemon_reports() {
         .unwrap();
     let mut reported = BTreeSet::new();
     field_paths(&body, "", &mut reported);
-    assert!(reported.contains("checks.workers.sinks.SINK.heartbeat_age_ms"), "{body:#}");
+    assert!(
+        reported.contains("checks.workers.sinks.SINK.heartbeat_age_ms"),
+        "{body:#}"
+    );
 
     let rows: BTreeMap<String, String> = table_rows(&read("docs/reference/metrics.md"))
         .into_iter()
@@ -433,7 +461,11 @@ fn every_toml_example_parses_as_outboxd_configuration_or_a_manifest() {
         }
     }
     assert!(checked > 10, "only {checked} examples found");
-    assert!(failures.is_empty(), "examples that do not parse:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "examples that do not parse:\n{}",
+        failures.join("\n")
+    );
 }
 
 /// The commands and expected output of a `console` block: each `$ ` line
@@ -503,7 +535,9 @@ async fn every_console_example_runs_and_prints_what_the_page_shows() {
         } else {
             None
         };
-        let addr = daemon.as_ref().map(|d| d.base.trim_start_matches("http://").to_string());
+        let addr = daemon
+            .as_ref()
+            .map(|d| d.base.trim_start_matches("http://").to_string());
         let dir = tempfile::tempdir().unwrap();
         for (command, expected) in console_steps(&block.text) {
             assert!(

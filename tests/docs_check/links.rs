@@ -70,7 +70,11 @@ pub fn anchors(markdown: &str) -> BTreeSet<String> {
             Event::End(TagEnd::Heading(_)) => {
                 let base = anchor_of(&heading.take().unwrap_or_default());
                 let n = seen.entry(base.clone()).or_insert(0);
-                out.insert(if *n == 0 { base.clone() } else { format!("{base}-{n}") });
+                out.insert(if *n == 0 {
+                    base.clone()
+                } else {
+                    format!("{base}-{n}")
+                });
                 *n += 1;
             }
             Event::Html(h) | Event::InlineHtml(h) => {
@@ -147,8 +151,8 @@ pub fn check(root: &Path, files: &[PathBuf]) -> Vec<Broken> {
     let root = normalise(root);
     let mut broken = Vec::new();
     for file in files {
-        let text = std::fs::read_to_string(file)
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let text =
+            std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         for (line, link) in links(&text) {
             if external(&link) {
                 continue;
@@ -177,13 +181,12 @@ pub fn check(root: &Path, files: &[PathBuf]) -> Vec<Broken> {
                 continue;
             }
             if let Some(anchor) = anchor {
-                if target.extension().is_some_and(|e| e == "md") {
-                    if !anchors_of(&target).contains(anchor) {
-                        broken.push(fail(format!(
-                            "no heading with anchor #{anchor} in {}",
-                            target.display()
-                        )));
-                    }
+                let page = target.extension().is_some_and(|e| e == "md");
+                if page && !anchors_of(&target).contains(anchor) {
+                    broken.push(fail(format!(
+                        "no heading with anchor #{anchor} in {}",
+                        target.display()
+                    )));
                 }
             }
         }
