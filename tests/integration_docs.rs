@@ -566,3 +566,49 @@ async fn every_console_example_runs_and_prints_what_the_page_shows() {
     assert!(ran > 1, "no console example found");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// Each SQL example calling `outboxd.enqueue` runs on a freshly migrated
+/// PostgreSQL database of its own, beside the application's `orders` table
+/// the examples update, and stores the event it shows (`order-42-paid` on
+/// stream `orders/42`).
+#[tokio::test]
+async fn the_in_transaction_enqueue_examples_run_on_a_migrated_postgresql() {
+    use sqlx::Connection;
+    let examples: Vec<(PathBuf, Block)> = every_block()
+        .into_iter()
+        .filter(|(_, b)| b.is("sql") && b.text.contains("outboxd.enqueue("))
+        .collect();
+    assert!(!examples.is_empty(), "no SQL example calls outboxd.enqueue");
+    for (file, block) in examples {
+        let at = place(&file, block.line);
+        let db = common::TestDb::new(common::Backend::Postgres).await;
+        db.store().await;
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE orders (id int PRIMARY KEY, state text); \
+             INSERT INTO orders VALUES (42, 'new')",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        if let Err(e) = sqlx::raw_sql(&block.text).execute(&mut conn).await {
+            panic!("{at}: {e}");
+        }
+        let (stream, sequence): (String, i64) = sqlx::query_as(
+            "SELECT stream, sequence FROM outboxd.events WHERE id = 'order-42-paid'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{at}: no event stored: {e}"));
+        assert_eq!((stream.as_str(), sequence), ("orders/42", 1), "{at}");
+        if block.text.contains("UPDATE orders") {
+            let state: String = sqlx::query_scalar("SELECT state FROM orders WHERE id = 42")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(state, "paid", "{at}");
+        }
+        conn.close().await.unwrap();
+        db.cleanup().await;
+    }
+}
