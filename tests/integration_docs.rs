@@ -300,21 +300,72 @@ fn documented_field(field: &str, rows: &BTreeMap<String, String>) -> bool {
     false
 }
 
-#[tokio::test]
-async fn the_ready_reference_lists_every_field_a_running_daemon_reports() {
-    // One sink loaded, so the per-sink fields and queue figures are there.
-    let plugins = common::PluginsDir::new();
-    plugins.add_component("ok", &common::test_component("ok"), "");
-    let daemon = common::TestDaemon::start(plugins.path()).await;
-    let body: serde_json::Value = daemon
-        .http
-        .get(format!("{}/ready", daemon.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
+/// The test broker (`OUTBOXD_TEST_AMQP`, default the local RabbitMQ).
+fn amqp_url() -> String {
+    std::env::var("OUTBOXD_TEST_AMQP")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// Delete what an `amqp` source declared for `queue` on the test broker.
+async fn delete_source_objects(queue: &str, exchange: &str) {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    let conn = lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
         .await
         .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    for q in [queue.to_string(), format!("{queue}.dead")] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for x in [exchange.to_string(), format!("{queue}.dead-letter")] {
+        let _ = ch
+            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    let _ = conn.close(0, "done".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ready_reference_lists_every_field_a_running_daemon_reports() {
+    // One sink loaded and one source consuming the test broker, so the
+    // per-sink, per-source and queue fields are there.
+    let plugins = common::PluginsDir::new();
+    plugins.add_component("ok", &common::test_component("ok"), "");
+    let tag = hex::encode(rand::random::<[u8; 4]>());
+    let (queue, exchange) = (
+        format!("outboxd-docs-q-{tag}"),
+        format!("outboxd-docs-x-{tag}"),
+    );
+    let source_toml = format!(
+        "kind = \"amqp\"\nurl = {:?}\nqueue = {queue:?}\n\
+         [[bindings]]\nexchange = {exchange:?}\nrouting-keys = [\"docs.#\"]\n",
+        amqp_url()
+    );
+    let source: outboxd::sources::SourceConfig = toml::from_str(&source_toml).unwrap();
+    let daemon = common::TestDaemon::start_with(plugins.path(), move |c| {
+        c.sources.insert("docs".into(), source);
+    })
+    .await;
+    let ready = || async {
+        daemon
+            .http
+            .get(format!("{}/ready", daemon.base))
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    let start = std::time::Instant::now();
+    let mut body = ready().await;
+    while body["checks"]["sources"]["ok"] != true && start.elapsed().as_secs() < 30 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        body = ready().await;
+    }
+    delete_source_objects(&queue, &exchange).await;
+    assert_eq!(body["ready"], true, "{body:#}");
     let mut reported = BTreeSet::new();
     field_paths(&body, "", &mut reported);
     assert!(
