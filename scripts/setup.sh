@@ -11,6 +11,8 @@
 #   - RabbitMQ: started detached, waited for on 127.0.0.1:5672;
 #   - the Rust target wasm32-wasip2 (every plugin is built for it);
 #   - Python's openapi-spec-validator (the HTTP API description's check).
+#   - mdBook, pinned, into target/tools/bin (the test command builds the
+#     manual with it).
 #
 # Each step runs only when its result is missing, so a second run changes
 # nothing and takes seconds. A step that fails says what failed and how to
@@ -211,4 +213,18 @@ if [[ ! -d "$vault/node_modules" ]] || [[ "$vault/package-lock.json" -nt "$vault
         fail "npm ci --prefix tests/vault" "run it by hand; it needs the npm registry once"
 fi
 
-say "ready: PostgreSQL $pg_version on 127.0.0.1:5432, RabbitMQ on 127.0.0.1:5672, wasm32-wasip2, $(java -version 2>&1 | head -n1), node $(node --version)"
+# --- mdBook (the manual) -----------------------------------------------------
+# scripts/test.sh builds docs/ with it. Pinned, from crates.io, into the build
+# cache's target/tools/bin (target/ may be a link into ~/.cache/outboxd), so a
+# machine compiles it once; a different version there is replaced.
+MDBOOK_VERSION=0.5.4
+mdbook="$root/target/tools/bin/mdbook"
+if [[ "$("$mdbook" --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]]; then
+    say "installing mdbook $MDBOOK_VERSION into target/tools (once; a few minutes)"
+    cargo install --locked --quiet mdbook --version "$MDBOOK_VERSION" \
+        --no-default-features --features search --root "$root/target/tools" ||
+        fail "cargo install mdbook $MDBOOK_VERSION" \
+            "run by hand: cargo install --locked mdbook --version $MDBOOK_VERSION --root target/tools"
+fi
+
+say "ready: PostgreSQL $pg_version on 127.0.0.1:5432, RabbitMQ on 127.0.0.1:5672, wasm32-wasip2, $(java -version 2>&1 | head -n1), node $(node --version), $("$mdbook" --version)"

@@ -23,6 +23,11 @@ step "format and clippy"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 
+# The manual (docs/, mdBook pinned by setup.sh) builds into target/book;
+# its links, references and examples are checked by tests/integration_docs.rs.
+step "the manual"
+target/tools/bin/mdbook build docs
+
 step "plugins, then the host's tests"
 bash scripts/build-plugins.sh
 cargo test --workspace --no-fail-fast

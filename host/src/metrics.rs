@@ -1,8 +1,10 @@
 //! The metric families, on the ground floor so every part may record.
 //!
-//! Owns: one registry per daemon with every `outboxd_*` family (documented
-//! in the README), and the label sets. Counters and histograms are
-//! recorded where things happen; gauges of the queue are filled from the
+//! Owns: one registry per daemon with every `outboxd_*` family and the
+//! OpenTelemetry messaging semantic-convention ones (documented
+//! in docs/reference/metrics.md, checked by tests/integration_docs.rs),
+//! and the label sets. Counters and histograms are recorded where things
+//! happen; gauges of the queue are filled from the
 //! store at scrape time by `ops`.
 //!
 //! Must never: import anything of ours (it is the ground floor), or take a
@@ -15,7 +17,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::TypedMetric;
+use prometheus_client::registry::{Metric, Registry};
 
 /// Every `outcome` label of `outboxd_events_ingested_total`, created at 0
 /// when the registry is made so that `rate()` and alerts see the series on a
@@ -181,9 +184,58 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 25))
 }
 
+/// One registered family as a scrape names it: `outboxd_deliveries`,
+/// `messaging_client_sent_messages` (a counter's samples add `_total`) and
+/// its OpenMetrics type (`counter`,
+/// `gauge`, `histogram`). The list is what `docs/reference/metrics.md` is
+/// checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilyInfo {
+    /// The family's full name (`outboxd_…`, or a semantic-convention
+    /// `messaging_…` one).
+    pub name: String,
+    /// Its OpenMetrics type.
+    pub kind: &'static str,
+}
+
+/// The registry being filled, and each family put in it: an empty family
+/// is left out of the exposition, so the list is kept as they are
+/// registered.
+struct Registering {
+    registry: Registry,
+    families: Vec<FamilyInfo>,
+}
+
+impl Registering {
+    /// As [`Registry::register`] for an `outboxd_` family (`name` without
+    /// the prefix), recording the family.
+    fn register<M: Metric + TypedMetric>(&mut self, name: &str, help: &str, metric: M) {
+        self.register_unprefixed(&format!("outboxd_{name}"), help, metric);
+    }
+
+    /// A family named exactly `name` (the semantic-convention ones),
+    /// recorded like the others.
+    fn register_unprefixed<M: Metric + TypedMetric>(&mut self, name: &str, help: &str, metric: M) {
+        let kind = match M::TYPE {
+            prometheus_client::metrics::MetricType::Counter => "counter",
+            prometheus_client::metrics::MetricType::Gauge => "gauge",
+            prometheus_client::metrics::MetricType::Histogram => "histogram",
+            prometheus_client::metrics::MetricType::Info => "info",
+            prometheus_client::metrics::MetricType::Unknown => "unknown",
+        };
+        self.families.push(FamilyInfo {
+            name: name.to_string(),
+            kind,
+        });
+        self.registry.register(name, help, metric);
+    }
+}
+
 /// Every metric of the daemon.
 pub struct Metrics {
     registry: Registry,
+    /// Every family registered, in order.
+    families: Vec<FamilyInfo>,
     /// `outboxd_events_ingested_total{outcome}`.
     pub events_ingested: Family<OutcomeLabel, Counter>,
     /// `outboxd_requests_refused_total{endpoint, reason}`: requests
@@ -265,18 +317,25 @@ impl Metrics {
     /// the label values known in advance created at 0.
     pub fn new() -> Arc<Metrics> {
         let m = Metrics::unregistered();
-        let mut registry = Registry::default();
-        let own = registry.sub_registry_with_prefix("outboxd");
-        m.register_delivery(own);
-        m.register_plugins(own);
-        m.register_sources(own);
+        let mut registry = Registering {
+            registry: Registry::default(),
+            families: Vec::new(),
+        };
+        m.register_delivery(&mut registry);
+        m.register_plugins(&mut registry);
+        m.register_sources(&mut registry);
         m.register_messaging(&mut registry);
+        let Registering { registry, families } = registry;
         for outcome in INGEST_OUTCOMES {
             drop(m.events_ingested.get_or_create(&OutcomeLabel {
                 outcome: outcome.to_string(),
             }));
         }
-        Arc::new(Metrics { registry, ..m })
+        Arc::new(Metrics {
+            registry,
+            families,
+            ..m
+        })
     }
 
     /// Every family empty, none registered yet.
@@ -319,11 +378,12 @@ impl Metrics {
             messaging_sent: Family::default(),
             messaging_consumed: Family::default(),
             registry: Registry::default(),
+            families: Vec::new(),
         }
     }
 
     /// Ingest, delivery, queue, lease, worker and fleet families.
-    fn register_delivery(&self, registry: &mut Registry) {
+    fn register_delivery(&self, registry: &mut Registering) {
         registry.register(
             "events_ingested",
             "Events received by ingest, by outcome",
@@ -397,7 +457,7 @@ impl Metrics {
     }
 
     /// Plugin load, trap and quarantine families.
-    fn register_plugins(&self, registry: &mut Registry) {
+    fn register_plugins(&self, registry: &mut Registering) {
         registry.register(
             "plugin_traps",
             "Plugin traps, by plugin and kind",
@@ -417,7 +477,7 @@ impl Metrics {
     }
 
     /// Source (outbox relay and consumer) families.
-    fn register_sources(&self, registry: &mut Registry) {
+    fn register_sources(&self, registry: &mut Registering) {
         registry.register(
             "source_entries",
             "Outbox entries a source found, by source and outcome",
@@ -458,23 +518,23 @@ impl Metrics {
     /// The OpenTelemetry messaging semantic-convention families, beside
     /// the `outboxd_*` ones and without their prefix, named as an OTLP
     /// collector's Prometheus exporter names them.
-    fn register_messaging(&self, registry: &mut Registry) {
-        registry.register(
+    fn register_messaging(&self, registry: &mut Registering) {
+        registry.register_unprefixed(
             "messaging_client_operation_duration_seconds",
             "Duration of a messaging operation: ingest storing events (send), a sink's claim (receive)",
             self.messaging_operation_duration.clone(),
         );
-        registry.register(
+        registry.register_unprefixed(
             "messaging_process_duration_seconds",
             "Duration of a plugin's batch call (process), by sink",
             self.messaging_process_duration.clone(),
         );
-        registry.register(
+        registry.register_unprefixed(
             "messaging_client_sent_messages",
             "Events stored by ingest",
             self.messaging_sent.clone(),
         );
-        registry.register(
+        registry.register_unprefixed(
             "messaging_client_consumed_messages",
             "Deliveries claimed, by sink",
             self.messaging_consumed.clone(),
@@ -513,6 +573,12 @@ impl Metrics {
         self.messaging_process_duration
             .get_or_create(&MessagingLabel::new("process", sink, error_type))
             .observe(seconds);
+    }
+
+    /// Every family registered, each once, whether or not it has a series
+    /// yet (the text format leaves out a family with none).
+    pub fn families(&self) -> &[FamilyInfo] {
+        &self.families
     }
 
     /// The registry in the Prometheus text format.

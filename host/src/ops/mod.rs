@@ -177,7 +177,8 @@ fn workers_check(heartbeats: &Heartbeats) -> serde_json::Value {
 /// The `plugins` check: ok when none was refused. Quarantines are shown,
 /// not failed on: a quarantine ends by itself, ingest (what readiness
 /// gates) is unaffected, and failing every replica's /ready for one sink's
-/// plugin would stop ingest for every sink (README, Operations).
+/// plugin would stop ingest for every sink (docs/reference/sandbox.md,
+/// "Quarantine state").
 fn plugins_check(state: &OpsState) -> serde_json::Value {
     let refused = state.plugins.failures();
     let removed: Vec<String> = state

@@ -1,5 +1,5 @@
 //! Routes kept apart: whether an `amqp` sink could publish onto a queue an
-//! `amqp` source consumes (README, Sources, "Routes kept apart": ingress
+//! `amqp` source consumes (docs/guides/sources.md, "Routes kept apart": ingress
 //! routes such as `documents.ingest.#` are kept apart from the routes
 //! outboxd publishes to, or outboxd would read back its own output).
 //!

@@ -1,5 +1,5 @@
 //! The `amqp` source: consume a RabbitMQ queue, store each message as an
-//! event, acknowledge it only after the commit (README, Sources,
+//! event, acknowledge it only after the commit (docs/guides/sources.md,
 //! `kind = "amqp"`).
 //!
 //! Owns: the `[sources.NAME] kind = "amqp"` configuration
@@ -119,8 +119,8 @@ impl Source for AmqpSourceConfig {
         None
     }
 
-    /// Whether `sink` keeps apart from this source's ingress routes (README,
-    /// Sources, "Routes kept apart"): `Err` names the sink, the source and
+    /// Whether `sink` keeps apart from this source's ingress routes
+    /// (docs/guides/sources.md, "Routes kept apart"): `Err` names the sink, the source and
     /// the binding its published events could land on (see [`loops`]).
     fn check_sink(&self, name: &str, sink: &SinkView<'_>) -> Result<(), String> {
         let url = self

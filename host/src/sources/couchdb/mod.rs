@@ -1,6 +1,6 @@
 //! The `couchdb` source: relays the pending outbox entries that a document
-//! service keeps inside its CouchDB documents (README, Sources, `couchdb`:
-//! CouchDB document outbox).
+//! service keeps inside its CouchDB documents (docs/guides/sources.md,
+//! `couchdb`: CouchDB document outbox).
 //!
 //! One run: read the credentials, check the database answers, install the
 //! design document with the `pending` view when missing or outdated

@@ -396,8 +396,8 @@ impl Outbox {
     ///
     /// Why all three: a lane page finds one head per `pending ÷ streams`
     /// nodes it reads (one in five pages of 200 with 1,000 pending per
-    /// stream), so a deep backlog relayed by lanes alone crawls (README,
-    /// Performance), while a stream's head is one seek away once the
+    /// stream), so a deep backlog relayed by lanes alone crawls
+    /// (bench/results/history.md, "The Neo4j outbox relay"), while a stream's head is one seek away once the
     /// stream is known — from a finish or from the walk. The lanes still
     /// find the streams the walk would reach late (few live streams among
     /// many finished ones). The lanes keep a quarter of every claim (one of
