@@ -225,7 +225,7 @@ fn the_metrics_reference_lists_every_family_the_registry_has() {
     let mut documented = BTreeMap::new();
     for row in table_rows(&read("docs/reference/metrics.md")) {
         for name in code_spans(&row[0]) {
-            if name.starts_with("outboxd_") {
+            if name.starts_with("outboxd_") || name.starts_with("messaging_") {
                 documented.insert(name, row.get(1).cloned().unwrap_or_default());
             }
         }

@@ -60,21 +60,44 @@ fn stmt(sql: &dyn Sql, template: &str, cols: &'static [Col]) -> Stmt {
 
 /// The `AND …` clauses of `f` on a `deliveries` row.
 fn push_dead_filter(sql: &dyn Sql, q: &mut Builder, f: &DeadFilter) {
-    let d = sql.dialect();
-    for (column, value) in [
-        ("sink", &f.sink),
-        ("stream", &f.stream),
-        ("event_id", &f.event_id),
-    ] {
+    push_equal(
+        q,
+        [
+            ("sink", &f.sink),
+            ("stream", &f.stream),
+            ("event_id", &f.event_id),
+        ],
+    );
+    push_time_range(sql, q, "finished_at", f.since_ms, f.until_ms);
+}
+
+/// ` AND column = $n` for each `(column, value)` with a value.
+fn push_equal<'a>(
+    q: &mut Builder,
+    matches: impl IntoIterator<Item = (&'a str, &'a Option<String>)>,
+) {
+    for (column, value) in matches {
         if let Some(value) = value {
             let p = q.arg(value);
             q.push(&format!(" AND {column} = {p}"));
         }
     }
-    for (op, value) in [(">=", f.since_ms), ("<", f.until_ms)] {
+}
+
+/// ` AND column >= since AND column < until` (Unix ms, each when given) on
+/// the time column `column`.
+fn push_time_range(
+    sql: &dyn Sql,
+    q: &mut Builder,
+    column: &str,
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
+) {
+    let d = sql.dialect();
+    for (op, value) in [(">=", since_ms), ("<", until_ms)] {
         if let Some(ms) = value {
             let p = q.arg(ms);
-            q.push(&format!(" AND finished_at {op} {}", d.ms_as_time(&p)));
+            q.push(&format!(" AND {column} {op} {}", d.ms_as_time(&p)));
         }
     }
 }
@@ -260,23 +283,16 @@ pub async fn search_events(
         "SELECT e.id, e.source, e.type, e.stream, e.sequence, {} FROM {{s}}events e WHERE 1 = 1",
         d.time_as_ms("e.ingested_at")
     ));
-    for (column, value) in [
-        ("e.id", &f.id),
-        ("e.stream", &f.stream),
-        ("e.type", &f.ty),
-        ("e.source", &f.source),
-    ] {
-        if let Some(value) = value {
-            let p = q.arg(value);
-            q.push(&format!(" AND {column} = {p}"));
-        }
-    }
-    for (op, value) in [(">=", f.since_ms), ("<", f.until_ms)] {
-        if let Some(ms) = value {
-            let p = q.arg(ms);
-            q.push(&format!(" AND e.ingested_at {op} {}", d.ms_as_time(&p)));
-        }
-    }
+    push_equal(
+        &mut q,
+        [
+            ("e.id", &f.id),
+            ("e.stream", &f.stream),
+            ("e.type", &f.ty),
+            ("e.source", &f.source),
+        ],
+    );
+    push_time_range(sql, &mut q, "e.ingested_at", f.since_ms, f.until_ms);
     if let Some(state) = f.state {
         q.push(&format!(
             " AND EXISTS (SELECT 1 FROM {{s}}deliveries WHERE event_id = e.id AND {} IN ({}))",
