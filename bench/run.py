@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import sources
@@ -48,12 +49,14 @@ PG_BASE = ADMIN.rsplit("/", 1)[0]
 SIZES = {
     # n, streams, claim backlogs, memory backlog, seconds of memory run
     "ci": dict(fanout_n=200, webhook_n=1_000, webhook_rounds=1, sqlite_rounds=1, awareness_n=1_000, awareness_rounds=1, dest_events=500, dest_n=100, dest_fanout=10, source_n=1_000, source_rounds=1, plugin_cost_n=2_000, n=1_000, streams=10, workers=[1, 2], claim=[1_000, 5_000], claim_samples=10, memory=5_000, memory_s=3,
-               peer_timeout=60, latency_s=3),
+               peer_timeout=60, latency_s=3, console_n=5_000, console_dest=20, console_samples=5),
     "small": dict(webhook_n=10_000, webhook_rounds=3, sqlite_rounds=1, awareness_n=5_000, awareness_rounds=3, dest_events=5_000, dest_n=1_000, dest_fanout=20, source_n=20_000, source_rounds=3, plugin_cost_n=20_000, n=10_000, streams=100, workers=[1, 2, 4], claim=[10_000, 100_000], claim_samples=60, memory=100_000,
-                  memory_s=15, peer_timeout=120, latency_s=10, dbz_n=10_000, dbz_streams=100),
+                  memory_s=15, peer_timeout=120, latency_s=10, dbz_n=10_000, dbz_streams=100, console_n=100_000,
+                  console_dest=100, console_samples=20),
     "full": dict(webhook_n=50_000, webhook_rounds=5, sqlite_rounds=2, awareness_n=20_000, awareness_rounds=5, dest_events=20_000, dest_n=1_000, dest_fanout=1_000, source_n=100_000, source_rounds=5, plugin_cost_n=100_000, n=100_000, streams=1_000, workers=[1, 2, 4], claim=[10_000, 100_000, 1_000_000], claim_samples=200,
                  plugin_n=20_000,
-                 memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30, dbz_n=100_000, dbz_streams=1_000),
+                 memory=1_000_000, memory_s=60, peer_timeout=600, latency_s=30, dbz_n=100_000, dbz_streams=1_000,
+                 console_n=1_000_000, console_dest=1_000, console_samples=50),
 }
 
 PEERS = [
@@ -728,6 +731,98 @@ VACUUM ANALYZE outboxd.deliveries; VACUUM ANALYZE outboxd.heads; VACUUM ANALYZE 
                    capture_output=True)
 
 
+CONSOLE_TOKEN = "bench-console-admin-token"
+# A secrets key for the destinations' sealed secrets (PostgreSQL has no
+# generated one).
+BENCH_SECRETS_KEY = "bench AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+
+
+def console_pages(ctx):
+    """The operator console against a store holding `console_n` events
+    (pending deliveries to the webhook sink, filled by SQL over `streams`
+    streams, the sink paused so nothing drains) and `console_dest`
+    destinations (created through the admin API, filters matching none of
+    the events): each page fetched `console_samples` times after a login,
+    wall time per request from this process; p50 and p99 in ms per page
+    (the console's aim: every page within 200 ms at 1,000,000 events and
+    1,000 destinations)."""
+    n, dests, samples = ctx.size["console_n"], ctx.size["console_dest"], ctx.size["console_samples"]
+    streams = max(ctx.size["streams"], 100)
+    od = Outboxd(ctx, 1, "webhook", "console")
+    od.extra_env = dict(OUTBOXD_ADMIN__TOKEN=CONSOLE_TOKEN, OUTBOXD_SECRETS__KEY=BENCH_SECRETS_KEY)
+    auth = {"authorization": f"Bearer {CONSOLE_TOKEN}"}
+
+    def call(method, path, body=None, headers=None, cookie=None):
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        req = urllib.request.Request(base + path, data=data, method=method, headers=dict(headers or {}))
+        if isinstance(body, dict):
+            req.add_header("content-type", "application/json")
+        if cookie:
+            req.add_header("cookie", cookie)
+        opener = urllib.request.build_opener(_NoRedirect)
+        try:
+            with opener.open(req, timeout=60) as r:
+                return r.status, r.headers, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read()
+
+    try:
+        od.migrate()
+        t = time.time()
+        fill_backlog(od.url, n, streams)
+        fill_s = time.time() - t
+        od.start()
+        base = f"http://127.0.0.1:{od.ports[0]}"
+        status, _, body = call("POST", "/v1/admin/sinks/webhook/pause", headers=auth)
+        assert status == 200, (status, body)
+        for i in range(dests):
+            status, _, body = call("POST", "/v1/admin/destinations", dict(
+                name=f"d{i:04}", sink="webhook", config=dict(url=f"{ctx.receiver_url}/d{i}"),
+                filter=dict(types=[f"bench.other.{i}"])), headers=auth)
+            assert status == 201, (status, body)
+        status, headers, body = call("POST", "/console/login", b"token=" + CONSOLE_TOKEN.encode(),
+                                     headers={"content-type": "application/x-www-form-urlencoded"})
+        cookie = (headers.get("set-cookie") or "").split(";")[0]
+        assert status in (200, 303) and cookie, (status, body[:200])
+        middle, stream = f"mem-{n // 2}", f"s{streams // 2}"
+        pages = {
+            "overview": "/console/overview",
+            "events (no filter)": "/console/events",
+            "events by id": f"/console/events?id={middle}",
+            "events by stream": f"/console/events?stream={stream}",
+            "events by type": "/console/events?type=bench.event",
+            "events by state": "/console/events?state=pending",
+            "event": f"/console/events/{middle}",
+            "stream": f"/console/streams?stream={stream}",
+            "dead letters": "/console/dead",
+            "destinations": "/console/destinations",
+            "plugins and sources": "/console/plugins",
+        }
+        out = {}
+        for name, path in pages.items():
+            times = []
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                status, _, body = call("GET", path, cookie=cookie)
+                times.append((time.perf_counter() - t0) * 1000)
+                assert status == 200, (name, status, body[:300])
+            times.sort()
+            out[name] = dict(p50_ms=round(times[len(times) // 2], 1),
+                             p99_ms=round(times[min(len(times) - 1, int(len(times) * 0.99))], 1))
+        worst = max(v["p99_ms"] for v in out.values())
+        return dict(events=n, destinations=dests, streams=streams, samples=samples, fill_s=round(fill_s, 1),
+                    pages=out, worst_p99_ms=worst)
+    finally:
+        od.stop()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Keep a 303 (the login's answer) as it is, with its cookie."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
 def rss(pid):
     vals = {}
     with open(f"/proc/{pid}/status") as f:
@@ -949,6 +1044,9 @@ def summarise(ctx):
         for row in pc["sizes"]:
             s[f"WASM / native sink per event, batch {row['batch']}"] = round(row["ratio"], 2)
         s["empty-batch call on-demand / pooling"] = round(pc["empty"]["ratio"], 2)
+    cp = R.get("console_pages")
+    if cp:
+        s[f"console pages, worst p99 ms at {cp['events']:,} events / {cp['destinations']:,} destinations"] = cp["worst_p99_ms"]
     tc = R.get("tracing_cost")
     if tc:
         s["tracing on, full sampling / off (e2e)"] = tc["on_vs_off"]
@@ -1246,7 +1344,7 @@ def main():
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
     ap.add_argument("--out", help="stem of the results files in bench/results (default latest, --ci: ci)")
-    ap.add_argument("--skip", help="comma list of stages to skip: raw,schemas,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,tracing,neo4j,takeover,couchdb,debezium,claim,memory,peers")
+    ap.add_argument("--skip", help="comma list of stages to skip: raw,schemas,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,tracing,console,neo4j,takeover,couchdb,debezium,claim,memory,peers")
     args = ap.parse_args()
     # A TERM or HUP ends the run through the `finally` that stops our children.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -1345,6 +1443,10 @@ def main():
             log("couchdb source against plain reqwest + lapin")
             ctx.results["couchdb"] = sources.couchdb(ctx)
             log(json.dumps(ctx.results["couchdb"]))
+        if "console" not in ctx.skip:
+            log(f"console pages at {ctx.size['console_n']:,} events and {ctx.size['console_dest']:,} destinations")
+            ctx.results["console_pages"] = console_pages(ctx)
+            log(json.dumps(ctx.results["console_pages"]))
         if "claim" not in ctx.skip:
             log(f"claim cost at {ctx.size['claim']}")
             ctx.results["claim_cost"] = claim_cost(ctx)
