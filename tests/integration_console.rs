@@ -418,6 +418,51 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     assert!(!b.has("#secret").await, "the secret is shown once");
     b.shot("destination-paused").await;
 
+    // Edit it: a bad duration is refused naming its field and the form
+    // keeps what was typed; then saved, the rest (URL, secret, pause) kept.
+    b.click("tr.destination[data-name='east'] a.edit").await;
+    assert!(b.text("#e-config").await.contains(&receiver.url()));
+    b.fill("#e-types", "order.*").await;
+    b.fill("#e-rate", "5").await;
+    b.fill("#e-retry-base", "soon").await;
+    b.click("#e-save").await;
+    let error = b.text("#error").await;
+    assert!(
+        error.contains("retry.base") && error.contains("soon"),
+        "{error}"
+    );
+    assert_eq!(
+        b.client
+            .find(Locator::Css("#e-types"))
+            .await
+            .unwrap()
+            .prop("value")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("order.*"),
+        "the refused form keeps what was typed"
+    );
+    b.shot("destination-edit-refused").await;
+    b.fill("#e-retry-base", "500ms").await;
+    b.click("#e-save").await;
+    assert!(b.text("#notice").await.contains("Saved destination east"));
+    let east: serde_json::Value = http()
+        .get(format!("{base}/v1/admin/destinations/east"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(east["filter"]["types"], json!(["order.*"]), "{east}");
+    assert_eq!(east["rate_per_second"], 5, "{east}");
+    assert_eq!(east["retry"]["base"], "500ms", "{east}");
+    assert_eq!(east["config"]["url"], receiver.url(), "{east}");
+    assert_eq!(east["has_secret"], true, "{east}");
+    assert_eq!(east["state"], "paused", "{east}");
+
     // An event for the paused destination: its stream's head says why it
     // does not move.
     d.post_event(&event("s3-1", "s3", "order.paid", json!({"n": 5})))
@@ -498,8 +543,12 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     let (_, page) = get(&base, "/console/destinations", &cookie).await;
     let csrf = csrf_of(&page);
     // Every form of the console, each with what it would otherwise act on.
-    let forms: [(&str, &[(&str, &str)]); 9] = [
+    let forms: [(&str, &[(&str, &str)]); 10] = [
         ("/console/destinations/east/resume", &[]),
+        (
+            "/console/destinations/east/edit",
+            &[("rate_per_second", "9")],
+        ),
         ("/console/destinations/east/pause", &[]),
         ("/console/destinations/east/rotate", &[]),
         ("/console/destinations/east/delete", &[("pending", "purge")]),
@@ -537,6 +586,39 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     .await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("Resumed destination east"));
+
+    // Resumed, east delivers s3-1; its last hour shows it.
+    let delivered_in_the_hour = || async {
+        let east: serde_json::Value = http()
+            .get(format!("{base}/v1/admin/destinations/east"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        east["health"]["minutes"].as_array().map_or(0, |m| {
+            m.iter()
+                .map(|m| m["delivered"].as_u64().unwrap())
+                .sum::<u64>()
+        })
+    };
+    let start = std::time::Instant::now();
+    while delivered_in_the_hour().await < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "east's health counts no delivery"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, page) = get(&base, "/console/destinations", &cookie).await;
+    let row = &page[page.find("data-name=\"east\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("data-delivered=\"1\"") && row.contains("<svg class=\"spark pair\""),
+        "{row}"
+    );
 
     drop(b);
     d.stop().await;
@@ -645,10 +727,264 @@ async fn a_blocked_stream_names_the_dead_letter_that_holds_it(backend: Backend) 
     db.cleanup().await;
 }
 
+/// `outboxd ARGS` as a user types it against `d` (its listen address and
+/// the admin token from the environment), off the async runtime: exit
+/// status and stdout.
+async fn cli(d: &TestDaemon, args: &[&str]) -> (bool, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OUTBOXD_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .args(args)
+        .args(["--listen", d.base.trim_start_matches("http://")])
+        .env("OUTBOXD_ADMIN__TOKEN", TOKEN)
+        .env("RUST_LOG", "error");
+    let out = tokio::task::spawn_blocking(move || command.output().expect("run outboxd"))
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            if out.status.success() {
+                String::new()
+            } else {
+                String::from_utf8_lossy(&out.stderr).into_owned()
+            }
+        ),
+    )
+}
+
+/// The values of attribute `name` in `html`, in order.
+fn attributes(html: &str, name: &str) -> Vec<String> {
+    let key = format!("{name}=\"");
+    html.match_indices(&key)
+        .map(|(at, _)| {
+            let rest = &html[at + key.len()..];
+            rest[..rest.find('"').unwrap()].to_string()
+        })
+        .collect()
+}
+
+/// The CLI, the admin API and the console are three faces of one admin
+/// layer: on the same data they list the same dead letters in the same
+/// order and the same event states, and what one does the others see.
+async fn the_cli_the_api_and_the_console_agree(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let plugins = plugins(&receiver);
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    let base = d.base.clone();
+    for id in ["a1", "a2", "a3"] {
+        receiver.script(400, &[], "not today");
+        d.post_event(&event(id, "agree", "order.paid", json!({})))
+            .await;
+        d.wait_delivery(id, Duration::from_secs(20), |x| x["status"] == "dead")
+            .await;
+    }
+    d.post_event(&event("a4", "other", "order.paid", json!({})))
+        .await;
+    d.wait_delivery("a4", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
+    let (_, cookie) = login(&base, TOKEN).await;
+    let cookie = cookie.unwrap();
+    let api = |path: &str| {
+        let url = format!("{base}{path}");
+        async move {
+            http()
+                .get(url)
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+
+    // Dead letters: the same, in the same order.
+    let by_api: Vec<(String, String)> = api("/v1/admin/dead").await["dead"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["event_id"].as_str().unwrap().to_string(),
+                x["sink"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(by_api.len(), 3, "{by_api:?}");
+    let (ok, listed) = cli(&d, &["dead", "list"]).await;
+    assert!(ok, "{listed}");
+    let by_cli: Vec<(String, String)> = listed
+        .lines()
+        .map(|l| {
+            let mut f = l.split('\t');
+            (f.next().unwrap().into(), f.next().unwrap().into())
+        })
+        .collect();
+    let (_, page) = get(&base, "/console/dead", &cookie).await;
+    let by_console: Vec<(String, String)> = attributes(&page, "data-event")
+        .into_iter()
+        .zip(attributes(&page, "data-key"))
+        .collect();
+    assert_eq!(by_cli, by_api, "CLI and API");
+    assert_eq!(by_console, by_api, "console and API");
+
+    // One event: the same states per destination.
+    let event = api("/v1/admin/events/a4").await;
+    let (ok, shown) = cli(&d, &["events", "show", "a4"]).await;
+    assert!(ok, "{shown}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&shown).unwrap(),
+        event
+    );
+    let (_, page) = get(&base, "/console/events/a4", &cookie).await;
+    for delivery in event["deliveries"].as_array().unwrap() {
+        let key = delivery["sink"].as_str().unwrap();
+        let row = &page[page.find(&format!("data-key=\"{key}\"")).unwrap()..];
+        let row = &row[..row.find("</tr>").unwrap()];
+        assert!(
+            row.contains(delivery["status"].as_str().unwrap()),
+            "{key}: {row} against {delivery}"
+        );
+    }
+
+    // What the CLI does, the API and the console see; what the console
+    // does, the CLI and the API see.
+    let (ok, out) = cli(&d, &["sinks", "pause", "hook"]).await;
+    assert!(ok, "{out}");
+    let sinks = api("/v1/admin/sinks").await;
+    assert_eq!(sinks["sinks"][0]["paused"], true, "{sinks}");
+    let (_, page) = get(&base, "/console/overview", &cookie).await;
+    assert_eq!(
+        attributes(&page, "data-paused"),
+        ["true"],
+        "the console sees the pause"
+    );
+    let (ok, out) = cli(&d, &["sinks", "resume", "hook"]).await;
+    assert!(ok, "{out}");
+    let (_, page) = get(
+        &base,
+        "/console/dead/confirm?action=purge&event_id=a2",
+        &cookie,
+    )
+    .await;
+    let csrf = csrf_of(&page);
+    let (status, body) = post(
+        &base,
+        "/console/dead/purge",
+        &cookie,
+        &[("csrf", &csrf), ("event_id", "a2")],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (ok, listed) = cli(&d, &["dead", "list"]).await;
+    assert!(ok, "{listed}");
+    assert!(
+        !listed.contains("a2\t") && listed.contains("a1\t"),
+        "{listed}"
+    );
+    let left: Vec<String> = api("/v1/admin/dead").await["dead"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(!left.iter().any(|e| e == "a2"), "{left:?}");
+
+    d.stop().await;
+    db.cleanup().await;
+}
+
+/// A head another session holds locked (an application's transaction left
+/// open on it) is named with that session; when the transaction ends, the
+/// event is delivered. PostgreSQL only: SQLite has no row locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_held_by_a_row_lock_names_the_session() {
+    let receiver = Receiver::start().await;
+    let plugins = plugins(&receiver);
+    let db = TestDb::new(Backend::Postgres).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    let base = d.base.clone();
+    let admin = |method: reqwest::Method, path: &str| {
+        http()
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(TOKEN)
+    };
+    let r = admin(reqwest::Method::POST, "/v1/admin/sinks/hook/pause")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{r:?}");
+    // Each process reads the paused sinks at most once a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    d.post_event(&event("h1", "held", "order.paid", json!({})))
+        .await;
+    let held = common::HeldLocks::take(
+        &db.url,
+        "SET application_name = 'billing-job'; \
+         SELECT 1 FROM outboxd.heads WHERE stream = 'held' FOR UPDATE",
+    )
+    .await;
+    let r = admin(reqwest::Method::POST, "/v1/admin/sinks/hook/resume")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(ids(&receiver).is_empty(), "a locked head is skipped");
+    let heads: serde_json::Value = admin(reqwest::Method::GET, "/v1/admin/streams/held")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let why = &heads["heads"][0]["why"];
+    assert_eq!(why["kind"], "held_by_lock", "{heads}");
+    assert_eq!(why["holder"]["application"], "billing-job", "{heads}");
+    assert_eq!(why["holder"]["state"], "idle in transaction", "{heads}");
+    let (_, cookie) = login(&base, TOKEN).await;
+    let (status, page) = get(&base, "/console/streams?stream=held", &cookie.unwrap()).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("held by a lock") && page.contains("billing-job"),
+        "{page}"
+    );
+
+    held.release().await;
+    d.wait_delivery("h1", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
+    let heads: serde_json::Value = admin(reqwest::Method::GET, "/v1/admin/streams/held")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(heads["heads"], json!([]), "{heads}");
+
+    d.stop().await;
+    db.cleanup().await;
+}
+
 use common::both_stores;
 
 both_stores!(
     the_console_finds_replays_and_manages_in_a_browser,
     an_expired_session_and_a_read_only_console_change_nothing,
     a_blocked_stream_names_the_dead_letter_that_holds_it,
+    the_cli_the_api_and_the_console_agree,
 );

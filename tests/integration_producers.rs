@@ -232,6 +232,24 @@ async fn hostile_requests_store_nothing_and_accepted_ones_name_their_producer(ba
     assert_eq!(view["producer"], "billing", "{view}");
     let (_, view) = admin(&h, reqwest::Method::GET, "/v1/admin/events/s1", None).await;
     assert_eq!(view["producer"], "shop", "{view}");
+    // The event search finds each producer's events, and only those.
+    for (producer, expected) in [("billing", "b1"), ("shop", "s1")] {
+        let (status, found) = admin(
+            &h,
+            reqwest::Method::GET,
+            &format!("/v1/admin/events?producer={producer}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{found}");
+        let ids: Vec<&str> = found["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, [expected], "{producer}: {found}");
+    }
     // A producer reads its own events, not another's.
     let read = |token: String, id: &'static str| {
         let d = &h.daemon;

@@ -20,7 +20,7 @@ use outboxd::ops::actions::dead::{self, DeadLetters, DeadSelection, PurgedDead, 
 use outboxd::ops::actions::events::{self, EventView};
 use outboxd::ops::actions::sinks::{self, Backfilled, SinkPaused, SinkRetired, Sinks};
 use outboxd::ops::actions::sources::Sources;
-use outboxd::ops::actions::{self, AdminError};
+use outboxd::ops::actions::{self, AdminError, DEAD_PAGE_MAX};
 use outboxd::store::DeadFilter;
 
 use super::{answer, ask, Offline, Refusal, Via};
@@ -78,9 +78,11 @@ pub enum DeadCommand {
     /// stream#sequence, attempts, reason (what `GET /v1/admin/dead`
     /// answers).
     List(DeadArgs),
-    /// Make dead letters pending again (attempts and window start afresh).
+    /// Make dead letters pending again (attempts and window start afresh),
+    /// in stream order, 500 a request, with a progress bar on a terminal.
     Replay(DeadArgs),
-    /// Delete dead letters.
+    /// Delete dead letters, 500 a request, with a progress bar on a
+    /// terminal.
     Purge(DeadArgs),
 }
 
@@ -207,11 +209,8 @@ pub async fn dead(
                 Ok(v) => v,
                 Err(e) => return flag_error(e),
             };
-            let done: Result<Replayed, Refusal> = match via {
-                Via::Offline(store) => dead::replay_dead(&*store, &sel).await.map_err(Into::into),
-                Via::Daemon(daemon) => post(&daemon, "/v1/admin/dead/replay", &sel).await?,
-            };
-            answer(done, |Replayed { replayed }| {
+            let done = in_pages(&via, &sel, Paged::Replay).await?;
+            answer(done, |replayed| {
                 println!("replayed {replayed}");
                 Ok(())
             })
@@ -221,16 +220,107 @@ pub async fn dead(
                 Ok(v) => v,
                 Err(e) => return flag_error(e),
             };
-            let done: Result<PurgedDead, Refusal> = match via {
-                Via::Offline(store) => dead::purge_dead(&*store, &sel).await.map_err(Into::into),
-                Via::Daemon(daemon) => post(&daemon, "/v1/admin/dead/purge", &sel).await?,
-            };
-            answer(done, |PurgedDead { purged }| {
+            let done = in_pages(&via, &sel, Paged::Purge).await?;
+            answer(done, |purged| {
                 println!("purged {purged}");
                 Ok(())
             })
         }
     }
+}
+
+/// Dead letters one replay or purge request takes at most from the CLI:
+/// short transactions (each holds the rows it changes until it commits),
+/// and a progress line per page.
+const CLI_DEAD_PAGE: u32 = 500;
+
+/// A dead-letter action the CLI runs page by page.
+#[derive(Clone, Copy)]
+enum Paged {
+    Replay,
+    Purge,
+}
+
+/// `action` on the letters `sel` matches (at most its limit), in pages of
+/// [`CLI_DEAD_PAGE`], showing progress against the count that matched at
+/// the start. Returns how many were done; a refusal of any page ends it
+/// (the pages before it stay done).
+async fn in_pages(
+    via: &Via,
+    sel: &DeadSelection,
+    action: Paged,
+) -> anyhow::Result<Result<u64, Refusal>> {
+    let total = sel.limit.unwrap_or(DEAD_PAGE_MAX);
+    let counted = DeadSelection {
+        filter: sel.filter.clone(),
+        limit: Some(total),
+    };
+    let matched: Result<DeadLetters, Refusal> = match via {
+        Via::Offline(store) => dead::list_dead(&**store, &counted)
+            .await
+            .map_err(Into::into),
+        Via::Daemon(daemon) => ask(
+            daemon,
+            Method::GET,
+            &format!("/v1/admin/dead{}", list_query(&counted)),
+            None,
+            ADMIN_WRITE_TIMEOUT,
+            Offline::Allowed,
+        )
+        .await?
+        .map_err(Into::into),
+    };
+    let matched = match matched {
+        Ok(m) => m.dead.len() as u64,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    let what = match action {
+        Paged::Replay => "replaying dead letters",
+        Paged::Purge => "purging dead letters",
+    };
+    let progress = super::progress::Progress::new(what, matched);
+    let mut done = 0u64;
+    while done < matched {
+        let page = DeadSelection {
+            filter: sel.filter.clone(),
+            limit: Some((matched - done).min(CLI_DEAD_PAGE as u64) as u32),
+        };
+        let n: Result<u64, Refusal> = match (via, action) {
+            (Via::Offline(store), Paged::Replay) => dead::replay_dead(&**store, &page)
+                .await
+                .map(|r| r.replayed)
+                .map_err(Into::into),
+            (Via::Offline(store), Paged::Purge) => dead::purge_dead(&**store, &page)
+                .await
+                .map(|r| r.purged)
+                .map_err(Into::into),
+            (Via::Daemon(daemon), Paged::Replay) => {
+                post::<Replayed>(daemon, "/v1/admin/dead/replay", &page)
+                    .await?
+                    .map(|r| r.replayed)
+            }
+            (Via::Daemon(daemon), Paged::Purge) => {
+                post::<PurgedDead>(daemon, "/v1/admin/dead/purge", &page)
+                    .await?
+                    .map(|r| r.purged)
+            }
+        };
+        let n = match n {
+            Ok(n) => n,
+            Err(refused) => {
+                progress.finish();
+                return Ok(Err(refused));
+            }
+        };
+        done += n;
+        progress.set(done);
+        if n < page.limit.unwrap_or(0) as u64 {
+            // Fewer matched than the page asked: none is left.
+            break;
+        }
+    }
+    progress.finish();
+    Ok(Ok(done))
 }
 
 /// An error before any action ran: a flag the action refused (printed,

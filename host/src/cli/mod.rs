@@ -32,6 +32,7 @@ pub mod client;
 pub mod destinations;
 pub mod health;
 pub mod producers;
+pub mod progress;
 pub mod secrets;
 pub mod selfdoc;
 

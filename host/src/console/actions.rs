@@ -1,6 +1,6 @@
 //! The console's forms (every one a POST): login and logout, replay or
 //! purge of dead letters by filter, and the destination actions (create,
-//! pause, resume, rotate the secret, delete with park or purge).
+//! edit, pause, resume, rotate the secret, delete with park or purge).
 //!
 //! Owns: the checks every form passes before anything is done — a live
 //! session, the console not read-only, the session's CSRF token in the
@@ -17,12 +17,14 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 
-use super::pages::{destinations_page, DeadQuery, LoginPage};
+use super::pages::{destinations_page, edit_page, DeadQuery, EditForm, LoginPage};
 use super::session::{same, set_cookie};
 use super::{admin_refusal, refusal, render, Authed, ConsoleState, Frame, MessagePage};
 use crate::ops::actions::dead::{self, DeadSelection};
-use crate::ops::actions::destinations::{self, Pending, Spec};
+use crate::ops::actions::destinations::{self, Edit, Pending, Spec};
 use crate::ops::actions::{invalid, AdminError, DEAD_PAGE_MAX};
+use crate::routing::destination::RetryOverride;
+use crate::routing::filter::Filter;
 
 /// A posted form's fields, by name (the last of a repeated name wins).
 type Fields = BTreeMap<String, String>;
@@ -271,6 +273,117 @@ pub async fn destination_create(
             let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
             frame.error = Some(e.to_string());
             destinations_page(&state, frame, None, status).await
+        }
+    }
+}
+
+/// The posted edit form as the form to show again and the [`Edit`] it
+/// asks for: every field given (an empty one clears its setting).
+/// Errors: a duration or a number that does not parse, naming its field.
+fn edit_of(name: &str, fields: &Fields) -> (EditForm, Result<Edit, AdminError>) {
+    let text = |k: &str| fields.get(k).map_or("", |v| v.trim()).to_string();
+    let form = EditForm {
+        name: name.to_string(),
+        sink: String::new(),
+        config: text("config"),
+        types: text("types"),
+        streams: text("streams"),
+        conditions: text("where"),
+        retry_base: text("retry_base"),
+        retry_cap: text("retry_cap"),
+        retry_window: text("retry_window"),
+        rate: text("rate_per_second"),
+        in_flight: text("max_in_flight"),
+    };
+    let edit = (|| {
+        let list = |v: &str| -> Vec<String> {
+            v.split(',')
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect()
+        };
+        let duration = |field: &str, v: &str| -> Result<Option<std::time::Duration>, AdminError> {
+            if v.is_empty() {
+                return Ok(None);
+            }
+            humantime::parse_duration(v).map(Some).map_err(|e| {
+                invalid(
+                    field,
+                    format!("{v:?} is not a duration like 2s or 10m: {e}"),
+                )
+            })
+        };
+        let number = |field: &str, v: &str| -> Result<Option<u32>, AdminError> {
+            if v.is_empty() {
+                return Ok(None);
+            }
+            v.parse()
+                .map(Some)
+                .map_err(|_| invalid(field, format!("{v:?} is not a whole number")))
+        };
+        let retry = RetryOverride {
+            base: duration("retry.base", &form.retry_base)?,
+            cap: duration("retry.cap", &form.retry_cap)?,
+            window: duration("retry.window", &form.retry_window)?,
+        };
+        Ok(Edit {
+            config: Some(config_lines(&form.config)?),
+            filter: Some(Filter {
+                types: list(&form.types),
+                streams: list(&form.streams),
+                conditions: form
+                    .conditions
+                    .lines()
+                    .map(|l| l.trim().to_string())
+                    .filter(|l| !l.is_empty())
+                    .collect(),
+            }),
+            retry: Some((retry != RetryOverride::default()).then_some(retry)),
+            rate_per_second: Some(number("rate_per_second", &form.rate)?),
+            max_in_flight: Some(number("max_in_flight", &form.in_flight)?),
+        })
+    })();
+    (form, edit)
+}
+
+/// `POST {prefix}/destinations/{name}/edit` (the edit form's fields,
+/// `csrf`): the destination's settings replaced through the admin layer's
+/// edit; refused, the form is shown again with what was posted and why.
+pub async fn destination_edit(
+    State(state): State<ConsoleState>,
+    authed: Authed,
+    Path(name): Path<String>,
+    Form(fields): Form<Vec<(String, String)>>,
+) -> Response {
+    let fields = match checked(&state, &authed, fields) {
+        Ok(f) => f,
+        Err(r) => return *r,
+    };
+    let (mut form, edit) = edit_of(&name, &fields);
+    let outcome = match edit {
+        Ok(edit) => destinations::edit(&state.ops.destinations(), &name, edit).await,
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok(w) => {
+            let mut frame = Frame::new(&state, Some(&authed), "Destinations");
+            frame.notice = Some(if w.changed {
+                format!("Saved destination {name}.")
+            } else {
+                format!("Destination {name} was already so; nothing changed.")
+            });
+            destinations_page(&state, frame, None, StatusCode::OK).await
+        }
+        Err(e) => {
+            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            let mut frame = Frame::new(&state, Some(&authed), &format!("Edit destination {name}"));
+            frame.error = Some(e.to_string());
+            if let Ok(destinations::Listed::Destination(l)) =
+                destinations::show(&state.ops.destinations(), &name).await
+            {
+                form.sink = l.destination.sink.clone();
+            }
+            edit_page(&state, frame, &name, Some(form), status).await
         }
     }
 }

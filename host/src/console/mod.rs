@@ -114,6 +114,10 @@ fn router(state: ConsoleState) -> Router {
             get(pages::destinations).post(actions::destination_create),
         )
         .route(
+            &at("/destinations/{name}/edit"),
+            get(pages::destination_edit).post(actions::destination_edit),
+        )
+        .route(
             &at("/destinations/{name}/{action}"),
             post(actions::destination_action),
         )

@@ -51,6 +51,8 @@ pub async fn login_form(
 struct SinkRow {
     name: String,
     state: String,
+    /// Paused by an operator.
+    paused: bool,
     version: String,
     notes: String,
 }
@@ -84,6 +86,7 @@ fn sink_rows(s: &sinks::Sinks) -> Vec<SinkRow> {
             SinkRow {
                 name: v.sink.clone(),
                 state: v.state.as_str().into(),
+                paused: v.paused,
                 version: v.version.clone().unwrap_or_else(|| "—".into()),
                 notes: notes.join("; "),
             }
@@ -559,6 +562,75 @@ pub(super) async fn destinations_page(
 pub async fn destinations(State(state): State<ConsoleState>, authed: Authed) -> Response {
     let frame = Frame::new(&state, Some(&authed), "Destinations");
     destinations_page(&state, frame, None, StatusCode::OK).await
+}
+
+/// A destination's settings as the edit form shows them (credentials
+/// and URL passwords masked, as every listing shows them).
+pub(super) struct EditForm {
+    pub(super) name: String,
+    pub(super) sink: String,
+    /// `key = value` lines.
+    pub(super) config: String,
+    pub(super) types: String,
+    pub(super) streams: String,
+    /// One condition a line.
+    pub(super) conditions: String,
+    pub(super) retry_base: String,
+    pub(super) retry_cap: String,
+    pub(super) retry_window: String,
+    pub(super) rate: String,
+    pub(super) in_flight: String,
+}
+
+#[derive(Template)]
+#[template(path = "destination_edit.html")]
+pub(super) struct EditPage {
+    pub(super) frame: Frame,
+    pub(super) form: Option<EditForm>,
+}
+
+/// The edit page of destination `name` with `frame` (carrying a notice or
+/// an error); `form`, when given, is what was posted (shown again after a
+/// refusal), else the stored settings.
+pub(super) async fn edit_page(
+    state: &ConsoleState,
+    mut frame: Frame,
+    name: &str,
+    form: Option<EditForm>,
+    status: StatusCode,
+) -> Response {
+    let form = match form {
+        Some(f) => Some(f),
+        None => match destinations::show(&state.ops.destinations(), name).await {
+            Ok(destinations::Listed::Destination(l)) => Some(views::edit_form(&l.destination)),
+            Ok(destinations::Listed::Unreadable(u)) => {
+                frame.error = Some(format!(
+                    "destination {name}'s record does not parse: {}",
+                    u.error
+                ));
+                None
+            }
+            Err(e) => {
+                frame.error = Some(e.to_string());
+                return render(
+                    StatusCode::from_u16(e.status()).unwrap_or(StatusCode::NOT_FOUND),
+                    &EditPage { frame, form: None },
+                );
+            }
+        },
+    };
+    render(status, &EditPage { frame, form })
+}
+
+/// `GET {prefix}/destinations/{name}/edit`: the form, filled with the
+/// stored settings.
+pub async fn destination_edit(
+    State(state): State<ConsoleState>,
+    authed: Authed,
+    Path(name): Path<String>,
+) -> Response {
+    let frame = Frame::new(&state, Some(&authed), &format!("Edit destination {name}"));
+    edit_page(&state, frame, &name, None, StatusCode::OK).await
 }
 
 /// Query of the streams page.

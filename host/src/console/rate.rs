@@ -2,7 +2,8 @@
 //!
 //! Owns: a ring of [`SAMPLES`] one-minute samples of the daemon's own
 //! delivered counter (`Metrics::delivered_total`), taken every
-//! [`SAMPLE_EVERY`] by one task, and the inline SVG drawn from them.
+//! [`SAMPLE_EVERY`] by one task, and the inline SVGs drawn from figures
+//! (this sparkline, and a destination's delivered/failed per minute).
 //!
 //! Must never: touch the store, or draw anything but numbers it computed
 //! (the SVG is built from figures only, so it needs no escaping).
@@ -93,6 +94,54 @@ pub fn sparkline(samples: &[f64], width: u32, height: u32) -> Option<String> {
     ))
 }
 
+/// The points of `samples` on a `width` × `height` box scaled to `max`.
+fn points(samples: &[f64], max: f64, width: u32, height: u32) -> String {
+    let step = f64::from(width) / (samples.len().max(2) - 1) as f64;
+    let h = f64::from(height);
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            format!(
+                "{:.1},{:.1}",
+                i as f64 * step,
+                h - 1.0 - (v / max) * (h - 2.0)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// An inline SVG of two series on one scale — `delivered` (class `ok`)
+/// and `failed` (class `bad`), oldest left — with a title giving their
+/// sums; `None` with fewer than two samples.
+pub fn sparkline_pair(
+    delivered: &[f64],
+    failed: &[f64],
+    width: u32,
+    height: u32,
+) -> Option<String> {
+    if delivered.len() < 2 || failed.len() != delivered.len() {
+        return None;
+    }
+    let max = delivered
+        .iter()
+        .chain(failed)
+        .copied()
+        .fold(0.0_f64, f64::max)
+        .max(1e-9);
+    let (d, f): (f64, f64) = (delivered.iter().sum(), failed.iter().sum());
+    Some(format!(
+        "<svg class=\"spark pair\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" \
+         role=\"img\" aria-label=\"events per minute, last hour: {d:.0} delivered, {f:.0} failed\">\
+         <title>last hour: {d:.0} delivered, {f:.0} failed</title>\
+         <polyline class=\"ok\" fill=\"none\" stroke=\"currentColor\" stroke-width=\"1.5\" points=\"{}\"/>\
+         <polyline class=\"bad\" fill=\"none\" stroke=\"currentColor\" stroke-width=\"1.5\" points=\"{}\"/></svg>",
+        points(delivered, max, width, height),
+        points(failed, max, width, height),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +158,8 @@ mod tests {
         assert!(sparkline(&s[..1], 100, 20).is_none());
         let svg = sparkline(&[0.0, 2.0, 1.0], 100, 20).unwrap();
         assert!(svg.contains("0.0,19.0 50.0,1.0 100.0,10.0"), "{svg}");
+        let pair = sparkline_pair(&[2.0, 0.0], &[0.0, 2.0], 100, 20).unwrap();
+        assert!(pair.contains("2 delivered, 2 failed"), "{pair}");
+        assert!(pair.contains("class=\"bad\" fill=\"none\" stroke=\"currentColor\" stroke-width=\"1.5\" points=\"0.0,19.0 100.0,1.0\""), "{pair}");
     }
 }

@@ -130,6 +130,13 @@ pub struct DestinationRow {
     pub health: String,
     /// A signing secret is set.
     pub has_secret: bool,
+    /// The last hour per minute as an inline SVG (delivered and failed
+    /// events), empty before any batch in that hour.
+    pub last_hour: String,
+    /// Events delivered and failed in the last hour.
+    pub hour_delivered: u64,
+    /// Events failed in the last hour.
+    pub hour_failed: u64,
 }
 
 /// `l` in words.
@@ -156,10 +163,23 @@ pub fn destination_row(l: &Listed) -> DestinationRow {
                     None => "no attempt yet".to_string(),
                 },
             };
+            let (delivered, failed) = l
+                .health
+                .as_ref()
+                .map(|h| h.last_hour(crate::destinations::now_ms()))
+                .unwrap_or_default();
+            let last_hour = if delivered.iter().chain(&failed).any(|v| *v > 0.0) {
+                super::rate::sparkline_pair(&delivered, &failed, 120, 24).unwrap_or_default()
+            } else {
+                String::new()
+            };
             DestinationRow {
                 name: d.name.clone(),
                 sink: d.sink.clone(),
                 held: state != "active",
+                last_hour,
+                hour_delivered: delivered.iter().sum::<f64>() as u64,
+                hour_failed: failed.iter().sum::<f64>() as u64,
                 state,
                 reason: d.state_reason.clone().unwrap_or_default(),
                 pending: l.queue.pending,
@@ -184,6 +204,9 @@ pub fn destination_row(l: &Listed) -> DestinationRow {
             oldest_due: "—".into(),
             health: "—".into(),
             has_secret: false,
+            last_hour: String::new(),
+            hour_delivered: 0,
+            hour_failed: 0,
         },
     }
 }
@@ -241,6 +264,18 @@ pub fn head_row(h: &HeadView) -> HeadRow {
         Why::ChainedBehind { sink, status } => {
             format!("chained behind sink {sink}, whose delivery of this event is {status}")
         }
+        Why::HeldByLock { holder: None } => {
+            "held by a lock: another database session holds its row, so claims skip it".to_string()
+        }
+        Why::HeldByLock { holder: Some(l) } => format!(
+            "held by a lock: database session {} ({}{}, {}) holds its row since {}, so claims skip it; \
+             it moves when that transaction ends",
+            l.pid.map_or_else(|| "?".to_string(), |p| p.to_string()),
+            l.application.as_deref().filter(|a| !a.is_empty()).unwrap_or("no application name"),
+            l.client.as_deref().map(|c| format!(" from {c}")).unwrap_or_default(),
+            l.state.as_deref().unwrap_or("state unknown"),
+            when_opt(l.since_ms),
+        ),
         Why::Due => "due: the next claim takes it".to_string(),
     };
     HeadRow {
@@ -252,5 +287,34 @@ pub fn head_row(h: &HeadView) -> HeadRow {
         attempts: h.head.attempts,
         class: if h.why == Why::Due { "ok" } else { "bad" }.into(),
         why,
+    }
+}
+
+/// `d`'s settings as the edit form shows them: config as `key = value`
+/// lines, globs comma-separated, conditions a line each, durations as
+/// `humantime` writes them (`2s`, `10m`), an unset field empty.
+pub fn edit_form(d: &crate::destinations::DestinationView) -> super::pages::EditForm {
+    let duration = |v: Option<std::time::Duration>| {
+        v.map(|v| humantime::format_duration(v).to_string())
+            .unwrap_or_default()
+    };
+    let retry = d.retry.clone().unwrap_or_default();
+    super::pages::EditForm {
+        name: d.name.clone(),
+        sink: d.sink.clone(),
+        config: d
+            .config
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        types: d.filter.types.join(", "),
+        streams: d.filter.streams.join(", "),
+        conditions: d.filter.conditions.join("\n"),
+        retry_base: duration(retry.base),
+        retry_cap: duration(retry.cap),
+        retry_window: duration(retry.window),
+        rate: d.rate_per_second.map(|r| r.to_string()).unwrap_or_default(),
+        in_flight: d.max_in_flight.map(|r| r.to_string()).unwrap_or_default(),
     }
 }

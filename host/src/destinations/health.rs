@@ -2,7 +2,8 @@
 //! destination whose every attempt failed for too long.
 //!
 //! Owns: the [`Health`] record (last attempt, last status and error, last
-//! success, failing since), kept in memory by each destination's loop
+//! success, failing since, events delivered and failed per minute over the
+//! last [`MINUTES_KEPT`] minutes), kept in memory by each destination's loop
 //! through [`Tracker`] and written to the store at most every
 //! [`FLUSH_EVERY`] or when the status flips; the automatic disable after
 //! `destinations.disable-after` of failures with no success (Svix's
@@ -24,6 +25,20 @@ use crate::store::{PutMode, Store};
 /// status does not change.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
+/// Minutes of delivered/failed counts a [`Health`] keeps: the last hour.
+pub const MINUTES_KEPT: usize = 60;
+
+/// Events one destination's batches delivered and failed in one minute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Minute {
+    /// The minute's start, Unix ms (a multiple of 60,000).
+    pub at_ms: i64,
+    /// Events delivered.
+    pub delivered: u64,
+    /// Events failed: retried, dead, or untried behind a failure.
+    pub failed: u64,
+}
+
 /// What a destination's loop last saw. Times are Unix ms.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
@@ -38,6 +53,50 @@ pub struct Health {
     pub last_success_at_ms: Option<i64>,
     /// Since when every attempt failed; `None` after a success.
     pub failing_since_ms: Option<i64>,
+    /// Events delivered and failed per minute, oldest first, over the last
+    /// [`MINUTES_KEPT`] minutes; a minute without a batch is absent. Kept
+    /// by the replica that serves it (a second replica's tracker of the
+    /// same destination writes its own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub minutes: Vec<Minute>,
+}
+
+impl Health {
+    /// Count a batch's `delivered` and `failed` events at `now_ms`, and
+    /// forget minutes older than [`MINUTES_KEPT`].
+    pub fn count(&mut self, now_ms: i64, delivered: usize, failed: usize) {
+        let at_ms = now_ms - now_ms.rem_euclid(60_000);
+        match self.minutes.last_mut() {
+            Some(m) if m.at_ms == at_ms => {
+                m.delivered += delivered as u64;
+                m.failed += failed as u64;
+            }
+            _ => self.minutes.push(Minute {
+                at_ms,
+                delivered: delivered as u64,
+                failed: failed as u64,
+            }),
+        }
+        let oldest = at_ms - (MINUTES_KEPT as i64 - 1) * 60_000;
+        self.minutes.retain(|m| m.at_ms >= oldest);
+    }
+
+    /// Delivered and failed per minute for the [`MINUTES_KEPT`] minutes up
+    /// to `now_ms`, oldest first, zeros where nothing was counted.
+    pub fn last_hour(&self, now_ms: i64) -> (Vec<f64>, Vec<f64>) {
+        let current = now_ms - now_ms.rem_euclid(60_000);
+        let mut delivered = vec![0.0; MINUTES_KEPT];
+        let mut failed = vec![0.0; MINUTES_KEPT];
+        for m in &self.minutes {
+            let back = (current - m.at_ms) / 60_000;
+            if (0..MINUTES_KEPT as i64).contains(&back) {
+                let i = MINUTES_KEPT - 1 - back as usize;
+                delivered[i] = m.delivered as f64;
+                failed[i] = m.failed as f64;
+            }
+        }
+        (delivered, failed)
+    }
 }
 
 /// Asks the live destinations to be read again (`live::Live::poke`).
@@ -157,6 +216,7 @@ impl TurnObserver for Tracker {
         let flipped = h.last_status.as_deref() != Some(status);
         h.last_attempt_at_ms = Some(now);
         h.last_status = Some(status.to_string());
+        h.count(now, delivered, failed);
         if delivered > 0 {
             h.last_success_at_ms = Some(now);
             h.failing_since_ms = None;
@@ -180,5 +240,44 @@ impl TurnObserver for Tracker {
                 self.disable(since);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod minutes {
+    use super::*;
+
+    #[test]
+    fn batches_add_up_per_minute_and_an_hour_is_kept() {
+        let mut h = Health::default();
+        let t0 = 1_800_000_000_000 - 1_800_000_000_000 % 60_000;
+        h.count(t0 + 1_000, 3, 0);
+        h.count(t0 + 59_000, 1, 2);
+        h.count(t0 + 60_000, 0, 5);
+        assert_eq!(
+            h.minutes,
+            [
+                Minute {
+                    at_ms: t0,
+                    delivered: 4,
+                    failed: 2
+                },
+                Minute {
+                    at_ms: t0 + 60_000,
+                    delivered: 0,
+                    failed: 5
+                },
+            ]
+        );
+        let (delivered, failed) = h.last_hour(t0 + 61_000);
+        assert_eq!(delivered.len(), MINUTES_KEPT);
+        assert_eq!(&delivered[MINUTES_KEPT - 2..], [4.0, 0.0]);
+        assert_eq!(&failed[MINUTES_KEPT - 2..], [2.0, 5.0]);
+        h.count(t0 + 60 * 60_000, 1, 0);
+        assert_eq!(
+            h.minutes.first().unwrap().at_ms,
+            t0 + 60_000,
+            "the 61st minute back is dropped"
+        );
     }
 }

@@ -268,6 +268,8 @@ pub struct EventFilter {
     pub ty: Option<String>,
     /// CloudEvents `source`, exactly.
     pub source: Option<String>,
+    /// Posted by this producer (its name).
+    pub producer: Option<String>,
     /// Ingested at or after, Unix ms.
     pub since_ms: Option<i64>,
     /// Ingested before, Unix ms.
@@ -316,6 +318,26 @@ pub struct StreamHead {
     pub due_at_ms: Option<i64>,
     /// Until when the current lease runs, Unix ms, while leased.
     pub lease_expires_at_ms: Option<i64>,
+}
+
+/// Another session holding a stream's head locked, so claims skip it
+/// ([`Store::head_locks`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeadLock {
+    /// The delivery key whose head is held.
+    pub sink: String,
+    /// The holding session's server process id (PostgreSQL `pid`), when
+    /// the lock's transaction could be matched to a session (`None` for a
+    /// lock shared by several, a multixact).
+    pub pid: Option<i32>,
+    /// Its `application_name` (`outboxd` for a replica's own claim).
+    pub application: Option<String>,
+    /// Its client address, `None` over a Unix socket.
+    pub client: Option<String>,
+    /// Its `state` (`idle in transaction` is the usual culprit).
+    pub state: Option<String>,
+    /// When its transaction began, Unix ms.
+    pub since_ms: Option<i64>,
 }
 
 /// One page of a backfill.
@@ -586,6 +608,14 @@ pub trait Store: Send + Sync + 'static {
     /// deliveries on it, by key.
     async fn stream_heads(&self, stream: &str) -> Result<Vec<StreamHead>, StoreError> {
         shared::stream_heads(self.sql(), stream).await
+    }
+
+    /// The heads of `stream` that another session holds locked at this
+    /// moment, so that a claim would skip them (PostgreSQL's `FOR UPDATE
+    /// … SKIP LOCKED`), with the holder where it can be named. A store
+    /// with one writer and no row locks (SQLite) has none.
+    async fn head_locks(&self, _stream: &str) -> Result<Vec<HeadLock>, StoreError> {
+        Ok(Vec::new())
     }
 
     /// Make up to `limit` matching dead letters pending again: attempts and

@@ -39,8 +39,8 @@ use tokio::sync::watch;
 use super::plan::{self, FinishPlan, HeadChanges, IngestInputs, IngestPlan, KeptRow};
 use super::sql::{Dialect, Sql, SqlTx};
 use super::{
-    new_lease_token, shared, Claimed, Finish, IngestError, IngestItem, Ingested, RouteFn, Store,
-    StoreError, StoredEvent,
+    new_lease_token, shared, Claimed, Finish, HeadLock, IngestError, IngestItem, Ingested, RouteFn,
+    Store, StoreError, StoredEvent,
 };
 use crate::event::NewEvent;
 use crate::limits;
@@ -77,6 +77,20 @@ pub const OVERDUE_HEAD_SQL: &str =
     "SELECT stream, (extract(epoch FROM now() - due_at) * 1000)::bigint \
      FROM outboxd.heads WHERE sink = $1 AND due_at <= now() - $2 * interval '1 millisecond' \
      ORDER BY due_at LIMIT 1";
+
+/// The heads of stream `$1` another session holds locked: the claim's own
+/// lock (`FOR UPDATE OF h, d SKIP LOCKED`) taken on every head of the
+/// stream and released with the statement; those it skips are held, and
+/// the holder is the session whose transaction id is the row's `xmax`
+/// (a lock shared by several is a multixact and names no session).
+pub const HEAD_LOCKS_SQL: &str = "WITH free AS (\
+       SELECT h.sink FROM outboxd.heads h JOIN outboxd.deliveries d ON d.id = h.delivery_id \
+       WHERE h.stream = $1 FOR UPDATE OF h, d SKIP LOCKED) \
+     SELECT h.sink, a.pid, a.application_name, host(a.client_addr), a.state, \
+       (extract(epoch FROM a.xact_start) * 1000)::bigint \
+     FROM outboxd.heads h JOIN outboxd.deliveries d ON d.id = h.delivery_id \
+     LEFT JOIN pg_stat_activity a ON a.backend_xid IN (h.xmax, d.xmax) \
+     WHERE h.stream = $1 AND h.sink NOT IN (SELECT sink FROM free) ORDER BY h.sink";
 
 /// Claim step 2: up to `$3` live deliveries behind each claimed head
 /// (`$2`, delivery ids), in sequence order, with whether each may be taken
@@ -696,6 +710,37 @@ impl Store for PgStore {
         .fetch_one(&self.pool)
         .await?;
         Ok(wait.map(|ms| Duration::from_millis(ms.max(0) as u64)))
+    }
+
+    async fn head_locks(&self, stream: &str) -> Result<Vec<HeadLock>, StoreError> {
+        type Row = (
+            String,
+            Option<i32>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<i64>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(HEAD_LOCKS_SQL)
+            .bind(stream)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out: Vec<HeadLock> = Vec::with_capacity(rows.len());
+        for (sink, pid, application, client, state, since_ms) in rows {
+            // Both rows held by the same session match it twice.
+            if out.last().is_some_and(|l| l.sink == sink) {
+                continue;
+            }
+            out.push(HeadLock {
+                sink,
+                pid,
+                application,
+                client,
+                state,
+                since_ms,
+            });
+        }
+        Ok(out)
     }
 
     async fn route_pending(&self, route: &RouteFn<'_>, limit: u32) -> Result<usize, StoreError> {

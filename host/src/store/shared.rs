@@ -290,6 +290,7 @@ pub async fn search_events(
             ("e.stream", &f.stream),
             ("e.type", &f.ty),
             ("e.source", &f.source),
+            ("e.producer", &f.producer),
         ],
     );
     push_time_range(sql, &mut q, "e.ingested_at", f.since_ms, f.until_ms);

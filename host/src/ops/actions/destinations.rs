@@ -437,6 +437,92 @@ async fn update(
     Ok(d)
 }
 
+/// What an edit changes (`PATCH /v1/admin/destinations/{name}`, the
+/// console's edit form): each field given replaces the stored one; an
+/// absent field keeps it. The sink, the secret (see [`rotate`]), the
+/// state (see [`set_active`]) and who manages it are not edited here.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Edit {
+    /// The whole configuration merged over the manifest's. A value given
+    /// as every listing shows it — a credential's `***`, a URL with its
+    /// password masked — keeps its stored value.
+    #[serde(default)]
+    pub config: Option<BTreeMap<String, String>>,
+    /// Which events it takes.
+    #[serde(default)]
+    pub filter: Option<Filter>,
+    /// A retry policy within the manifest's bounds; `null`: the manifest's.
+    #[serde(default, deserialize_with = "given")]
+    pub retry: Option<Option<RetryOverride>>,
+    /// Deliveries per second at most; `null`: no limit.
+    #[serde(default, deserialize_with = "given")]
+    pub rate_per_second: Option<Option<u32>>,
+    /// Events in flight at most; `null`: the manifest's batch size.
+    #[serde(default, deserialize_with = "given")]
+    pub max_in_flight: Option<Option<u32>>,
+}
+
+/// A field that is present, `null` included (`Some(None)`); absent fields
+/// stay `None` through `#[serde(default)]`.
+fn given<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// The value credentials are shown as, and an edit's "keep it".
+const SHOWN_CREDENTIAL: &str = "***";
+
+/// Edit destination `name`: the fields `edit` gives replace the stored
+/// ones, everything else is kept, and the result is checked and written as
+/// [`put`] does (the same refusals, naming the field).
+///
+/// Errors: [`AdminError::NotFound`] for no such destination;
+/// [`AdminError::Invalid`] for `config.K = "***"` where no credential `K`
+/// is stored, and whatever [`put`] refuses.
+pub async fn edit(ctx: &Context, name: &str, edit: Edit) -> Result<Written, AdminError> {
+    let (stored, _) = find(ctx, name).await?.ok_or_else(|| not_found(name))?;
+    let stored = sealing::open_record(&stored, ctx.live.secrets()).map_err(AdminError::Secret)?;
+    let shown = stored.redacted().config;
+    let config = match edit.config {
+        None => stored.config.clone(),
+        Some(given) => {
+            let mut config = BTreeMap::new();
+            for (key, value) in given {
+                // A value as the listing shows it (a credential's `***`, a
+                // URL with its password masked) keeps the stored one.
+                let value =
+                    match (stored.config.get(&key), shown.get(&key)) {
+                        (Some(kept), Some(s)) if *s == value => kept.clone(),
+                        _ if value == SHOWN_CREDENTIAL => return Err(invalid(
+                            format!("config.{key}"),
+                            "`***` keeps a stored credential, and none is stored under this key",
+                        )),
+                        _ => value,
+                    };
+                config.insert(key, value);
+            }
+            config
+        }
+    };
+    let spec = Spec {
+        sink: stored.sink.clone(),
+        config,
+        secret: None,
+        filter: edit.filter.unwrap_or(stored.filter),
+        retry: edit.retry.unwrap_or(stored.retry),
+        rate_per_second: edit.rate_per_second.unwrap_or(stored.rate_per_second),
+        max_in_flight: edit.max_in_flight.unwrap_or(stored.max_in_flight),
+        state: None,
+        managed_by: stored.managed_by,
+        backfill_since: None,
+    };
+    put(ctx, name, spec).await
+}
+
 /// Every destination as stored (records that do not parse are skipped).
 pub async fn all(ctx: &Context) -> Result<Vec<Destination>, AdminError> {
     Ok(ctx

@@ -93,6 +93,8 @@ pub struct EventQuery {
     pub ty: Option<String>,
     /// CloudEvents `source`, exactly.
     pub source: Option<String>,
+    /// The producer (`outboxd producers create`) that posted it, by name.
+    pub producer: Option<String>,
     /// Ingested at or after, RFC 3339.
     pub since: Option<String>,
     /// Ingested before, RFC 3339.
@@ -179,6 +181,7 @@ impl EventQuery {
                 stream: given(&self.stream),
                 ty: given(&self.ty),
                 source: given(&self.source),
+                producer: given(&self.producer),
                 since_ms: time("since", &self.since)?,
                 until_ms: time("until", &self.until)?,
                 state,

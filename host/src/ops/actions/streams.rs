@@ -5,7 +5,8 @@
 //! claim would meet it: the key paused (its sink or its destination), the
 //! head a dead letter that blocks the stream, in flight under a lease,
 //! waiting for its retry time, chained behind another sink that has not
-//! delivered the same event yet; otherwise due.
+//! delivered the same event yet, held by another database session's row
+//! lock (so every claim skips it); otherwise due.
 //!
 //! Must never: change anything, or guess: each reason names what it read
 //! (the dead letter's event, the retry time, the sink chained behind).
@@ -63,6 +64,13 @@ pub enum Why {
         /// That sink's delivery of the event: `pending`, `retrying`, … .
         status: String,
     },
+    /// Due, but another database session holds its row locked, so every
+    /// claim skips it (PostgreSQL: a transaction left open on it, often
+    /// `idle in transaction`); it moves when that transaction ends.
+    HeldByLock {
+        /// The session holding it, when it could be named.
+        holder: Option<crate::store::HeadLock>,
+    },
     /// Nothing holds it: the next claim of its key takes it.
     Due,
 }
@@ -97,6 +105,11 @@ pub async fn show(ctx: &Context, stream: &str) -> Result<StreamView, AdminError>
         return Err(super::invalid("stream", "is empty"));
     }
     let heads = ctx.store.stream_heads(stream).await?;
+    let locks = if heads.is_empty() {
+        Vec::new()
+    } else {
+        ctx.store.head_locks(stream).await?
+    };
     let paused = ctx.store.paused_sinks().await?;
     let destinations: BTreeMap<String, Destination> = if heads.is_empty() {
         BTreeMap::new()
@@ -113,7 +126,14 @@ pub async fn show(ctx: &Context, stream: &str) -> Result<StreamView, AdminError>
     for head in heads {
         let destination = destinations.get(&head.sink);
         let plugin = destination.map_or_else(|| head.sink.clone(), |d| d.sink.clone());
-        let why = why(ctx, &head, &plugin, destination, &paused, now).await?;
+        let mut why = why(ctx, &head, &plugin, destination, &paused, now).await?;
+        if why == Why::Due {
+            if let Some(lock) = locks.iter().find(|l| l.sink == head.sink) {
+                why = Why::HeldByLock {
+                    holder: lock.pid.map(|_| lock.clone()),
+                };
+            }
+        }
         out.push(HeadView { head, plugin, why });
     }
     Ok(StreamView {

@@ -1,6 +1,6 @@
 //! The HTTP face of the destination actions, under
 //! `/v1/admin/destinations`: `POST`/`GET` `/v1/admin/destinations`,
-//! `GET`/`PUT`/`DELETE` `/v1/admin/destinations/{name}` (`DELETE`
+//! `GET`/`PUT`/`PATCH`/`DELETE` `/v1/admin/destinations/{name}` (`DELETE`
 //! requires `?pending=park|purge`), `POST …/{name}/pause`, `…/resume`,
 //! `…/rotate-secret`, and `POST /v1/admin/destinations/sync`.
 //!
@@ -32,7 +32,7 @@ pub fn routes() -> Router<OpsState> {
         .route("/v1/admin/destinations/sync", post(sync))
         .route(
             "/v1/admin/destinations/{name}",
-            get(show).put(put).delete(delete),
+            get(show).put(put).patch(edit).delete(delete),
         )
         .route("/v1/admin/destinations/{name}/pause", post(pause))
         .route("/v1/admin/destinations/{name}/resume", post(resume))
@@ -66,6 +66,16 @@ async fn create(State(state): State<OpsState>, bytes: Bytes) -> Response {
         Ok(w) => created(w),
         Err(e) => refused(e),
     }
+}
+
+/// `PATCH /v1/admin/destinations/{name}`: an [`actions::Edit`], the
+/// fields it gives replacing the stored ones.
+async fn edit(State(state): State<OpsState>, Path(name): Path<String>, bytes: Bytes) -> Response {
+    let edit: actions::Edit = match body(&bytes) {
+        Ok(e) => e,
+        Err(r) => return *r,
+    };
+    answer(actions::edit(&state.destinations(), &name, edit).await)
 }
 
 async fn put(State(state): State<OpsState>, Path(name): Path<String>, bytes: Bytes) -> Response {
