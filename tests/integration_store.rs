@@ -1094,7 +1094,7 @@ async fn postgres_event_search_reads_by_index() {
     use outboxd::store::{DeliveryStatus, EventFilter};
     use sqlx::Connection;
     let db = TestDb::new(Backend::Postgres).await;
-    let store = db.store().await;
+    drop(db.store().await);
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     for sql in [
         "INSERT INTO outboxd.events (id, source, type, stream, sequence, data, data_format) \
@@ -1105,12 +1105,35 @@ async fn postgres_event_search_reads_by_index() {
            CASE WHEN sequence % 1000 = 0 THEN now() END FROM outboxd.events",
         "ANALYZE outboxd.events",
         "ANALYZE outboxd.deliveries",
-        // The fill's own scans are counted before the searches are.
+        // The migrations' index builds and the fill's own scans are counted
+        // before the searches are: a backend reports its counters when it
+        // exits, this one at its next idle moment.
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
         "SELECT pg_stat_force_next_flush()",
     ] {
         sqlx::query(sql).execute(&mut c).await.unwrap();
     }
+    let started = std::time::Instant::now();
+    loop {
+        let others: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        if others == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{others} backends stay"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let before = search_counters(&mut c).await;
+    let store = outboxd::store::open(&db.url).await.unwrap();
 
     let newest = store
         .search_events(&EventFilter::default(), 50)
