@@ -155,7 +155,7 @@ class Ctx:
         self.size = SIZES[self.mode]
         if args.n:
             self.size["n"] = args.n
-        self.profile = "debug" if args.ci else "release"
+        self.profile = "debug" if args.ci or args.debug else "release"
         self.bin = os.path.join(ROOT, "target", self.profile)
         self.receiver = None
         self.receiver_url = None
@@ -731,6 +731,35 @@ VACUUM ANALYZE outboxd.deliveries; VACUUM ANALYZE outboxd.heads; VACUUM ANALYZE 
                    capture_output=True)
 
 
+def spread_states(url):
+    """Put some of the filled (all never-tried) deliveries in every other
+    state, spread over the streams and over time (`mem-<g>` by g modulo a
+    prime), as the delivery loop would leave them: ~0.1% each dead,
+    delivered and waiting to retry, ~0.01% each under a live lease and
+    with a lease run out. Returns the count per shown state."""
+    sql = """
+UPDATE outboxd.deliveries SET status = 'dead', attempts = 5, first_attempt_at = now() - interval '1 day',
+       finished_at = now(), last_error = 'bench: HTTP 400' WHERE substr(event_id, 5)::bigint % 997 = 1;
+UPDATE outboxd.deliveries SET status = 'delivered', attempts = 1, first_attempt_at = now(), finished_at = now()
+ WHERE substr(event_id, 5)::bigint % 997 = 2;
+UPDATE outboxd.deliveries SET attempts = 2, first_attempt_at = now() - interval '1 hour',
+       next_attempt_at = now() + interval '1 hour', last_error = 'bench: HTTP 503'
+ WHERE substr(event_id, 5)::bigint % 997 = 3;
+UPDATE outboxd.deliveries SET attempts = 1, first_attempt_at = now(), lease_token = 'bench',
+       lease_expires_at = now() + interval '1 day' WHERE substr(event_id, 5)::bigint % 9973 = 4;
+UPDATE outboxd.deliveries SET attempts = 1, first_attempt_at = now() - interval '1 hour', lease_token = 'bench',
+       lease_expires_at = now() - interval '1 minute' WHERE substr(event_id, 5)::bigint % 9973 = 5;
+VACUUM ANALYZE outboxd.deliveries;
+"""
+    subprocess.run(["psql", url, "-qX", "-v", "ON_ERROR_STOP=1"], input=sql, text=True, check=True,
+                   capture_output=True)
+    out = subprocess.run(["psql", url, "-qXAt", "-F", " ", "-c", """
+SELECT CASE WHEN status <> 'pending' THEN status WHEN lease_expires_at > now() THEN 'leased'
+            WHEN lease_expires_at IS NOT NULL OR attempts > 0 THEN 'retrying' ELSE 'pending' END, count(*)
+  FROM outboxd.deliveries GROUP BY 1 ORDER BY 1"""], text=True, check=True, capture_output=True).stdout
+    return {k: int(v) for k, v in (line.split() for line in out.split("\n") if line.strip())}
+
+
 CONSOLE_TOKEN = "bench-console-admin-token"
 # A secrets key for the destinations' sealed secrets (PostgreSQL has no
 # generated one).
@@ -739,8 +768,9 @@ BENCH_SECRETS_KEY = "bench AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 
 def console_pages(ctx):
     """The operator console against a store holding `console_n` events
-    (pending deliveries to the webhook sink, filled by SQL over `streams`
-    streams, the sink paused so nothing drains) and `console_dest`
+    (deliveries to the webhook sink, filled by SQL over `streams` streams,
+    a few in every state but never tried (`spread_states`), the sink
+    paused so nothing drains) and `console_dest`
     destinations (created through the admin API, filters matching none of
     the events): each page fetched `console_samples` times after a login,
     wall time per request from this process; p50 and p99 in ms per page
@@ -770,6 +800,7 @@ def console_pages(ctx):
         od.migrate()
         t = time.time()
         fill_backlog(od.url, n, streams)
+        states = spread_states(od.url)
         fill_s = time.time() - t
         od.start()
         base = f"http://127.0.0.1:{od.ports[0]}"
@@ -791,7 +822,11 @@ def console_pages(ctx):
             "events by id": f"/console/events?id={middle}",
             "events by stream": f"/console/events?stream={stream}",
             "events by type": "/console/events?type=bench.event",
-            "events by state": "/console/events?state=pending",
+            "events by state: pending": "/console/events?state=pending",
+            "events by state: leased": "/console/events?state=leased",
+            "events by state: retrying": "/console/events?state=retrying",
+            "events by state: delivered": "/console/events?state=delivered",
+            "events by state: dead": "/console/events?state=dead",
             "event": f"/console/events/{middle}",
             "stream": f"/console/streams?stream={stream}",
             "dead letters": "/console/dead",
@@ -811,7 +846,7 @@ def console_pages(ctx):
                              p99_ms=round(times[min(len(times) - 1, int(len(times) * 0.99))], 1))
         worst = max(v["p99_ms"] for v in out.values())
         return dict(events=n, destinations=dests, streams=streams, samples=samples, fill_s=round(fill_s, 1),
-                    pages=out, worst_p99_ms=worst)
+                    states=states, pages=out, worst_p99_ms=worst)
     finally:
         od.stop()
 
@@ -1343,6 +1378,7 @@ def main():
     ap.add_argument("--ci", action="store_true", help="tiny sizes, debug build, no peers")
     ap.add_argument("--n", type=int, help="override the number of events")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
+    ap.add_argument("--debug", action="store_true", help="the debug build (as --ci does) at any size")
     ap.add_argument("--out", help="stem of the results files in bench/results (default latest, --ci: ci)")
     ap.add_argument("--skip", help="comma list of stages to skip: raw,schemas,outboxd,latency,plugin,sqlite,webhookcost,plugincost,source,destinations,awareness,tracing,console,neo4j,takeover,couchdb,debezium,claim,memory,peers")
     args = ap.parse_args()

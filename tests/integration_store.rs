@@ -660,6 +660,110 @@ async fn a_stale_follower_never_blocks_ahead_of_an_earlier_dead_letter(backend: 
 
 use common::both_stores;
 
+/// A search by state finds exactly the events with a delivery the read of
+/// an event shows in that state: the search's condition on plain columns
+/// (`plan::state_sql`) and the row-state CASE (`plan::row_state_sql`)
+/// agree on rows in every state — never tried, leased, lease run out,
+/// waiting to retry, delivered, dead — and an event counts once for each
+/// state any of its deliveries is in.
+async fn a_state_search_finds_exactly_the_events_shown_in_that_state(backend: Backend) {
+    use outboxd::store::{DeliveryStatus, EventFilter};
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    // One sink per state, so each claim takes exactly its own event; `both`
+    // has one delivery delivered and one never tried.
+    let events = [
+        ("pending", "sp", vec!["sp"]),
+        ("leased", "sl", vec!["sl"]),
+        ("expired", "sx", vec!["sx"]),
+        ("retrying", "sr", vec!["sr"]),
+        ("delivered", "sd", vec!["sd"]),
+        ("dead", "sk", vec!["sk"]),
+        ("both", "sb", vec!["sb", "sp"]),
+    ];
+    for (id, stream, sinks) in &events {
+        store
+            .ingest(&[item(id, stream, json!({}), sinks)])
+            .await
+            .unwrap();
+    }
+    let claim = |sink: &'static str, lease: Duration| {
+        let store = store.clone();
+        async move {
+            let mut c = store.claim(sink, 10, lease).await.unwrap();
+            assert_eq!(c.len(), 1, "{sink}");
+            c.remove(0)
+        }
+    };
+    let hour = Duration::from_secs(3600);
+    claim("sl", hour).await;
+    claim("sx", Duration::from_millis(200)).await;
+    for (sink, outcome) in [
+        (
+            "sr",
+            Finish::Retry {
+                delay: hour,
+                reason: "HTTP 503".into(),
+            },
+        ),
+        ("sd", Finish::Delivered),
+        ("sb", Finish::Delivered),
+        (
+            "sk",
+            Finish::Dead {
+                reason: "HTTP 400".into(),
+                blocks_stream: false,
+            },
+        ),
+    ] {
+        let c = claim(sink, hour).await;
+        assert!(store
+            .finish(c.delivery_id, &c.lease_token, &outcome)
+            .await
+            .unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let states = [
+        DeliveryStatus::Pending,
+        DeliveryStatus::Leased,
+        DeliveryStatus::Retrying,
+        DeliveryStatus::Delivered,
+        DeliveryStatus::Dead,
+    ];
+    for state in states {
+        let mut shown = BTreeSet::new();
+        for (id, _, _) in &events {
+            let (_, d) = store.event(id).await.unwrap().unwrap();
+            if d.iter().any(|d| d.status == state) {
+                shown.insert(id.to_string());
+            }
+        }
+        let filter = EventFilter {
+            state: Some(state),
+            ..EventFilter::default()
+        };
+        let found: BTreeSet<String> = store
+            .search_events(&filter, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(found, shown, "state {state}");
+        let expected: &[&str] = match state {
+            DeliveryStatus::Pending => &["both", "pending"],
+            DeliveryStatus::Leased => &["leased"],
+            DeliveryStatus::Retrying => &["expired", "retrying"],
+            DeliveryStatus::Delivered => &["both", "delivered"],
+            DeliveryStatus::Dead => &["dead"],
+        };
+        let expected: BTreeSet<String> = expected.iter().map(|s| s.to_string()).collect();
+        assert_eq!(shown, expected, "the rows are in the states meant");
+    }
+    db.cleanup().await;
+}
+
 both_stores!(
     event_and_deliveries_commit_together,
     same_id_same_content_is_a_duplicate_different_content_a_conflict,
@@ -674,6 +778,7 @@ both_stores!(
     four_workers_never_claim_the_same_delivery,
     a_blocking_dead_letter_holds_its_stream_until_replayed_or_purged,
     a_stale_follower_never_blocks_ahead_of_an_earlier_dead_letter,
+    a_state_search_finds_exactly_the_events_shown_in_that_state,
 );
 
 /// An application's own transaction enqueues with `outboxd.enqueue`: a
@@ -956,6 +1061,112 @@ async fn postgres_claim_plan_has_no_sequential_scan() {
             "{what} plan has a sequential scan:\n{plan}"
         );
     }
+    db.cleanup().await;
+}
+
+/// Sequential scans of the events and of the deliveries, index scans of
+/// `events_ingested_seq` and of `deliveries_dead`, as the statistics
+/// collector last heard of them.
+async fn search_counters(c: &mut sqlx::PgConnection) -> (i64, i64, i64, i64) {
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *c)
+        .await
+        .unwrap();
+    sqlx::query_as(
+        "SELECT (SELECT seq_scan FROM pg_stat_user_tables WHERE relid = 'outboxd.events'::regclass), \
+           (SELECT seq_scan FROM pg_stat_user_tables WHERE relid = 'outboxd.deliveries'::regclass), \
+           (SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelid = 'outboxd.events_ingested_seq'::regclass), \
+           (SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelid = 'outboxd.deliveries_dead'::regclass)",
+    )
+    .fetch_one(&mut *c)
+    .await
+    .unwrap()
+}
+
+/// The event search reads by index where a scan would cost the whole
+/// table: 20,000 events stored in one statement (one `ingested_at`, so
+/// only `seq_id` orders them), 20 of their deliveries dead. Newest first
+/// with no filter walks `events_ingested_seq` backwards; the dead ones are
+/// read through `deliveries_dead`. Neither search scans the events or the
+/// deliveries (the table statistics' counters say which were read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_event_search_reads_by_index() {
+    use outboxd::store::{DeliveryStatus, EventFilter};
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    drop(db.store().await);
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    for sql in [
+        "INSERT INTO outboxd.events (id, source, type, stream, sequence, data, data_format) \
+         SELECT 'e' || g, 's', 't', 's' || (g % 100), g, '\\x7b7d'::bytea, 'json' \
+         FROM generate_series(1, 20000) g",
+        "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence, status, finished_at) \
+         SELECT id, 'x', stream, sequence, CASE WHEN sequence % 1000 = 0 THEN 'dead' ELSE 'pending' END, \
+           CASE WHEN sequence % 1000 = 0 THEN now() END FROM outboxd.events",
+        "ANALYZE outboxd.events",
+        "ANALYZE outboxd.deliveries",
+        // The migrations' index builds and the fill's own scans are counted
+        // before the searches are: a backend reports its counters when it
+        // exits, this one at its next idle moment.
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        "SELECT pg_stat_force_next_flush()",
+    ] {
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let others: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        if others == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{others} backends stay"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = search_counters(&mut c).await;
+    let store = outboxd::store::open(&db.url).await.unwrap();
+
+    let newest = store
+        .search_events(&EventFilter::default(), 50)
+        .await
+        .unwrap();
+    assert_eq!(newest.len(), 50);
+    assert_eq!(newest[0].id, "e20000", "newest first by row");
+    assert_eq!(newest[49].id, "e19951");
+    let dead = EventFilter {
+        state: Some(DeliveryStatus::Dead),
+        ..EventFilter::default()
+    };
+    let dead = store.search_events(&dead, 50).await.unwrap();
+    assert_eq!(dead.len(), 20);
+    assert_eq!(dead[0].id, "e20000");
+
+    // A backend reports its counters within about ten seconds of going idle.
+    let started = std::time::Instant::now();
+    let after = loop {
+        let now = search_counters(&mut c).await;
+        if now.2 > before.2 && now.3 > before.3 {
+            break now;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the searches did not read events_ingested_seq and deliveries_dead: \
+             before {before:?}, now {now:?} (seq scans of events, of deliveries; \
+             index scans of events_ingested_seq, of deliveries_dead)"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(after.0, before.0, "a search scanned the events");
+    assert_eq!(after.1, before.1, "a search scanned the deliveries");
     db.cleanup().await;
 }
 

@@ -256,8 +256,11 @@ pub struct DeadLetter {
 /// Which events a search returns ([`Store::search_events`]). Every given
 /// field must match; none given matches all. Each filter is served by an
 /// index: `id` (unique), `stream` (`stream, sequence`), `type` and `source`
-/// (`…, ingested_at`), the time range (`ingested_at`); `state` is checked
-/// per candidate through the deliveries' `(event_id, sink)` index.
+/// (`…, ingested_at, seq_id`), the time range and no filter
+/// (`ingested_at, seq_id`); `state` is [`plan::state_sql`] on the
+/// deliveries, checked per candidate through their `(event_id, sink)`
+/// index or, for a rare dead or delivered state, read from its partial
+/// index first (docs/console.md has the plans at 1,000,000 events).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct EventFilter {
     /// This event only.

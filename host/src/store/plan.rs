@@ -4,8 +4,9 @@
 //! move, and how a delivery's state is shown. A backend reads a planner's
 //! inputs with its own SQL and writes its outputs; it decides nothing.
 //!
-//! Owns: [`DeliveryStatus`] and the one SQL expression that classifies a
-//! delivery row, [`plan_ingest`], [`take_runs`] and [`cut_runs`],
+//! Owns: [`DeliveryStatus`], the one SQL expression that classifies a
+//! delivery row and the per-state condition that agrees with it
+//! ([`row_state_sql`], [`state_sql`]), [`plan_ingest`], [`take_runs`] and [`cut_runs`],
 //! [`FinishPlan`], [`keep_head`], [`pending_migrations`].
 //!
 //! Must never: touch a database, read a clock, or call the network.
@@ -114,6 +115,37 @@ pub fn row_state_sql(now: &str) -> String {
               WHEN lease_expires_at IS NOT NULL THEN 'expired' \
               WHEN attempts > 0 THEN 'retrying' ELSE 'pending' END"
     )
+}
+
+/// The SQL condition on a `deliveries` row that holds exactly when
+/// [`row_state_sql`] (with the same `now`) names a state shown as `state`
+/// ([`RowState::shown`]: a run-out lease counts as retrying). Written on
+/// the plain columns, so the planner can estimate it from the columns'
+/// statistics and serve it by the partial indexes of
+/// `migrations/*/0001_initial.sql`: `deliveries_dead` (`status = 'dead'`),
+/// `deliveries_finished` (`status = 'delivered'`), `deliveries_live`
+/// (`status = 'pending'`).
+///
+/// `status = 'pending'` stands for the CASE's "neither dead nor
+/// delivered": the table's CHECK allows no other status. Leased and
+/// retrying test `lease_expires_at` and `attempts`, which the claim path
+/// updates: no index covers them (an index there would make every claim a
+/// non-HOT update), so those two are found by the `(event_id, sink)` index
+/// per candidate event or by a scan of the deliveries — the planner picks
+/// by the estimate (docs/console.md has the plans and figures).
+pub fn state_sql(state: DeliveryStatus, now: &str) -> String {
+    match state {
+        DeliveryStatus::Pending => {
+            "status = 'pending' AND lease_expires_at IS NULL AND attempts <= 0".to_string()
+        }
+        DeliveryStatus::Leased => format!("status = 'pending' AND lease_expires_at > {now}"),
+        DeliveryStatus::Retrying => format!(
+            "status = 'pending' AND (lease_expires_at <= {now} \
+             OR (lease_expires_at IS NULL AND attempts > 0))"
+        ),
+        DeliveryStatus::Delivered => "status = 'delivered'".to_string(),
+        DeliveryStatus::Dead => "status = 'dead'".to_string(),
+    }
 }
 
 /// The sequence `ev` (item `index` of its request) takes on a stream whose

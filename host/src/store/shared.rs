@@ -14,9 +14,9 @@ use std::time::Duration;
 use super::plan::{self, RowState};
 use super::sql::{Arg, Col, Rows, Sql, SqlTx, Stmt, Val};
 use super::{
-    DeadFilter, DeadLetter, DeliveryInfo, DeliveryProgress, DeliveryStatus, DestinationRow,
-    EventFilter, EventSummary, ProducerRow, Purged, PutMode, QueueStats, RegisteredSink,
-    SinkIdentity, SinkQueue, SinkReplica, StoreError, StreamHead,
+    DeadFilter, DeadLetter, DeliveryInfo, DeliveryProgress, DestinationRow, EventFilter,
+    EventSummary, ProducerRow, Purged, PutMode, QueueStats, RegisteredSink, SinkIdentity,
+    SinkQueue, SinkReplica, StoreError, StreamHead,
 };
 
 /// SQL text with its arguments, numbering placeholders as they are added.
@@ -257,22 +257,13 @@ pub async fn list_dead(
         .collect())
 }
 
-/// The [`row_state_sql`](plan::row_state_sql) names a shown state stands
-/// for (a run-out lease is shown as retrying).
-fn row_states(state: DeliveryStatus) -> &'static str {
-    match state {
-        DeliveryStatus::Pending => "'pending'",
-        DeliveryStatus::Leased => "'leased'",
-        DeliveryStatus::Retrying => "'retrying', 'expired'",
-        DeliveryStatus::Delivered => "'delivered'",
-        DeliveryStatus::Dead => "'dead'",
-    }
-}
-
 /// Events matching `f`, newest first, at most `limit`. One statement: by
 /// stream it walks `(stream, sequence)` backwards; otherwise the
-/// `(type|source, ingested_at)` or `ingested_at` index backwards, and a
-/// state is checked per candidate through `deliveries (event_id, sink)`.
+/// `(type|source, ingested_at, seq_id)` or `(ingested_at, seq_id)` index
+/// backwards. A state is [`plan::state_sql`] on the deliveries: checked
+/// per candidate through `deliveries (event_id, sink)` when the state is
+/// common, or read first from its partial index (dead, delivered) when it
+/// is rare — the planner picks by the estimate.
 pub async fn search_events(
     sql: &dyn Sql,
     f: &EventFilter,
@@ -296,9 +287,8 @@ pub async fn search_events(
     push_time_range(sql, &mut q, "e.ingested_at", f.since_ms, f.until_ms);
     if let Some(state) = f.state {
         q.push(&format!(
-            " AND EXISTS (SELECT 1 FROM {{s}}deliveries WHERE event_id = e.id AND {} IN ({}))",
-            plan::row_state_sql(d.now),
-            row_states(state)
+            " AND EXISTS (SELECT 1 FROM {{s}}deliveries WHERE event_id = e.id AND {})",
+            plan::state_sql(state, d.now)
         ));
     }
     let p = q.arg(limit as i64);
