@@ -250,7 +250,7 @@ mod minutes {
     #[test]
     fn batches_add_up_per_minute_and_an_hour_is_kept() {
         let mut h = Health::default();
-        let t0 = 1_800_000_000_000 - 1_800_000_000_000 % 60_000;
+        let t0: i64 = 1_800_000_000_000; // a whole minute
         h.count(t0 + 1_000, 3, 0);
         h.count(t0 + 59_000, 1, 2);
         h.count(t0 + 60_000, 0, 5);
