@@ -588,27 +588,30 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     assert!(body.contains("Resumed destination east"));
 
     // Resumed, east delivers s3-1; its last hour shows it.
-    let delivered_in_the_hour = || async {
-        let east: serde_json::Value = http()
+    let east = || async {
+        http()
             .get(format!("{base}/v1/admin/destinations/east"))
             .bearer_auth(TOKEN)
             .send()
             .await
             .unwrap()
-            .json()
+            .json::<serde_json::Value>()
             .await
-            .unwrap();
-        east["health"]["minutes"].as_array().map_or(0, |m| {
-            m.iter()
-                .map(|m| m["delivered"].as_u64().unwrap())
-                .sum::<u64>()
-        })
+            .unwrap()
     };
     let start = std::time::Instant::now();
-    while delivered_in_the_hour().await < 1 {
+    loop {
+        let east = east().await;
+        let delivered: u64 = east["health"]["minutes"].as_array().map_or(0, |m| {
+            m.iter().map(|m| m["delivered"].as_u64().unwrap()).sum()
+        });
+        if delivered >= 1 {
+            break;
+        }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "east's health counts no delivery"
+            start.elapsed() < Duration::from_secs(30),
+            "east's health counts no delivery: {east}; s3-1: {:?}",
+            d.deliveries("s3-1").await
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -552,14 +552,11 @@ pub async fn set_active(
     name: &str,
     active: bool,
 ) -> Result<DestinationView, AdminError> {
-    let d = update(ctx, name, |d| {
-        d.state = if active { State::Active } else { State::Paused };
-        d.state_reason = (!active).then(|| "paused by an operator".to_string());
-    })
-    .await?;
     if active {
         // Its failing time starts afresh: the operator says the target is
-        // fixed.
+        // fixed. Written before it is active, so the health its loop
+        // writes after its first batch is never overwritten by this.
+        find(ctx, name).await?.ok_or_else(|| not_found(name))?;
         let _ = ctx
             .store
             .save_destination_health(
@@ -568,6 +565,11 @@ pub async fn set_active(
             )
             .await;
     }
+    let d = update(ctx, name, |d| {
+        d.state = if active { State::Active } else { State::Paused };
+        d.state_reason = (!active).then(|| "paused by an operator".to_string());
+    })
+    .await?;
     tracing::info!(destination = %name, active, "destination state changed");
     Ok(d.redacted())
 }
