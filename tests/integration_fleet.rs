@@ -119,6 +119,10 @@ async fn replicas_with_different_plugins_route_every_event_to_every_registered_s
     pb.add_webhook_to("hooks", &hooks);
     let s = wait_sink_state(&a, "hooks", "skewed", |s| s["version_skew"] == true).await;
     assert_eq!(s["replicas"].as_array().unwrap().len(), 2, "{s}");
+    // One .wasm (one component_sha), two manifests (two manifest_sha).
+    let (r0, r1) = (&s["replicas"][0], &s["replicas"][1]);
+    assert_eq!(r0["component_sha"], r1["component_sha"], "{s}");
+    assert_ne!(r0["manifest_sha"], r1["manifest_sha"], "{s}");
     std::fs::remove_file(pb.path().join("hooks.toml")).unwrap();
 
     // A sink no replica serves: its deliveries wait, reported; delivered

@@ -286,6 +286,52 @@ fn logs_off_a_terminal_carry_no_colour() {
     assert!(!log.contains('\u{1b}'), "ANSI escapes in a pipe:\n{log:?}");
 }
 
+/// On a terminal (a pseudo-terminal from util-linux `script`) log lines are
+/// coloured, unless `NO_COLOR` is set (<https://no-color.org>).
+#[test]
+fn on_a_terminal_logs_are_coloured_unless_no_color_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("ok.wasm");
+    std::fs::copy(common::test_component("ok"), &wasm).unwrap();
+    let on_a_terminal = |no_color: Option<&str>| {
+        let mut command = std::process::Command::new("script");
+        // -q: no banner; -e: the child's exit status; -c: the command.
+        command
+            .args(["-q", "-e", "-c"])
+            .arg(format!(
+                "'{}' plugin check '{}'",
+                env!("CARGO_BIN_EXE_outboxd"),
+                wasm.display()
+            ))
+            .arg("/dev/null")
+            .env("RUST_LOG", "debug");
+        match no_color {
+            Some(value) => command.env("NO_COLOR", value),
+            None => command.env_remove("NO_COLOR"),
+        };
+        let out = command.output().expect("run util-linux `script`");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("DEBUG"), "no log line to look at:\n{text}");
+        text
+    };
+    let plain = on_a_terminal(None);
+    assert!(
+        plain.contains("\u{1b}["),
+        "no colour on a terminal:\n{plain:?}"
+    );
+    let empty = on_a_terminal(Some(""));
+    assert!(
+        empty.contains("\u{1b}["),
+        "an empty NO_COLOR is unset:\n{empty:?}"
+    );
+    let no_color = on_a_terminal(Some("1"));
+    assert!(
+        !no_color.contains('\u{1b}'),
+        "colour despite NO_COLOR=1:\n{no_color:?}"
+    );
+}
+
 /// A `[config]` URL outside `capabilities.http` — resolved as the daemon
 /// resolves it, `${VAR}` included — is refused, naming the key, the origin
 /// and the grant: every request to it would be denied.

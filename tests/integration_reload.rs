@@ -396,11 +396,9 @@ async fn a_renamed_manifest_keeps_serving_and_its_broken_edit_is_refused() {
 }
 
 /// What an operator sees of a plugin's version and of a refused
-/// replacement, from a daemon run as a process: `wasm_sha256` is the
-/// `.wasm` file's SHA-256 as `sha256sum` prints it (the fleet's
-/// `component_sha`, which covers the manifest too, is another figure); a
-/// refused replacement
-/// shows in `/v1/admin/sinks` and `outboxd sinks list` with its reason while
+/// replacement, from a daemon run as a process: `wasm_sha256` and the
+/// fleet's `component_sha` are the `.wasm` file's SHA-256 as `sha256sum`
+/// prints it, `manifest_sha` the manifest's; a refused replacement shows in `/v1/admin/sinks` and `outboxd sinks list` with its reason while
 /// the running version serves; and the daemon logs when the refusal clears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_replacement_shows_in_sinks_list_and_its_clearing_is_logged() {
@@ -456,9 +454,27 @@ async fn a_refused_replacement_shows_in_sinks_list_and_its_clearing_is_logged() 
         }
     };
 
-    // The sink's own line carries the .wasm's SHA-256.
-    let hook = sinks().await;
+    // The sink's own line carries the .wasm's SHA-256; so does this
+    // replica's heartbeat (within a beat), with the manifest's beside it.
+    let manifest_sha = hex::encode(sha2::Sha256::digest(
+        std::fs::read(plugins.path().join("hook.toml")).unwrap(),
+    ));
+    let start = std::time::Instant::now();
+    let hook = loop {
+        let hook = sinks().await;
+        if !hook["replicas"].as_array().unwrap().is_empty() {
+            break hook;
+        }
+        assert!(start.elapsed() < RELOAD, "no heartbeat: {hook}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(hook["wasm_sha256"], sha.as_str(), "{hook}");
+    assert_eq!(hook["replicas"][0]["component_sha"], sha.as_str(), "{hook}");
+    assert_eq!(
+        hook["replicas"][0]["manifest_sha"],
+        manifest_sha.as_str(),
+        "{hook}"
+    );
     assert!(hook["refused"].is_null(), "{hook}");
 
     // A replacement that is not WebAssembly: refused, and said so.

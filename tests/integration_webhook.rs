@@ -148,6 +148,79 @@ async fn a_400_dead_letters_the_delivery_with_the_status_in_its_reason() {
     d.stop().await;
 }
 
+/// Every POST states its body's length: without `content-length`,
+/// `wasi:http` sends the body chunked, and a receiver that reads only
+/// Content-Length bodies would see an empty POST it may still answer 200.
+/// Both payload modes (CloudEvents binary, awareness JSON).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_post_carries_a_content_length_equal_to_its_body() {
+    let h = Harness::new()
+        .webhook("cloudevents", "")
+        .webhook("awareness", "payload = \"awareness\"\n")
+        .start()
+        .await;
+    let d = &h.daemon;
+    for (i, data) in [json!({}), json!({"n": 1, "text": "Ünïcode ✓ ".repeat(500)})]
+        .into_iter()
+        .enumerate()
+    {
+        let mut e = event(&format!("len-{i}"), "s", "t", data);
+        // What the awareness payload is built from.
+        e["w3id"] = json!("@owner-1");
+        e["schemaid"] = json!("550e8400-e29b-41d4-a716-446655440000");
+        e["operation"] = json!("update");
+        d.post_event(&e).await;
+    }
+    for name in ["cloudevents", "awareness"] {
+        let receiver = &h.hook(name).receiver;
+        assert!(
+            eventually(Duration::from_secs(20), || receiver.count() >= 2).await,
+            "{name}: not delivered"
+        );
+        for r in receiver.seen() {
+            assert!(!r.body.is_empty(), "{name}: an empty body: {r:?}");
+            assert_eq!(
+                r.header("content-length"),
+                Some(r.body.len().to_string()),
+                "{name}: {r:?}"
+            );
+            assert_eq!(r.header("transfer-encoding"), None, "{name}: {r:?}");
+        }
+    }
+    h.daemon.stop().await;
+}
+
+/// A refused connection is named in the delivery's reason as the WIT
+/// spells the code (`connection-refused`), never as Rust debug text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_connection_is_named_by_its_wit_code_in_the_reason() {
+    // A loopback port nothing listens on, granted to the sink.
+    let closed = free_loopback_addr();
+    let plugins = PluginsDir::new();
+    plugins.add_webhook(
+        "webhook",
+        &format!("http://{closed}/hook"),
+        &[format!("http://{closed}")],
+        &new_secret(),
+        "",
+    );
+    let d = TestDaemon::start(plugins.path()).await;
+    d.post_event(&event("refused-1", "s", "t", json!({}))).await;
+    let state = d
+        .wait_delivery("refused-1", Duration::from_secs(20), |x| {
+            !x["last_error"].is_null()
+        })
+        .await;
+    let reason = state["last_error"].as_str().unwrap();
+    assert!(
+        reason.contains("connection refused (connection-refused)"),
+        "{reason}"
+    );
+    assert!(!reason.contains("ErrorCode"), "{reason}");
+    assert_ne!(state["status"], "dead", "a refused connection is retried");
+    d.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sink_allowed_host_a_cannot_reach_host_b() {
     let allowed = Receiver::start().await;

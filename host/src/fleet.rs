@@ -2,7 +2,8 @@
 //! which replica serves each.
 //!
 //! Owns: registering every sink this replica loads in the store's sink
-//! registry (its name, version and component hash; the first load
+//! registry (its name, version, and the SHA-256 of its `.wasm` file and of
+//! its manifest, as `sha256sum` prints them; the first load
 //! registers it, from then on every replica's ingest routes to it); this
 //! replica's heartbeat of the sinks it serves (every [`BEAT_EVERY`]); the
 //! routing table's view of the registry (a sink registered by any replica
@@ -10,8 +11,9 @@
 //! status the admin API, `/ready` and `outboxd_sink_serving_replicas` show:
 //! per sink, the replicas serving it (heard from within
 //! `delivery.replica-timeout`), the
-//! versions they run (more than one is a **version skew**, logged once per
-//! change), and whether it is served by no replica (its deliveries wait).
+//! versions they run (more than one (component, manifest) pair of hashes is
+//! a **version skew**, logged once per change: two replicas serving one
+//! `.wasm` under different manifests configure it differently), and whether it is served by no replica (its deliveries wait).
 //!
 //! Must never: unregister a sink because a replica lacks its plugin file
 //! (only `outboxd sinks retire` removes one from routing), or dead-letter
@@ -48,7 +50,8 @@ pub struct FleetSink {
     pub served_here: bool,
     /// Replicas heard from within `delivery.replica-timeout` that serve it.
     pub replicas: Vec<SinkReplica>,
-    /// Distinct component hashes among them; more than one is a skew.
+    /// Distinct `<component_sha>+<manifest_sha>` among them; more than
+    /// one is a skew.
     pub versions: Vec<String>,
     /// Registered and not retired, and no replica serves it: its
     /// deliveries wait until one does.
@@ -155,7 +158,7 @@ impl Fleet {
                 .collect();
             let versions: Vec<String> = serving
                 .iter()
-                .map(|r| r.component_sha.clone())
+                .map(|r| format!("{}+{}", r.component_sha, r.manifest_sha))
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .collect();
@@ -190,19 +193,20 @@ impl Fleet {
                 .iter()
                 .map(|r| {
                     format!(
-                        "{} runs {} ({})",
+                        "{} runs {} (component {}, manifest {})",
                         r.replica,
                         r.version,
-                        &r.component_sha[..12.min(r.component_sha.len())]
+                        &r.component_sha[..12.min(r.component_sha.len())],
+                        &r.manifest_sha[..12.min(r.manifest_sha.len())]
                     )
                 })
                 .collect();
-            tracing::warn!(sink, replicas = %detail.join("; "), "version skew: replicas serve this sink with different components");
+            tracing::warn!(sink, replicas = %detail.join("; "), "version skew: replicas serve this sink with different components or manifests");
             skews.insert(sink.to_string(), versions.to_vec());
         } else if versions.len() <= 1 && !before.is_empty() {
             tracing::info!(
                 sink,
-                "version skew ended: every replica serves one component"
+                "version skew ended: every replica serves one component and manifest"
             );
             skews.remove(sink);
         }

@@ -249,16 +249,22 @@ fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn")
     });
-    // Colour only for a terminal: escape codes in a file, a pipe or a
-    // journal are noise to whoever reads it there.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_ansi(colour(&std::io::stderr()));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// Whether log lines written to `stream` are coloured: only on a terminal
+/// (escape codes in a file, a pipe or a journal are noise to whoever reads
+/// them there), and never when `NO_COLOR` is set to a non-empty value
+/// (<https://no-color.org>).
+fn colour(stream: &impl std::io::IsTerminal) -> bool {
+    stream.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn main() -> ExitCode {
@@ -434,7 +440,7 @@ async fn plugin_run(
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stdout)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_ansi(colour(&std::io::stdout()))
         .without_time()
         .init();
     let tally = outboxd::plugin::trial::run(file, manifest, events, &mut std::io::stdout()).await?;

@@ -65,6 +65,9 @@ struct Entry {
     version: String,
     /// [`wasm_sha256`] of the serving version.
     wasm_sha256: Option<String>,
+    /// [`file_sha256`] of the serving version's manifest (empty when it
+    /// could not be read once loaded).
+    manifest_sha256: String,
     current: watch::Sender<Option<Plugin>>,
 }
 
@@ -158,6 +161,7 @@ impl Registry {
             let manifest_path = plugin.manifest().file.clone();
             let fingerprint = Some(fingerprint(&manifest_path));
             let wasm_sha256 = wasm_sha256(&plugin);
+            let manifest_sha256 = file_sha256(&manifest_path).unwrap_or_default();
             let (tx, rx) = watch::channel(Some(plugin.clone()));
             (registry.start_sink)(&name, rx);
             state.sinks.insert(
@@ -167,6 +171,7 @@ impl Registry {
                     fingerprint,
                     version: plugin.manifest().version.clone(),
                     wasm_sha256,
+                    manifest_sha256,
                     current: tx,
                 },
             );
@@ -175,19 +180,24 @@ impl Registry {
         registry
     }
 
-    /// The identity (name, version, hex SHA-256 of manifest and component
-    /// bytes) of every sink with a version loaded.
+    /// The identity of every sink with a version loaded: its name, its
+    /// manifest `version`, the SHA-256 of its `.wasm` file (of its manifest
+    /// for a builtin sink) and of its manifest, each as `sha256sum` prints
+    /// it. The fleet compares the two hashes across replicas.
     pub fn identities(&self) -> Vec<crate::store::SinkIdentity> {
         let state = self.state.lock().unwrap();
         state
             .sinks
             .iter()
-            .filter_map(|(name, e)| {
-                e.fingerprint.map(|f| crate::store::SinkIdentity {
-                    name: name.clone(),
-                    version: e.version.clone(),
-                    component_sha: hex::encode(f),
-                })
+            .filter(|(_, e)| e.fingerprint.is_some())
+            .map(|(name, e)| crate::store::SinkIdentity {
+                name: name.clone(),
+                version: e.version.clone(),
+                component_sha: e
+                    .wasm_sha256
+                    .clone()
+                    .unwrap_or_else(|| e.manifest_sha256.clone()),
+                manifest_sha: e.manifest_sha256.clone(),
             })
             .collect()
     }
@@ -518,6 +528,7 @@ impl Registry {
     fn serve(&self, state: &mut State, name: String, path: PathBuf, fp: [u8; 32], plugin: Plugin) {
         let version = plugin.manifest().version.clone();
         let wasm_sha256 = wasm_sha256(&plugin);
+        let manifest_sha256 = file_sha256(&path).unwrap_or_default();
         self.metrics
             .plugin_loads
             .get_or_create(&PluginLabel {
@@ -531,6 +542,7 @@ impl Registry {
                 entry.fingerprint = Some(fp);
                 entry.version = version.clone();
                 entry.wasm_sha256 = wasm_sha256;
+                entry.manifest_sha256 = manifest_sha256;
                 entry.current.send_replace(Some(plugin));
                 if was {
                     tracing::info!(sink = %name, %version, "plugin replaced; new batches run on the new version");
@@ -549,6 +561,7 @@ impl Registry {
                         fingerprint: Some(fp),
                         version,
                         wasm_sha256,
+                        manifest_sha256,
                         current: tx,
                     },
                 );
@@ -606,17 +619,19 @@ pub(super) fn manifest_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The hex SHA-256 of `plugin`'s `.wasm` file, as `sha256sum` prints it:
-/// what `/v1/admin/sinks` and `outboxd sinks list` show as `wasm_sha256`
-/// and `outboxd plugin check` prints, so an author can tell which build
-/// runs. `None` for a builtin sink (no component). Read from disk once the
-/// version is loaded; a file that cannot be read then (removed at once)
-/// gives `None`.
-///
-/// Not the fleet's `component_sha`, which also covers the manifest: two
-/// replicas serving one `.wasm` under different manifests are version skew.
+/// what `/v1/admin/sinks` and `outboxd sinks list` show as `wasm_sha256`,
+/// the fleet's `replicas[].component_sha`, and what `outboxd plugin check`
+/// prints, so an author can tell which build runs. `None` for a builtin
+/// sink (no component). Read from disk once the version is loaded; a file
+/// that cannot be read then (removed at once) gives `None`.
 pub fn wasm_sha256(plugin: &Plugin) -> Option<String> {
-    let file = plugin.manifest().component_path()?;
-    let bytes = std::fs::read(file).ok()?;
+    file_sha256(plugin.manifest().component_path()?)
+}
+
+/// The lower-case hex SHA-256 of the file at `path`, as `sha256sum` prints
+/// it; `None` when it cannot be read.
+fn file_sha256(path: &Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
     Some(hex::encode(Sha256::digest(bytes)))
 }
 

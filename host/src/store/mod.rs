@@ -408,15 +408,19 @@ pub struct Purged {
     pub dead: u64,
 }
 
-/// A sink's identity as a replica loaded it (see `crate::fleet`).
+/// A sink's identity as a replica loaded it (see `crate::fleet`): two
+/// file hashes, each the lower-case hex SHA-256 `sha256sum` prints.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SinkIdentity {
     /// The sink's name.
     pub name: String,
     /// Manifest `version`.
     pub version: String,
-    /// Hex SHA-256 of the manifest and component bytes.
+    /// SHA-256 of its `.wasm` file (`sha256sum my-sink.wasm`); for a
+    /// builtin sink, which has none, of its manifest.
     pub component_sha: String,
+    /// SHA-256 of its manifest file (`sha256sum my-sink.toml`).
+    pub manifest_sha: String,
 }
 
 /// A sink in the fleet's registry.
@@ -426,8 +430,13 @@ pub struct RegisteredSink {
     pub name: String,
     /// The identity it was first registered with.
     pub version: String,
-    /// Hex SHA-256 of its manifest and component bytes.
+    /// SHA-256 of its `.wasm` file, as [`SinkIdentity::component_sha`]
+    /// (a row registered before migration 0008: of manifest and component
+    /// bytes together).
     pub component_sha: String,
+    /// SHA-256 of its manifest file (empty in a row registered before
+    /// migration 0008).
+    pub manifest_sha: String,
     /// Unix ms, database clock.
     pub registered_at_ms: i64,
     /// Set by `outboxd sinks retire`: no longer routed to.
@@ -443,8 +452,13 @@ pub struct SinkReplica {
     pub sink: String,
     /// The manifest version it runs.
     pub version: String,
-    /// Hex SHA-256 of its manifest and component bytes.
+    /// SHA-256 of the `.wasm` file it runs, as `sha256sum` prints it (see
+    /// [`SinkIdentity::component_sha`]).
     pub component_sha: String,
+    /// SHA-256 of the manifest it runs, as `sha256sum` prints it (empty
+    /// from a daemon that predates it).
+    #[serde(default)]
+    pub manifest_sha: String,
     /// Time since that report, ms (database clock).
     pub age_ms: i64,
 }

@@ -864,13 +864,14 @@ pub async fn register_sinks(
         .map(|s| {
             stmt(
                 sql,
-                "INSERT INTO {s}sinks (name, version, component_sha, registered_at) VALUES ($1, $2, $3, {now_ms}) \
+                "INSERT INTO {s}sinks (name, version, component_sha, manifest_sha, registered_at) VALUES ($1, $2, $3, $4, {now_ms}) \
                  ON CONFLICT (name) DO NOTHING RETURNING name",
                 &[Col::Text],
             )
             .arg(&s.name)
             .arg(&s.version)
             .arg(&s.component_sha)
+            .arg(&s.manifest_sha)
         })
         .collect();
     let out = sql.write(stmts).await?;
@@ -883,8 +884,8 @@ pub async fn registered_sinks(sql: &dyn Sql) -> Result<Vec<RegisteredSink>, Stor
     let rows = sql
         .read(stmt(
             sql,
-            "SELECT name, version, component_sha, registered_at, retired_at FROM {s}sinks ORDER BY name",
-            &[Text, Text, Text, Int, OptInt],
+            "SELECT name, version, component_sha, manifest_sha, registered_at, retired_at FROM {s}sinks ORDER BY name",
+            &[Text, Text, Text, Text, Int, OptInt],
         ))
         .await?;
     Ok(rows
@@ -893,8 +894,9 @@ pub async fn registered_sinks(sql: &dyn Sql) -> Result<Vec<RegisteredSink>, Stor
             name: r[0].text(),
             version: r[1].text(),
             component_sha: r[2].text(),
-            registered_at_ms: r[3].int(),
-            retired_at_ms: r[4].opt_int(),
+            manifest_sha: r[3].text(),
+            registered_at_ms: r[4].int(),
+            retired_at_ms: r[5].opt_int(),
         })
         .collect())
 }
@@ -920,14 +922,15 @@ pub async fn beat_replica(
     stmts.extend(sinks.iter().map(|s| {
         stmt(
             sql,
-            "INSERT INTO {s}sink_replicas (replica, sink, version, component_sha, beat_at) \
-             VALUES ($1, $2, $3, $4, {now_ms})",
+            "INSERT INTO {s}sink_replicas (replica, sink, version, component_sha, manifest_sha, beat_at) \
+             VALUES ($1, $2, $3, $4, $5, {now_ms})",
             &[],
         )
         .arg(replica)
         .arg(&s.name)
         .arg(&s.version)
         .arg(&s.component_sha)
+        .arg(&s.manifest_sha)
     }));
     sql.write(stmts).await?;
     Ok(())
@@ -939,9 +942,9 @@ pub async fn sink_replicas(sql: &dyn Sql) -> Result<Vec<SinkReplica>, StoreError
     let rows = sql
         .read(stmt(
             sql,
-            "SELECT replica, sink, version, component_sha, {now_ms} - beat_at FROM {s}sink_replicas \
+            "SELECT replica, sink, version, component_sha, manifest_sha, {now_ms} - beat_at FROM {s}sink_replicas \
              ORDER BY sink, replica",
-            &[Text, Text, Text, Text, Int],
+            &[Text, Text, Text, Text, Text, Int],
         ))
         .await?;
     Ok(rows
@@ -951,7 +954,8 @@ pub async fn sink_replicas(sql: &dyn Sql) -> Result<Vec<SinkReplica>, StoreError
             sink: r[1].text(),
             version: r[2].text(),
             component_sha: r[3].text(),
-            age_ms: r[4].int(),
+            manifest_sha: r[4].text(),
+            age_ms: r[5].int(),
         })
         .collect())
 }

@@ -68,8 +68,12 @@ pub fn send_all(config: &Config, requests: &[Request]) -> Vec<Result<Response, S
 /// Hands `r` to the host and writes its body; returns the response future.
 fn start(config: &Config, r: &Request) -> Result<FutureIncomingResponse, String> {
     let headers = headers(config, r);
-    let fields =
-        Fields::from_list(&headers).map_err(|e| format!("request headers refused: {e:?}"))?;
+    let fields = Fields::from_list(&headers).map_err(|e| {
+        format!(
+            "request headers refused ({})",
+            outboxd_sink::outcome::header_error_name(&e)
+        )
+    })?;
     let request = OutgoingRequest::new(fields);
     let scheme = if config.https {
         Scheme::Https

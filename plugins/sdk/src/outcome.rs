@@ -10,7 +10,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use wasip2::http::types::ErrorCode;
+use wasip2::http::types::{ErrorCode, HeaderError};
 
 use crate::{Outcome, RetryInfo};
 
@@ -156,6 +156,20 @@ pub fn wit_name(code: &ErrorCode) -> &'static str {
         E::LoopDetected => "loop-detected",
         E::ConfigurationError => "configuration-error",
         E::InternalError(_) => "internal-error",
+    }
+}
+
+/// The case name of a `wasi:http/types.header-error` as the WIT spells it
+/// (WASI 0.2 `wasi:http/types`, `variant header-error`): `invalid-syntax`
+/// (a name or value that is not a valid header), `forbidden` (a header
+/// the host sets itself) or `immutable`. For a reason naming why
+/// `fields.from-list` refused a request's headers, where Rust's `Debug`
+/// text would say `HeaderError::Forbidden`.
+pub fn header_error_name(error: &HeaderError) -> &'static str {
+    match error {
+        HeaderError::InvalidSyntax => "invalid-syntax",
+        HeaderError::Forbidden => "forbidden",
+        HeaderError::Immutable => "immutable",
     }
 }
 
@@ -313,6 +327,11 @@ mod tests {
         assert_eq!(
             wit_name(&ErrorCode::HttpRequestUriInvalid),
             "HTTP-request-URI-invalid"
+        );
+        assert_eq!(header_error_name(&HeaderError::Forbidden), "forbidden");
+        assert_eq!(
+            header_error_name(&HeaderError::InvalidSyntax),
+            "invalid-syntax"
         );
         let internal = describe(&ErrorCode::InternalError(Some("boom".into())));
         assert_eq!(internal, "internal HTTP error: boom (internal-error)");

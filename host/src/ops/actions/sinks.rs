@@ -66,9 +66,8 @@ pub struct SinkView {
     /// The manifest version loaded here.
     pub version: Option<String>,
     /// The hex SHA-256 of the `.wasm` file loaded here, as `sha256sum`
-    /// prints it (`None` for a builtin sink or one not loaded here). The
-    /// fleet's `replicas[].component_sha` is another figure: it covers the
-    /// manifest too.
+    /// prints it (`None` for a builtin sink or one not loaded here): the
+    /// same figure as this replica's `replicas[].component_sha`.
     pub wasm_sha256: Option<String>,
     /// Why the last version offered was refused, while it is: a loaded
     /// sink keeps serving its running version (state `loaded`), one never
@@ -88,7 +87,9 @@ pub struct SinkView {
     pub unserved: bool,
     /// The replicas that reported serving it.
     pub replicas: Vec<SinkReplica>,
-    /// Replicas run different components of it.
+    /// Replicas run different components of it, or one component under
+    /// different manifests (`replicas[].component_sha`,
+    /// `replicas[].manifest_sha`).
     pub version_skew: bool,
 }
 
