@@ -431,11 +431,11 @@ pub struct RegisteredSink {
     /// The identity it was first registered with.
     pub version: String,
     /// SHA-256 of its `.wasm` file, as [`SinkIdentity::component_sha`]
-    /// (a row registered before migration 0008: of manifest and component
+    /// (a row registered before migration 0011: of manifest and component
     /// bytes together).
     pub component_sha: String,
     /// SHA-256 of its manifest file (empty in a row registered before
-    /// migration 0008).
+    /// migration 0011).
     pub manifest_sha: String,
     /// Unix ms, database clock.
     pub registered_at_ms: i64,
