@@ -3,7 +3,8 @@
 //! real webhook sink and receiver on loopback, on both stores — log in (a
 //! wrong token refused), find an event and its state per destination,
 //! replay dead letters by filter after a dry run and see them delivered in
-//! order, create and pause a destination, see why a stream does not move;
+//! order, create and pause a destination, see why a stream does not move, see a
+//! failing destination's attempts with the receiver's status;
 //! and, over plain HTTP, that a form without its CSRF token, an expired
 //! session and a read-only console change nothing.
 //!
@@ -983,9 +984,123 @@ async fn a_stream_held_by_a_row_lock_names_the_session() {
     db.cleanup().await;
 }
 
+async fn a_failing_destinations_attempts_show_the_receivers_status(backend: Backend) {
+    let receiver = Receiver::start().await;
+    // A second receiver, for a destination created on the page.
+    let other = Receiver::start().await;
+    let plugins = PluginsDir::new();
+    plugins.add_webhook(
+        "hook",
+        &receiver.url(),
+        &[receiver.origin(), other.origin()],
+        &common::new_secret(),
+        "",
+    );
+    let db = TestDb::new(backend).await;
+    let d = start(&plugins, &db, |_| {}).await;
+    let base = d.base.clone();
+    let store = format!("{backend:?}").to_lowercase();
+
+    // Two 503s, then delivered.
+    receiver.script(503, &[], "busy");
+    receiver.script(503, &[], "busy");
+    d.post_event(&event("f-1", "f", "order.paid", json!({"n": 1})))
+        .await;
+    d.wait_delivery("f-1", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
+
+    let mut b = Browser::start(&format!("{store}-attempts")).await;
+    b.goto(&format!("{base}/console/login")).await;
+    b.fill("#token", TOKEN).await;
+    b.click("#login").await;
+
+    // From the event's page, per destination, to its failed attempts.
+    b.goto(&format!("{base}/console/events/f-1")).await;
+    b.click("tr.delivery[data-key='hook'] a.attempts-link")
+        .await;
+    let url = b.url().await;
+    assert!(
+        url.contains("/console/attempts?")
+            && url.contains("event_id=f-1")
+            && url.contains("sink=hook"),
+        "{url}"
+    );
+    let rows = b
+        .client
+        .find_all(Locator::Css("#attempts tr.attempt"))
+        .await
+        .unwrap();
+    assert_eq!(
+        rows.len(),
+        2,
+        "two failures; the delivered attempt is not one"
+    );
+    for row in &rows {
+        let status = row.find(Locator::Css("td.status")).await.unwrap();
+        assert_eq!(status.text().await.unwrap(), "503");
+        let reason = row.find(Locator::Css("td.reason")).await.unwrap();
+        assert_eq!(reason.text().await.unwrap(), "HTTP 503");
+        let outcome = row.find(Locator::Css("td.outcome")).await.unwrap();
+        assert_eq!(outcome.text().await.unwrap(), "retry");
+    }
+    b.shot("attempts-of-event").await;
+
+    // A destination whose receiver refuses once: from its row on the
+    // destinations page to its attempts.
+    other.script(503, &[], "");
+    b.goto(&format!("{base}/console/destinations")).await;
+    b.fill("#d-name", "west").await;
+    b.fill("#d-config", &format!("url = {}", other.url())).await;
+    b.click("#d-create").await;
+    assert!(b.text("#notice").await.contains("Created destination west"));
+    d.post_event(&event("f-2", "f", "order.paid", json!({"n": 2})))
+        .await;
+    assert!(
+        common::eventually(Duration::from_secs(20), || other.count() >= 2).await,
+        "west refused once, then took it"
+    );
+    b.goto(&format!("{base}/console/destinations")).await;
+    b.click("tr.destination[data-name='west'] a.attempts-link")
+        .await;
+    assert!(b.url().await.contains("sink=west"), "{}", b.url().await);
+    let table = b.text("#attempts").await;
+    assert!(
+        table.contains("f-2") && table.contains("503") && !table.contains("f-1"),
+        "{table}"
+    );
+    b.shot("attempts-of-destination").await;
+
+    // From the navigation, filtered in the URL.
+    b.click("nav a[href$='/attempts']").await;
+    b.fill("#a-event", "f-1").await;
+    b.click("#attempts-go").await;
+    assert!(b.url().await.contains("event_id=f-1"), "filters in the URL");
+    assert_eq!(
+        b.client
+            .find_all(Locator::Css("#attempts tr.attempt"))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    b.goto(&format!("{base}/console/attempts?since=yesterday"))
+        .await;
+    assert!(
+        b.text("#error").await.contains("since"),
+        "a bad time is named"
+    );
+
+    drop(b);
+    d.stop().await;
+    db.cleanup().await;
+}
+
 use common::both_stores;
 
 both_stores!(
+    a_failing_destinations_attempts_show_the_receivers_status,
     the_console_finds_replays_and_manages_in_a_browser,
     an_expired_session_and_a_read_only_console_change_nothing,
     a_blocked_stream_names_the_dead_letter_that_holds_it,

@@ -213,3 +213,22 @@ pub const DEAD_LIST_DEFAULT: u32 = 100;
 /// a large dead-letter table is worked through in steps, not one long
 /// transaction. A larger `limit` is refused, naming the cap.
 pub const DEAD_PAGE_MAX: u32 = 10_000;
+
+/// Failed attempts kept per delivery (the newest; the store drops older
+/// ones in the transaction that records a new one). With the default
+/// retry policy (1 s base, doubling, capped at 10 min with equal jitter, a
+/// 24 h window) a delivery that never succeeds fails about 200 times; the
+/// newest 50 rows hold its last six hours or so, while the delivery's
+/// own row keeps the full count (`attempts`). Bounds the `attempts` table
+/// at 50 rows per failing delivery however long it retries.
+pub const ATTEMPTS_KEPT: u32 = 50;
+
+/// Failed attempts `GET /v1/admin/attempts`, `outboxd attempts list` and
+/// the console's attempts page show when no `limit` is given: a screenful,
+/// newest first.
+pub const ATTEMPTS_LIST_DEFAULT: u32 = 100;
+
+/// Most failed attempts one admin request lists: a page an operator reads,
+/// bounded so one request never walks the whole table. A larger `limit`
+/// is refused, naming the cap.
+pub const ATTEMPTS_PAGE_MAX: u32 = 1_000;

@@ -1,7 +1,7 @@
 //! The `outboxd` command line: `run`, `migrate`, `health`, `plugin
 //! check|wit|new|run`, `completions` and `man` (the CLI documenting
 //! itself, from this one clap `Command`), and the admin commands (the `cli` folder: each goes through the running
-//! daemon's admin API, and only `events`, `dead` and `sinks` may open the
+//! daemon's admin API, and only `events`, `attempts`, `dead` and `sinks` may open the
 //! database instead, with `--offline`).
 //!
 //! Owns: parsing flags into a partial configuration (flags win over the
@@ -63,6 +63,15 @@ enum Command {
         offline: cli::admin::OfflineFlag,
         #[command(subcommand)]
         command: cli::admin::EventsCommand,
+    },
+    /// List failed attempts (time, duration, outcome, the receiver's
+    /// status, reason), through the running daemon (at `listen`), or the
+    /// database with `--offline`.
+    Attempts {
+        #[command(flatten)]
+        offline: cli::admin::OfflineFlag,
+        #[command(subcommand)]
+        command: cli::admin::AttemptsCommand,
     },
     /// List, replay or purge dead letters, through the running daemon (at
     /// `listen`), or the database with `--offline`.
@@ -297,6 +306,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate => migrate(load()?).await,
         Command::Events { offline, command } => {
             cli::admin::events(&load()?, offline.offline, command).await
+        }
+        Command::Attempts { offline, command } => {
+            cli::admin::attempts(&load()?, offline.offline, command).await
         }
         Command::Dead { offline, command } => {
             cli::admin::dead(&load()?, offline.offline, command).await

@@ -1,9 +1,10 @@
-//! `outboxd events|dead|sinks|sources|backfill|config …`: the CLI face of
-//! the actions in `outboxd::ops::actions::{events, dead, sinks, sources}`.
+//! `outboxd events|attempts|dead|sinks|sources|backfill|config …`: the CLI
+//! face of the actions in `outboxd::ops::actions::{events, attempts, dead,
+//! sinks, sources}`.
 //!
 //! Owns: turning arguments into an action's input (RFC 3339 flags read by
 //! `actions::parse_time`, so a mistyped time is named before any
-//! request), asking the daemon (or, for `events`, `dead` and `sinks` with
+//! request), asking the daemon (or, for `events`, `attempts`, `dead` and `sinks` with
 //! `--offline`, calling the action on the database), and printing each
 //! answer.
 //!
@@ -16,6 +17,7 @@ use clap::{Args, Subcommand};
 use http::Method;
 use outboxd::config::Config;
 use outboxd::limits::{ADMIN_WRITE_TIMEOUT, CLIENT_TIMEOUT};
+use outboxd::ops::actions::attempts::{self, AttemptQuery, Attempts};
 use outboxd::ops::actions::dead::{self, DeadLetters, DeadSelection, PurgedDead, Replayed};
 use outboxd::ops::actions::events::{self, EventView};
 use outboxd::ops::actions::sinks::{self, Backfilled, SinkPaused, SinkRetired, Sinks};
@@ -31,8 +33,8 @@ use super::{answer, ask, Offline, Refusal, Via};
 pub struct OfflineFlag {
     /// Work on the database directly (the daemon's `--data-dir` or
     /// `--database-url`), without the running daemon. Only `events`,
-    /// `dead` and `sinks` take it; the database must exist and be
-    /// migrated.
+    /// `attempts`, `dead` and `sinks` take it; the database must exist and
+    /// be migrated.
     #[arg(long, global = true)]
     pub offline: bool,
 }
@@ -44,6 +46,32 @@ pub enum EventsCommand {
     Show {
         /// The event's CloudEvents `id`.
         id: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AttemptsCommand {
+    /// List failed attempts, newest first, one line each: time, event id,
+    /// delivery key, stream#sequence, attempt number, duration, outcome
+    /// (retry, dead, trap, timeout), the receiver's status
+    /// (`-` when unknown) and reason (what `GET /v1/admin/attempts`
+    /// answers). A delivered attempt is not recorded.
+    List {
+        /// One destination's or sink's attempts (its delivery key).
+        #[arg(long)]
+        sink: Option<String>,
+        /// One event's attempts.
+        #[arg(long)]
+        event: Option<String>,
+        /// Recorded at or after this time (RFC 3339).
+        #[arg(long)]
+        since: Option<String>,
+        /// Recorded before this time (RFC 3339).
+        #[arg(long)]
+        until: Option<String>,
+        /// At most this many, 1 to 1000 [default: 100].
+        #[arg(long)]
+        limit: Option<u32>,
     },
 }
 
@@ -151,6 +179,86 @@ pub async fn events(
     };
     answer(view, |view| {
         println!("{}", serde_json::to_string_pretty(&view)?);
+        Ok(())
+    })
+}
+
+/// `outboxd attempts list`.
+pub async fn attempts(
+    config: &Config,
+    offline: bool,
+    command: AttemptsCommand,
+) -> anyhow::Result<ExitCode> {
+    let AttemptsCommand::List {
+        sink,
+        event,
+        since,
+        until,
+        limit,
+    } = command;
+    let query = AttemptQuery {
+        sink,
+        event_id: event,
+        since,
+        until,
+        limit,
+    };
+    // Refuse a mistyped flag before any request, naming the flag.
+    if let Err(e) = query.filter() {
+        let e = match e {
+            AdminError::Invalid { field, message } if field != "limit" => AdminError::Invalid {
+                field: format!("--{field}"),
+                message,
+            },
+            AdminError::Invalid { message, .. } => AdminError::Invalid {
+                field: "--limit".into(),
+                message,
+            },
+            other => other,
+        };
+        return answer::<()>(Err(Refusal::Offline(e)), |()| Ok(()));
+    }
+    let listed: Result<Attempts, Refusal> = match Via::of(config, offline).await? {
+        Via::Offline(store) => attempts::list(&*store, &query).await.map_err(Into::into),
+        Via::Daemon(daemon) => {
+            let qs = query.query_string();
+            let path = if qs.is_empty() {
+                "/v1/admin/attempts".to_string()
+            } else {
+                format!("/v1/admin/attempts?{qs}")
+            };
+            ask(
+                &daemon,
+                Method::GET,
+                &path,
+                None,
+                ADMIN_WRITE_TIMEOUT,
+                Offline::Allowed,
+            )
+            .await?
+            .map_err(Into::into)
+        }
+    };
+    answer(listed, |Attempts { attempts, .. }| {
+        for a in &attempts {
+            println!(
+                "{}\t{}\t{}\t{}#{}\tattempt={}\t{}\t{}\t{}\t{}",
+                outboxd::rfc3339::format_ms(a.attempted_at_ms),
+                a.event_id,
+                a.sink,
+                a.stream,
+                a.sequence,
+                a.attempt,
+                a.duration_ms
+                    .map_or_else(|| "-".to_string(), |ms| format!("{ms}ms")),
+                a.outcome,
+                a.status.as_deref().unwrap_or("-"),
+                a.reason
+            );
+        }
+        if attempts.is_empty() {
+            eprintln!("no failed attempts match");
+        }
         Ok(())
     })
 }

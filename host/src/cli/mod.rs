@@ -1,4 +1,4 @@
-//! The admin command line: `outboxd events|dead|sinks|sources|backfill|
+//! The admin command line: `outboxd events|attempts|dead|sinks|sources|backfill|
 //! destinations|producers|secrets|config …`, one file per group, each a
 //! face of the admin actions (`outboxd::ops::actions`) that turns
 //! arguments into an action's input and prints its answer.
@@ -9,7 +9,7 @@
 //! what lives in the daemon (loaded plugins, routes, the producer gate,
 //! the keyring, source status) and wakes its delivery loops. It opens the
 //! database only when given **`--offline`**, which only the commands whose
-//! work is the database's alone take: `events show`, `dead
+//! work is the database's alone take: `events show`, `attempts list`, `dead
 //! list|replay|purge`, `sinks list|pause|resume|retire` (there, the
 //! database must exist and be migrated: an admin command never creates
 //! one). `sources`, `backfill`, `destinations`, `producers` and `secrets`
@@ -48,7 +48,7 @@ use serde::de::DeserializeOwned;
 use client::{DaemonAt, DaemonClientError, Refused};
 
 /// The commands that take `--offline`, as the hint names them.
-const OFFLINE_COMMANDS: &str = "events, dead and sinks";
+const OFFLINE_COMMANDS: &str = "events, attempts, dead and sinks";
 
 /// Where an admin command that may run offline does its work.
 pub enum Via {

@@ -1,6 +1,6 @@
 //! The operator console: server-rendered pages served by `outboxd run`
 //! under `console.prefix` (default `/console`) — overview, events and an
-//! event's deliveries, dead letters with replay and purge by filter,
+//! event's deliveries, failed attempts, dead letters with replay and purge by filter,
 //! destinations, a stream's heads and why they do not move, plugins and
 //! sources.
 //!
@@ -105,6 +105,7 @@ fn router(state: ConsoleState) -> Router {
         .route(&at("/overview"), get(pages::overview))
         .route(&at("/events"), get(pages::events))
         .route(&at("/events/{id}"), get(pages::event))
+        .route(&at("/attempts"), get(pages::attempts))
         .route(&at("/dead"), get(pages::dead))
         .route(&at("/dead/confirm"), get(pages::dead_confirm))
         .route(&at("/dead/replay"), post(actions::dead_replay))

@@ -1,5 +1,5 @@
 //! The console's read pages (every one a GET with its filters in the query
-//! string): login, overview, events, an event, dead letters and the
+//! string): login, overview, events, an event, failed attempts, dead letters and the
 //! dry run of a replay or purge, destinations, streams, plugins and
 //! sources.
 //!
@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::views::{self, DeliveryRow, DestinationRow, HeadRow};
 use super::{admin_refusal, render, Authed, ConsoleState, Frame};
+use crate::ops::actions::attempts::{self, AttemptQuery};
 use crate::ops::actions::dead::{self, DeadSelection};
 use crate::ops::actions::events::{self, EventBody, EventQuery, EventView, FoundEvent};
 use crate::ops::actions::{destinations, parse_time, sinks, sources, streams, AdminError};
@@ -317,6 +318,42 @@ pub async fn event(
         ev,
         body,
         deliveries,
+    };
+    render(StatusCode::OK, &page)
+}
+
+#[derive(Template)]
+#[template(path = "attempts.html")]
+struct AttemptsPage {
+    frame: Frame,
+    q: AttemptQuery,
+    rows: Vec<views::AttemptRow>,
+    limit: u32,
+    kept: u32,
+}
+
+/// `GET {prefix}/attempts?sink=&event_id=&since=&until=&limit=`: failed
+/// attempts, newest first — time, duration, outcome, the receiver's status
+/// and the reason.
+pub async fn attempts(
+    State(state): State<ConsoleState>,
+    authed: Authed,
+    Query(q): Query<AttemptQuery>,
+) -> Response {
+    let mut frame = Frame::new(&state, Some(&authed), "Failed attempts");
+    let (rows, limit) = match attempts::list(&*state.ops.store, &q).await {
+        Ok(listed) => (views::attempt_rows(&listed), listed.limit),
+        Err(e) => {
+            frame.error = Some(e.to_string());
+            (Vec::new(), 0)
+        }
+    };
+    let page = AttemptsPage {
+        frame,
+        q,
+        rows,
+        limit,
+        kept: crate::limits::ATTEMPTS_KEPT,
     };
     render(StatusCode::OK, &page)
 }

@@ -4,9 +4,10 @@
 //! Owns: the console's wording of a delivery's state and of why a head
 //! does not move. Must never: reach the store or an action itself.
 
+use crate::ops::actions::attempts::Attempts;
 use crate::ops::actions::destinations::Listed;
 use crate::ops::actions::streams::{HeadView, Why};
-use crate::store::{DeliveryInfo, DeliveryStatus};
+use crate::store::{AttemptOutcome, DeliveryInfo, DeliveryStatus};
 
 /// `ms` (Unix ms) as RFC 3339 text.
 pub fn when(ms: i64) -> String {
@@ -45,6 +46,8 @@ pub struct DeliveryRow {
     pub class: String,
     /// When, why, attempts.
     pub detail: String,
+    /// It has a delivery (whose failed attempts the row links to).
+    pub routed: bool,
 }
 
 /// `d` in words.
@@ -89,6 +92,7 @@ pub fn delivery_row(d: &DeliveryInfo) -> DeliveryRow {
         state: state.into(),
         class: class.into(),
         detail,
+        routed: true,
     }
 }
 
@@ -101,7 +105,60 @@ pub fn not_routed(key: &str) -> DeliveryRow {
         class: "muted".into(),
         detail: "no delivery: its filter or the routes did not take this event (or it was created later)"
             .into(),
+        routed: false,
     }
+}
+
+/// One failed attempt in words, as the attempts page lists it.
+pub struct AttemptRow {
+    /// When it was recorded, RFC 3339.
+    pub time: String,
+    /// The event.
+    pub event_id: String,
+    /// The delivery key (destination or sink).
+    pub key: String,
+    /// The event's stream.
+    pub stream: String,
+    /// Its sequence.
+    pub sequence: u64,
+    /// The delivery's attempt number.
+    pub attempt: u32,
+    /// The plugin call's duration (`230 ms`), or a dash.
+    pub duration: String,
+    /// `retry`, `dead`, `trap` or `timeout`.
+    pub outcome: String,
+    /// CSS class of the outcome: `bad` for a dead letter, `wait` otherwise.
+    pub class: String,
+    /// The receiver's HTTP status or broker answer, or a dash.
+    pub status: String,
+    /// Why it failed.
+    pub reason: String,
+}
+
+/// The rows of a listing, in its order.
+pub fn attempt_rows(listed: &Attempts) -> Vec<AttemptRow> {
+    listed
+        .attempts
+        .iter()
+        .map(|a| AttemptRow {
+            time: when(a.attempted_at_ms),
+            event_id: a.event_id.clone(),
+            key: a.sink.clone(),
+            stream: a.stream.clone(),
+            sequence: a.sequence,
+            attempt: a.attempt,
+            duration: age(a.duration_ms),
+            outcome: a.outcome.as_str().to_string(),
+            class: if a.outcome == AttemptOutcome::Dead {
+                "bad"
+            } else {
+                "wait"
+            }
+            .into(),
+            status: a.status.clone().unwrap_or_else(|| "—".into()),
+            reason: a.reason.clone(),
+        })
+        .collect()
 }
 
 /// One destination as the destinations page and the overview list it.

@@ -25,8 +25,8 @@ pub struct DeliveryConfig {
     /// Timeout of each database call made by the loop. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub db_timeout: Duration,
-    /// Delivered rows older than this are deleted, in batches of 1,000.
-    /// Default 7 days.
+    /// Delivered rows, and recorded failed attempts, older than this are
+    /// deleted, in batches of 1,000. Default 7 days.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
     /// Batches in a row that end in a plugin trap before the sink is

@@ -1,6 +1,8 @@
 //! One turn of a delivery key's loop: claim a batch, hand it to the
 //! sink's plugin, turn the answer into finishes by the retry policy, and
-//! record them fenced, in one transaction.
+//! record them fenced, in one transaction — with, for each failed
+//! attempt, what the host knows of it (outcome class, the call's
+//! duration, the receiver's status) for the store's `attempts` history.
 //!
 //! Must never: mark delivered anything the sink did not acknowledge, or
 //! charge an attempt to an event that was not tried.
@@ -13,7 +15,7 @@ use crate::otel::{SpanHandle, Telemetry, TraceContext, TurnCall};
 use crate::plugin::bindings::{Event, Outcome};
 use crate::plugin::trace::BatchTrace;
 use crate::plugin::SinkFailure;
-use crate::store::{Claimed, Finish, Store, StoreError};
+use crate::store::{AttemptNote, AttemptOutcome, Claimed, Finish, Store, StoreError};
 
 /// A database call of a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +173,12 @@ pub(super) async fn turn(
     );
     let mut finishes = decided.finishes;
     hold_back_behind_failures(&claimed, &mut finishes);
+    let notes = attempt_notes(
+        &finishes,
+        &decided.statuses,
+        decided.failure.as_ref(),
+        (seconds * 1000.0).round() as i64,
+    );
     let links = end_attempts(attempts, &finishes, decided.failure.as_ref());
     // Every outcome of the batch in one transaction: one commit, not one
     // per delivery (each commit is an fsync, docs/measurements.md).
@@ -183,7 +191,7 @@ pub(super) async fn turn(
         shared
             .telemetry
             .turn_call(TurnCall::Finish, sink, items.len(), &links, None);
-    let kept = finish_with_retries(&*shared.store, &items, db_timeout)
+    let kept = finish_with_retries(&*shared.store, &items, &notes, db_timeout)
         .await
         .inspect_err(|e| {
             if let Some(span) = finish_span.as_mut() {
@@ -225,6 +233,10 @@ pub(super) async fn turn(
 struct Decided {
     /// One per claimed delivery, in order.
     finishes: Vec<Finish>,
+    /// One per claimed delivery: the receiver's answer its sink's reason
+    /// names ([`crate::store::attempt_status`]), read before the host
+    /// wraps the reason (`rejected: …`, `retry window … used up`).
+    statuses: Vec<Option<String>>,
     /// Why the batch failed as a whole, if it did.
     failure: Option<SinkFailure>,
     /// It ran out of its deadline or memory.
@@ -264,27 +276,35 @@ fn decide(
                     .iter()
                     .map(|c| retry::after_failure(policy, c, &reason, None))
                     .collect(),
+                statuses: vec![None; claimed.len()],
                 failure: Some(failure),
                 shrink,
             };
         }
     };
-    let finishes = claimed
+    let (finishes, statuses) = claimed
         .iter()
         .zip(outcomes)
         .map(|(c, outcome)| match outcome {
-            Outcome::Delivered => Finish::Delivered,
-            Outcome::Retry(info) => retry::after_failure(
-                policy,
-                c,
-                &info.reason,
-                info.after_ms.map(Duration::from_millis),
+            Outcome::Delivered => (Finish::Delivered, None),
+            Outcome::Retry(info) => (
+                retry::after_failure(
+                    policy,
+                    c,
+                    &info.reason,
+                    info.after_ms.map(Duration::from_millis),
+                ),
+                crate::store::attempt_status(&info.reason),
             ),
-            Outcome::Reject(reason) => retry::dead(policy, format!("rejected: {reason}")),
+            Outcome::Reject(reason) => (
+                retry::dead(policy, format!("rejected: {reason}")),
+                crate::store::attempt_status(&reason),
+            ),
         })
-        .collect();
+        .unzip();
     Decided {
         finishes,
+        statuses,
         failure: None,
         shrink: false,
     }
@@ -306,6 +326,40 @@ fn hold_back_behind_failures(claimed: &[Claimed], finishes: &mut [Finish]) {
             blocked.insert(stream);
         }
     }
+}
+
+/// What the host knows of each failed attempt of a batch, for the store
+/// to record with its finish (`None` for a delivered or released one):
+/// dead letters are `dead`; a batch that trapped is `timeout` (its
+/// deadline) or `trap`; any other retry is `retry`. `duration_ms` is the
+/// batch's plugin call.
+fn attempt_notes(
+    finishes: &[Finish],
+    statuses: &[Option<String>],
+    failure: Option<&SinkFailure>,
+    duration_ms: i64,
+) -> Vec<Option<AttemptNote>> {
+    let retried = match failure {
+        Some(f @ SinkFailure::Trap { .. }) if f.is_deadline() => AttemptOutcome::Timeout,
+        Some(SinkFailure::Trap { .. }) => AttemptOutcome::Trap,
+        Some(SinkFailure::Init(_)) | None => AttemptOutcome::Retry,
+    };
+    finishes
+        .iter()
+        .enumerate()
+        .map(|(i, finish)| {
+            let outcome = match finish {
+                Finish::Retry { .. } => retried,
+                Finish::Dead { .. } => AttemptOutcome::Dead,
+                Finish::Delivered | Finish::Release => return None,
+            };
+            Some(AttemptNote {
+                outcome,
+                duration_ms: Some(duration_ms),
+                status: statuses.get(i).cloned().flatten(),
+            })
+        })
+        .collect()
 }
 
 /// Count and log one recorded finish (`kept`: the lease still held).
@@ -371,16 +425,17 @@ const FINISH_RETRY_DELAYS: [Duration; 3] = [
     Duration::from_millis(1000),
 ];
 
-/// [`Store::finish_many`], tried again after [`FINISH_RETRY_DELAYS`] when
+/// [`Store::finish_noted`], tried again after [`FINISH_RETRY_DELAYS`] when
 /// it fails; each attempt bounded by `db_timeout`.
 async fn finish_with_retries(
     store: &dyn Store,
     items: &[(i64, &str, &Finish)],
+    notes: &[Option<AttemptNote>],
     db_timeout: Duration,
 ) -> Result<Vec<bool>, TurnError> {
     let mut delays = FINISH_RETRY_DELAYS.iter();
     loop {
-        let attempt = tokio::time::timeout(db_timeout, store.finish_many(items)).await;
+        let attempt = tokio::time::timeout(db_timeout, store.finish_noted(items, notes)).await;
         let error = match TurnError::bounded(DbCall::Finish, db_timeout, attempt) {
             Ok(kept) => return Ok(kept),
             Err(error) => error,

@@ -11,7 +11,11 @@
 //! - `sequence` per stream strictly increasing (gapless when assigned here);
 //! - claims take only the head of each (stream, sink), set a random lease
 //!   token and an expiry from the database's clock, and count the attempt;
-//! - every change after a claim is fenced on (delivery, lease token).
+//! - every change after a claim is fenced on (delivery, lease token);
+//! - a failed attempt (a kept `Retry` or `Dead` finish) is recorded in
+//!   `attempts` in its finish's transaction, at most
+//!   [`crate::limits::ATTEMPTS_KEPT`] per delivery; a delivered one writes
+//!   nothing there, so the happy path pays nothing.
 //!
 //! Must never: decide policy (retry delays, routing, what counts as
 //! permanent) — callers pass decisions in; call plugins or the network.
@@ -251,6 +255,133 @@ pub struct DeadLetter {
     pub reason: Option<String>,
     /// When, Unix milliseconds.
     pub died_at_ms: Option<i64>,
+}
+
+/// What became of a failed attempt, as the `attempts` table records it
+/// (column `outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// The sink answered `retry` (or its `init` refused): tried again later.
+    Retry,
+    /// Dead-lettered: the sink rejected it, or its retry window ran out.
+    Dead,
+    /// The plugin trapped (panic, out of memory, a limit): the batch is
+    /// retried.
+    Trap,
+    /// The plugin ran past its deadline: the batch is retried.
+    Timeout,
+}
+
+impl AttemptOutcome {
+    /// The stored and shown name: `retry`, `dead`, `trap`, `timeout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Retry => "retry",
+            AttemptOutcome::Dead => "dead",
+            AttemptOutcome::Trap => "trap",
+            AttemptOutcome::Timeout => "timeout",
+        }
+    }
+
+    /// The outcome named `name` ([`AttemptOutcome::as_str`]).
+    pub fn parse(name: &str) -> Option<AttemptOutcome> {
+        [
+            AttemptOutcome::Retry,
+            AttemptOutcome::Dead,
+            AttemptOutcome::Trap,
+            AttemptOutcome::Timeout,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for AttemptOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the host knows of a failed attempt beyond its [`Finish`], given
+/// to [`Store::finish_noted`] to be recorded in `attempts`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptNote {
+    /// What became of it.
+    pub outcome: AttemptOutcome,
+    /// The plugin call's wall time, ms (the whole batch's call: a sink is
+    /// called with a batch).
+    pub duration_ms: Option<i64>,
+    /// The receiver's HTTP status or the broker's answer, as
+    /// [`attempt_status`] reads it from the sink's own reason.
+    pub status: Option<String>,
+}
+
+/// The receiver's answer a sink's reason names, by the convention of the
+/// shipped sinks (docs/plugins.md, "Reasons"): a leading `HTTP nnn` (the
+/// webhook, awareness and couchdb-mark sinks: `HTTP 503`, `HTTP 400:
+/// body…`) gives the status `nnn`; a leading `nacked:` or `unroutable:`
+/// (the amqp sink: the broker's `basic.nack`, or its `basic.return` of a
+/// mandatory message no queue took) gives `nacked` or `unroutable`.
+/// `None` for any other text.
+pub fn attempt_status(reason: &str) -> Option<String> {
+    let reason = reason.trim_start();
+    if let Some(rest) = reason.strip_prefix("HTTP ") {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let after = rest[digits.len()..].chars().next();
+        let ends = matches!(after, None | Some(':') | Some(' ') | Some(',') | Some(';'));
+        return (digits.len() == 3 && ends).then_some(digits);
+    }
+    ["nacked", "unroutable"]
+        .into_iter()
+        .find(|answer| {
+            reason
+                .strip_prefix(answer)
+                .is_some_and(|rest| rest.starts_with(':'))
+        })
+        .map(str::to_string)
+}
+
+/// Which failed attempts a listing returns ([`Store::list_attempts`]).
+/// Every given field must match; none given matches all. Served by the
+/// indexes `attempts (sink, attempted_at)`, `(event_id, sink, id)` and
+/// `(attempted_at)`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptFilter {
+    /// This delivery key (sink or destination) only.
+    pub sink: Option<String>,
+    /// This event only.
+    pub event_id: Option<String>,
+    /// Recorded at or after, Unix ms.
+    pub since_ms: Option<i64>,
+    /// Recorded before, Unix ms.
+    pub until_ms: Option<i64>,
+}
+
+/// One failed attempt, as recorded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attempt {
+    /// The event's id.
+    pub event_id: String,
+    /// The delivery key.
+    pub sink: String,
+    /// The event's stream.
+    pub stream: String,
+    /// Its position in the stream.
+    pub sequence: u64,
+    /// The delivery's attempt number, from 1.
+    pub attempt: u32,
+    /// When the failure was recorded, Unix ms (database clock).
+    pub attempted_at_ms: i64,
+    /// The plugin call's wall time, ms, when known.
+    pub duration_ms: Option<i64>,
+    /// What became of it.
+    pub outcome: AttemptOutcome,
+    /// The receiver's HTTP status or the broker's answer, when known.
+    pub status: Option<String>,
+    /// Why it failed, as recorded with the delivery (`last_error`).
+    pub reason: String,
 }
 
 /// Which events a search returns ([`Store::search_events`]). Every given
@@ -574,8 +705,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// [`Store::finish`] for a whole batch, in one transaction: one commit
     /// instead of one per delivery. Returns, per item, whether the lease was
-    /// still held.
-    async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError>;
+    /// still held. Failed attempts are recorded as [`Store::finish_noted`]
+    /// records them with no notes.
+    async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
+        self.finish_noted(items, &[]).await
+    }
+
+    /// [`Store::finish_many`], recording in the same transaction one row
+    /// of `attempts` per kept `Retry` or `Dead` finish (a `Delivered` or
+    /// `Release` writes nothing there): `notes[i]`, when given, says what
+    /// the host knows of `items[i]`'s attempt; without it the outcome is
+    /// `retry` or `dead` by the finish, the duration unknown and the
+    /// status [`attempt_status`] of the finish's reason. Past
+    /// [`crate::limits::ATTEMPTS_KEPT`] rows for a delivery, its oldest
+    /// are deleted in that transaction too.
+    async fn finish_noted(
+        &self,
+        items: &[(i64, &str, &Finish)],
+        notes: &[Option<AttemptNote>],
+    ) -> Result<Vec<bool>, StoreError>;
 
     /// Time until the earliest pending delivery of `sink` becomes due (zero
     /// if one is due now); `None` when it has none pending.
@@ -644,6 +792,22 @@ pub trait Store: Send + Sync + 'static {
     /// Delete up to `limit` matching dead letters. Returns how many.
     async fn purge_dead(&self, filter: &DeadFilter, limit: u32) -> Result<u64, StoreError> {
         shared::purge_dead(self.sql(), filter, limit).await
+    }
+
+    /// Failed attempts matching `filter`, newest first, at most `limit`
+    /// (the caller bounds it).
+    async fn list_attempts(
+        &self,
+        filter: &AttemptFilter,
+        limit: u32,
+    ) -> Result<Vec<Attempt>, StoreError> {
+        shared::list_attempts(self.sql(), filter, limit).await
+    }
+
+    /// Delete up to `limit` failed attempts recorded more than
+    /// `older_than` ago. Returns how many.
+    async fn purge_attempts(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        shared::purge_attempts(self.sql(), older_than, limit).await
     }
 
     /// Pause (nothing claimed, nothing lost) or resume a sink.

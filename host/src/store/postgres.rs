@@ -26,7 +26,7 @@
 //! Must never: compute a time from the process clock, or hold a
 //! transaction open across a plugin call.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,8 +39,8 @@ use tokio::sync::watch;
 use super::plan::{self, FinishPlan, HeadChanges, IngestInputs, IngestPlan, KeptRow};
 use super::sql::{Dialect, Sql, SqlTx};
 use super::{
-    new_lease_token, shared, Claimed, Finish, HeadLock, IngestError, IngestItem, Ingested, RouteFn,
-    Store, StoreError, StoredEvent,
+    new_lease_token, shared, AttemptNote, Claimed, Finish, HeadLock, IngestError, IngestItem,
+    Ingested, RouteFn, Store, StoreError, StoredEvent,
 };
 use crate::event::NewEvent;
 use crate::limits;
@@ -690,12 +690,16 @@ impl Store for PgStore {
         }
     }
 
-    async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
+    async fn finish_noted(
+        &self,
+        items: &[(i64, &str, &Finish)],
+        notes: &[Option<AttemptNote>],
+    ) -> Result<Vec<bool>, StoreError> {
         // One transaction (one commit, one fsync) and a fixed number of
         // statements for a whole batch, whatever its size.
         let _turn = self.delivery_turn().await;
         let mut tx = PgTx(self.pool.begin().await?);
-        let kept = finish_batch(self, &mut tx, items).await?;
+        let kept = finish_batch(self, &mut tx, items, notes).await?;
         tx.0.commit().await?;
         Ok(kept)
     }
@@ -924,10 +928,13 @@ async fn take_leases(
 /// 2. One fenced `UPDATE` per kind of outcome, matching (delivery, lease
 ///    token, pending); what it returns is what was kept.
 /// 3. Heads, as [`HeadChanges`] says.
+/// 4. Only when some kept finish is a failure: its row of `attempts`
+///    ([`shared::record_failures`]).
 async fn finish_batch(
     store: &PgStore,
     tx: &mut PgTx,
     items: &[(i64, &str, &Finish)],
+    notes: &[Option<AttemptNote>],
 ) -> Result<Vec<bool>, StoreError> {
     let mut plan = FinishPlan::new(items);
     let ids: Vec<i64> = items.iter().map(|(id, _, _)| *id).collect();
@@ -948,9 +955,9 @@ async fn finish_batch(
     let set = "next_attempt_at = now() + f.delay * interval '1 millisecond', last_error = f.reason";
     let columns = ", $3::bigint[], $4::text[]) AS f(id, token, delay, reason";
     let extra = Some((Extra::Ints(delays), reasons));
-    heads
-        .waiting
-        .extend(fenced_update(tx, set, columns, fenced(&ids), extra).await?);
+    let retried = fenced_update(tx, set, columns, fenced(&ids), extra).await?;
+    let mut failed: HashSet<i64> = retried.iter().map(|row| row.0).collect();
+    heads.waiting.extend(retried);
     let behind = shared::behind_earlier(store, tx, &plan.blocking).await?;
     plan.settle(items, &behind);
     let (dead, reasons): (Vec<_>, Vec<String>) = plan
@@ -962,12 +969,16 @@ async fn finish_batch(
     let columns = ", $3::text[]) AS f(id, token, reason";
     let extra = Some((Extra::None, reasons));
     let kept = fenced_update(tx, set, columns, fenced(&dead), extra).await?;
+    failed.extend(kept.iter().map(|row| row.0));
     heads.add_dead(kept, &plan);
     let set = "attempts = d.attempts - 1, \
                first_attempt_at = CASE WHEN d.attempts <= 1 THEN NULL ELSE d.first_attempt_at END";
     let kept = fenced_update(tx, set, "", fenced(&plan.release), None).await?;
     heads.waiting.extend(kept);
     apply_heads(tx, &heads).await?;
+    if !failed.is_empty() {
+        shared::record_failures(store, tx, items, notes, &failed).await?;
+    }
     Ok(heads.kept(items))
 }
 

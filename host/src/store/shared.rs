@@ -1,6 +1,7 @@
 //! The store operations every backend runs the same way, written once over
 //! [`Sql`]: the read of a delivery's state, queue figures, dead letters
-//! (list, replay, purge) with the head resets they need, pause, retention,
+//! (list, replay, purge) with the head resets they need, the record of
+//! failed attempts (written with a finish, listed, bounded), pause, retention,
 //! source checkpoints, destinations, the sink registry and replica
 //! heartbeats, and pending migrations. The [`super::Store`] trait's
 //! default methods call these; a backend only provides [`Sql`].
@@ -14,9 +15,10 @@ use std::time::Duration;
 use super::plan::{self, RowState};
 use super::sql::{Arg, Col, Rows, Sql, SqlTx, Stmt, Val};
 use super::{
-    DeadFilter, DeadLetter, DeliveryInfo, DeliveryProgress, DestinationRow, EventFilter,
-    EventSummary, ProducerRow, Purged, PutMode, QueueStats, RegisteredSink, SinkIdentity,
-    SinkQueue, SinkReplica, StoreError, StreamHead,
+    Attempt, AttemptFilter, AttemptNote, AttemptOutcome, DeadFilter, DeadLetter, DeliveryInfo,
+    DeliveryProgress, DeliveryStatus, DestinationRow, EventFilter, EventSummary, Finish,
+    ProducerRow, Purged, PutMode, QueueStats, RegisteredSink, SinkIdentity, SinkQueue, SinkReplica,
+    StoreError, StreamHead,
 };
 
 /// SQL text with its arguments, numbering placeholders as they are added.
@@ -1166,4 +1168,136 @@ pub async fn backfill_page(
     let created = add_backfill(sql, &mut *tx, key, &read.routed).await?;
     tx.commit().await?;
     Ok(read.done(created))
+}
+
+/// Failed attempts recorded per multi-row insert: 5 bound values a row
+/// keeps a statement far inside SQLite's and PostgreSQL's parameter limits.
+const ATTEMPT_ROWS: usize = 200;
+
+/// Inside a finish's transaction, after its fenced updates: record one row
+/// of `attempts` for each kept (`kept`: delivery ids whose fence held)
+/// `Retry` or `Dead` of `items`, with `notes[i]` for `items[i]` where
+/// given (see [`super::Store::finish_noted`]), then drop the rows of those
+/// deliveries past [`crate::limits::ATTEMPTS_KEPT`], oldest first. At most
+/// two statements per [`ATTEMPT_ROWS`] failures; none when nothing failed.
+pub async fn record_failures(
+    sql: &dyn Sql,
+    tx: &mut (dyn SqlTx + '_),
+    items: &[(i64, &str, &Finish)],
+    notes: &[Option<AttemptNote>],
+    kept: &HashSet<i64>,
+) -> Result<(), StoreError> {
+    let failed: Vec<(i64, AttemptNote, &str)> = items
+        .iter()
+        .enumerate()
+        .filter(|(_, (id, _, _))| kept.contains(id))
+        .filter_map(|(i, (id, _, finish))| {
+            let (default, reason) = match finish {
+                Finish::Retry { reason, .. } => (AttemptOutcome::Retry, reason.as_str()),
+                Finish::Dead { reason, .. } => (AttemptOutcome::Dead, reason.as_str()),
+                Finish::Delivered | Finish::Release => return None,
+            };
+            let note = notes.get(i).cloned().flatten().unwrap_or(AttemptNote {
+                outcome: default,
+                duration_ms: None,
+                status: super::attempt_status(reason),
+            });
+            Some((*id, note, reason))
+        })
+        .collect();
+    for chunk in failed.chunks(ATTEMPT_ROWS) {
+        let mut q = Builder::new(
+            "INSERT INTO {s}attempts (event_id, sink, stream, sequence, attempt, attempted_at, \
+             duration_ms, outcome, status, reason) ",
+        );
+        let mut selects = Vec::with_capacity(chunk.len());
+        for (id, note, reason) in chunk {
+            let id = q.arg(*id);
+            let duration = q.arg(note.duration_ms);
+            let outcome = q.arg(note.outcome.as_str());
+            let status = q.arg(Arg::OptText(note.status.clone()));
+            let reason = q.arg(*reason);
+            selects.push(format!(
+                "SELECT event_id, sink, stream, sequence, attempts, {{now}}, CAST({duration} AS BIGINT), \
+                 {outcome}, {status}, {reason} FROM {{s}}deliveries WHERE id = {id}"
+            ));
+        }
+        q.push(&selects.join(" UNION ALL "));
+        tx.rows(q.build(sql, &[])).await?;
+        let mut q = Builder::new(
+            "DELETE FROM {s}attempts WHERE id IN (SELECT id FROM (\
+             SELECT a.id, ROW_NUMBER() OVER (PARTITION BY a.event_id, a.sink ORDER BY a.id DESC) AS n \
+             FROM {s}attempts a JOIN {s}deliveries d ON a.event_id = d.event_id AND a.sink = d.sink \
+             WHERE d.id IN (",
+        );
+        let ids: Vec<String> = chunk.iter().map(|(id, _, _)| q.arg(*id)).collect();
+        q.push(&ids.join(", "));
+        let keep = q.arg(crate::limits::ATTEMPTS_KEPT as i64);
+        q.push(&format!(")) AS ranked WHERE n > {keep})"));
+        tx.rows(q.build(sql, &[])).await?;
+    }
+    Ok(())
+}
+
+/// Failed attempts matching `f`, newest first, at most `limit`.
+pub async fn list_attempts(
+    sql: &dyn Sql,
+    f: &AttemptFilter,
+    limit: u32,
+) -> Result<Vec<Attempt>, StoreError> {
+    let d = sql.dialect();
+    let mut q = Builder::new(format!(
+        "SELECT event_id, sink, stream, sequence, CAST(attempt AS BIGINT), {}, duration_ms, \
+         outcome, status, reason FROM {{s}}attempts WHERE 1 = 1",
+        d.time_as_ms("attempted_at")
+    ));
+    push_equal(&mut q, [("sink", &f.sink), ("event_id", &f.event_id)]);
+    push_time_range(sql, &mut q, "attempted_at", f.since_ms, f.until_ms);
+    let p = q.arg(limit as i64);
+    q.push(&format!(" ORDER BY attempted_at DESC, id DESC LIMIT {p}"));
+    use Col::*;
+    let rows = sql
+        .read(q.build(
+            sql,
+            &[Text, Text, Text, Int, Int, Int, OptInt, Text, OptText, Text],
+        ))
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let outcome = AttemptOutcome::parse(&r[7].text())
+                .ok_or_else(|| StoreError::Corrupt(format!("attempts.outcome {:?}", r[7])))?;
+            Ok(Attempt {
+                event_id: r[0].text(),
+                sink: r[1].text(),
+                stream: r[2].text(),
+                sequence: r[3].int() as u64,
+                attempt: r[4].int() as u32,
+                attempted_at_ms: r[5].int(),
+                duration_ms: r[6].opt_int(),
+                outcome,
+                status: r[8].opt_text(),
+                reason: r[9].text(),
+            })
+        })
+        .collect()
+}
+
+/// Delete up to `limit` failed attempts recorded more than `older_than`
+/// ago, oldest first; how many.
+pub async fn purge_attempts(
+    sql: &dyn Sql,
+    older_than: Duration,
+    limit: u32,
+) -> Result<u64, StoreError> {
+    let template = format!(
+        "DELETE FROM {{s}}attempts WHERE id IN (SELECT id FROM {{s}}attempts \
+         WHERE attempted_at < {} ORDER BY attempted_at LIMIT $2) RETURNING CAST(1 AS BIGINT)",
+        sql.dialect().ms_ago("$1")
+    );
+    let gone = sql
+        .write(vec![stmt(sql, &template, &[Col::Int])
+            .arg(older_than.as_millis() as i64)
+            .arg(limit as i64)])
+        .await?;
+    Ok(gone.first().map_or(0, |rows| rows.len() as u64))
 }

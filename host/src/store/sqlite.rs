@@ -23,8 +23,8 @@ use super::sql::{Dialect, Sql, SqlTx};
 use crate::limits;
 
 use super::{
-    new_lease_token, shared, Claimed, Finish, IngestError, IngestItem, Ingested, RouteFn, Store,
-    StoreError, StoredEvent,
+    new_lease_token, shared, AttemptNote, Claimed, Finish, IngestError, IngestItem, Ingested,
+    RouteFn, Store, StoreError, StoredEvent,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -402,7 +402,11 @@ impl Store for SqliteStore {
         plan::assemble_claims(leased, &events, &token)
     }
 
-    async fn finish_many(&self, items: &[(i64, &str, &Finish)]) -> Result<Vec<bool>, StoreError> {
+    async fn finish_noted(
+        &self,
+        items: &[(i64, &str, &Finish)],
+        notes: &[Option<AttemptNote>],
+    ) -> Result<Vec<bool>, StoreError> {
         // One transaction (one commit, one fsync) for a whole batch.
         let mut tx = SqliteTx(self.writer.begin().await?);
         let now = now_ms(&mut tx.0).await?;
@@ -412,11 +416,12 @@ impl Store for SqliteStore {
         heads
             .moved
             .extend(fenced_many(&mut tx.0, &set, &plan.delivered).await?);
+        let mut failed = std::collections::HashSet::new();
         for ((id, token), delay, reason) in &plan.retry {
             let set = format!("next_attempt_at = {}, last_error = ?", now + delay);
-            heads
-                .waiting
-                .extend(fenced(&mut tx.0, &set, Some(reason), *id, token).await?);
+            let retried = fenced(&mut tx.0, &set, Some(reason), *id, token).await?;
+            failed.extend(retried.iter().map(|row| row.0));
+            heads.waiting.extend(retried);
         }
         let behind = shared::behind_earlier(self, &mut tx, &plan.blocking).await?;
         plan.settle(items, &behind);
@@ -425,6 +430,7 @@ impl Store for SqliteStore {
             let set = format!("status = 'dead', finished_at = {now}, last_error = ?");
             dead.extend(fenced(&mut tx.0, &set, Some(reason), *id, token).await?);
         }
+        failed.extend(dead.iter().map(|row: &KeptRow| row.0));
         heads.add_dead(dead, &plan);
         let set = "attempts = attempts - 1, \
                    first_attempt_at = CASE WHEN attempts <= 1 THEN NULL ELSE first_attempt_at END";
@@ -432,6 +438,9 @@ impl Store for SqliteStore {
             .waiting
             .extend(fenced_many(&mut tx.0, set, &plan.release).await?);
         apply_heads(&mut tx.0, &heads).await?;
+        if !failed.is_empty() {
+            shared::record_failures(self, &mut tx, items, notes, &failed).await?;
+        }
         tx.0.commit().await?;
         Ok(heads.kept(items))
     }

@@ -1,5 +1,6 @@
 //! The admin actions: every operation an operator runs on a daemon —
-//! events ([`events`]), streams' heads ([`streams`]), dead letters ([`dead`]), sinks and backfill
+//! events ([`events`]), streams' heads ([`streams`]), failed attempts
+//! ([`attempts`]), dead letters ([`dead`]), sinks and backfill
 //! ([`sinks`]), sources ([`sources`]), destinations ([`destinations`],
 //! platform [`sync`]), producers ([`producers`]) and secrets at rest
 //! ([`secrets`]). The HTTP admin API (`super::admin`, under `/v1/admin/`)
@@ -16,6 +17,7 @@
 //! change anything beyond what the action's name says; answer with a
 //! secret except where an action says it shows one once.
 
+pub mod attempts;
 pub mod dead;
 pub mod destinations;
 pub mod events;

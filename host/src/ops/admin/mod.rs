@@ -27,7 +27,7 @@ use serde_json::json;
 
 use super::actions::dead::{self, DeadSelection};
 use super::actions::sinks::{self, BackfillRequest};
-use super::actions::{events, invalid, AdminError};
+use super::actions::{attempts, events, invalid, AdminError};
 use super::OpsState;
 use crate::store::DeadFilter;
 
@@ -38,6 +38,7 @@ pub fn router(state: OpsState) -> Router {
         .route("/v1/admin/events/{id}", get(show_event))
         .route("/v1/admin/events/{id}/body", get(show_body))
         .route("/v1/admin/streams/{stream}", get(show_stream))
+        .route("/v1/admin/attempts", get(list_attempts))
         .route("/v1/admin/dead", get(list_dead))
         .route("/v1/admin/dead/replay", post(replay_dead))
         .route("/v1/admin/dead/purge", post(purge_dead))
@@ -165,6 +166,15 @@ async fn show_body(State(state): State<OpsState>, Path(id): Path<String>) -> Res
 /// `GET /v1/admin/streams/{stream}`: [`super::actions::streams::StreamView`].
 async fn show_stream(State(state): State<OpsState>, Path(stream): Path<String>) -> Response {
     answer(super::actions::streams::show(&state.destinations(), &stream).await)
+}
+
+/// `GET /v1/admin/attempts?sink=&event_id=&since=&until=&limit=`:
+/// [`attempts::Attempts`], newest first.
+async fn list_attempts(
+    State(state): State<OpsState>,
+    Query(q): Query<attempts::AttemptQuery>,
+) -> Response {
+    answer(attempts::list(&*state.store, &q).await)
 }
 
 /// Query of `GET /v1/admin/dead`: the fields of the replay and purge body
