@@ -16,9 +16,9 @@ use super::plan::{self, RowState};
 use super::sql::{Arg, Col, Rows, Sql, SqlTx, Stmt, Val};
 use super::{
     Attempt, AttemptFilter, AttemptNote, AttemptOutcome, DeadFilter, DeadLetter, DeliveryInfo,
-    DeliveryProgress, DeliveryStatus, DestinationRow, EventFilter, EventSummary, Finish,
-    ProducerRow, Purged, PutMode, QueueStats, RegisteredSink, SinkIdentity, SinkQueue, SinkReplica,
-    StoreError, StreamHead,
+    DeliveryProgress, DestinationRow, EventFilter, EventSummary, Finish, ProducerRow, Purged,
+    PutMode, QueueStats, RegisteredSink, SinkIdentity, SinkQueue, SinkReplica, StoreError,
+    StreamHead,
 };
 
 /// SQL text with its arguments, numbering placeholders as they are added.
