@@ -605,13 +605,28 @@ def sqlite_stage(ctx):
     return out
 
 
-def webhook_cost(ctx):
-    """bench/rust/examples/webhook_bench.rs: the `webhook` plugin's own POSTs
-    (fresh instance per batch of 100, 32 in flight over the host's pooled
-    keep-alive client) against a native pooled hyper client sending the
-    same signed requests with as many in flight, to the same receiver,
-    alternating rounds."""
-    out = subprocess.run([ctx.example("webhook_bench"), "--url", ctx.receiver_url,
+def outbound_aims(R):
+    """The outbound HTTP path's aims, with this run's figures: (name, aim,
+    figure) for each stage that ran."""
+    aims = []
+    if R.get("webhook_cost"):
+        aims.append(("webhook plugin / native pooled client (4i)", 0.8, R["webhook_cost"]["ratio"]))
+    if R.get("awareness_cost"):
+        aims.append(("awareness plugin / native pooled client (4i)", 0.8, R["awareness_cost"]["ratio"]))
+    ps = R.get("plugin_share")
+    if ps:
+        aims.append(("WASM webhook / WASM no-op, end to end (4)", 0.9,
+                     ps["webhook"]["e2e_eps"] / ps["noop"]["e2e_eps"]))
+    return aims
+
+
+def webhook_cost(ctx, sink="webhook"):
+    """bench/rust/examples/webhook_bench.rs: the `webhook` (or `awareness`)
+    plugin's own POSTs (fresh instance per batch of 100, 32 in flight over
+    the host's pooled keep-alive client, through `http-batch`) against a
+    native pooled hyper client sending the same requests with as many in
+    flight, to the same receiver, alternating rounds."""
+    out = subprocess.run([ctx.example("webhook_bench"), "--url", ctx.receiver_url, "--sink", sink,
                           "--events", str(ctx.size.get("webhook_n", 20_000)),
                           "--rounds", str(ctx.size.get("webhook_rounds", 3))],
                          check=True, capture_output=True, text=True)
@@ -1064,6 +1079,9 @@ def summarise(ctx):
     wc = R.get("webhook_cost")
     if wc:
         s["webhook plugin / native pooled client (requests/s)"] = round(wc["ratio"], 2)
+    ac = R.get("awareness_cost")
+    if ac:
+        s["awareness plugin / native pooled client (requests/s)"] = round(ac["ratio"], 2)
     sc = R.get("source_cost")
     if sc:
         s["amqp source / lapin + sqlx consumer"] = sc["ratio"]
@@ -1272,6 +1290,19 @@ def markdown(ctx):
                 f"| native pooled client | {fmt(wc['native_rps'])} |",
                 f"| WASM webhook plugin | {fmt(wc['plugin_rps'])} |",
                 f"| **ratio** | **{wc['ratio']:.2f}** |"]
+    ac = R.get("awareness_cost")
+    if ac:
+        out += ["", "The `awareness` sink the same way (`--sink awareness`): its `POST /ingest` against a native "
+                "client sending the same JSON body and headers.", "",
+                "| client | requests/s |", "|---|---|",
+                f"| native pooled client | {fmt(ac['native_rps'])} |",
+                f"| WASM awareness plugin | {fmt(ac['plugin_rps'])} |",
+                f"| **ratio** | **{ac['ratio']:.2f}** |"]
+    aims = outbound_aims(R)
+    if aims:
+        out += ["", "### Outbound HTTP aims", "", "| aim | figure | |", "|---|---|---|",
+                *[f"| {name} ≥ {aim} | {fmt(got, 2)} | {'met' if got >= aim else 'missed'} |"
+                  for name, aim, got in aims]]
     dc = R.get("destinations_cost")
     if dc:
         out += ["", "## 4e. Destinations", "",
@@ -1447,6 +1478,11 @@ def main():
             log("webhook plugin against a native pooled HTTP client")
             ctx.results["webhook_cost"] = webhook_cost(ctx)
             log(json.dumps(ctx.results["webhook_cost"]))
+            log("awareness plugin against a native pooled HTTP client")
+            ctx.results["awareness_cost"] = webhook_cost(ctx, "awareness")
+            log(json.dumps(ctx.results["awareness_cost"]))
+            for name, aim, got in outbound_aims(ctx.results):
+                log(f"aim: {name} >= {aim}: {got:.2f} ({'met' if got >= aim else 'missed'})")
         if "plugincost" not in ctx.skip:
             log("plugin call against a native sink")
             ctx.results["plugin_cost"] = plugin_cost(ctx)

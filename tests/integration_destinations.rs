@@ -89,7 +89,7 @@ use common::both_stores;
 
 both_stores!(
     fifty_destinations_each_get_exactly_their_events_in_order_signed_with_their_own_secret,
-    a_failing_and_a_rate_limited_destination_hold_back_no_other,
+    a_failing_a_slow_a_throttling_and_a_rate_limited_destination_hold_back_no_other,
     backfill_update_park_and_purge_while_running,
     a_destination_failing_for_the_disable_period_is_disabled_and_resumes,
     bad_input_is_refused_naming_the_field_and_nothing_is_created,
@@ -211,17 +211,26 @@ async fn fifty_destinations_each_get_exactly_their_events_in_order_signed_with_t
     db.cleanup().await;
 }
 
-async fn a_failing_and_a_rate_limited_destination_hold_back_no_other(backend: Backend) {
+async fn a_failing_a_slow_a_throttling_and_a_rate_limited_destination_hold_back_no_other(
+    backend: Backend,
+) {
     let (failing, limited, healthy, fallback) = (
         Receiver::start().await,
         Receiver::start().await,
         Receiver::start().await,
         Receiver::start().await,
     );
+    let (slow, throttling) = (Receiver::start().await, Receiver::start().await);
     for _ in 0..10_000 {
         failing.script(503, &[], "down");
+        throttling.script(429, &[("retry-after", "60")], "slow down");
     }
-    let plugins = plugins(&fallback, &[&failing, &limited, &healthy]);
+    // Each answer takes 3 s: 40 events on 4 streams take at least 30 s.
+    slow.set_delay(Duration::from_secs(3));
+    let plugins = plugins(
+        &fallback,
+        &[&failing, &limited, &healthy, &slow, &throttling],
+    );
     let db = TestDb::new(backend).await;
     let d = start(&plugins, &db, |_| {}).await;
     create(&d, "failing", json!({ "config": { "url": failing.url() } })).await;
@@ -232,6 +241,13 @@ async fn a_failing_and_a_rate_limited_destination_hold_back_no_other(backend: Ba
     )
     .await;
     create(&d, "healthy", json!({ "config": { "url": healthy.url() } })).await;
+    create(&d, "slow", json!({ "config": { "url": slow.url() } })).await;
+    create(
+        &d,
+        "throttling",
+        json!({ "config": { "url": throttling.url() } }),
+    )
+    .await;
     const N: usize = 40;
     let started = Instant::now();
     let batch: Vec<Value> = (0..N)
@@ -259,6 +275,21 @@ async fn a_failing_and_a_rate_limited_destination_hold_back_no_other(backend: Ba
     assert!(
         failing.count() > 0,
         "the failing destination was never tried"
+    );
+    // The slow receiver has had at most one round per 3 s per stream, and
+    // the throttling one its first request per stream, then a 60 s wait.
+    assert!(
+        slow.count() < N,
+        "the slow destination had all {N} when the healthy one finished ({healthy_done:?})"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || throttling.count() > 0).await,
+        "the throttling destination was never tried"
+    );
+    assert!(
+        throttling.count() <= 4,
+        "the throttling destination had {} requests, more than one per stream",
+        throttling.count()
     );
     assert!(
         eventually(Duration::from_secs(60), || limited.count() >= N).await,

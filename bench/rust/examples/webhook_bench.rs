@@ -12,13 +12,18 @@
 //! requests run at once on both sides (the plugin's `max-concurrency`),
 //! batch after batch.
 //!
+//! `--sink awareness` does the same with the `awareness` sink: its
+//! `POST /ingest` (the shared mapping's JSON body, `x-ingest-secret`)
+//! against a native client sending the same body, built with serde_json,
+//! and the same headers.
+//!
 //! `--only plugin` (or `native`) runs one side alone, for a profiler
 //! (`perf record`) to see that side's time only; no ratio is printed then.
 //!
 //! ```sh
 //! scripts/build-plugins.sh
 //! cargo run --release -p outboxd-bench --example bench_http -- receive --listen 127.0.0.1:18090 &
-//! cargo run --release -p outboxd-bench --example webhook_bench -- --url http://127.0.0.1:18090 [--events 20000] [--rounds 3] [--batch 100] [--in-flight 32]
+//! cargo run --release -p outboxd-bench --example webhook_bench -- --url http://127.0.0.1:18090 [--events 20000] [--rounds 3] [--batch 100] [--in-flight 32] [--sink webhook|awareness]
 //! ```
 //!
 //! Prints one line per round and, last, one JSON object: requests/s of
@@ -52,6 +57,8 @@ struct Args {
     in_flight: usize,
     /// Run only this side (`plugin` or `native`); both when `None`.
     only: Option<String>,
+    /// `webhook` or `awareness`.
+    sink: String,
 }
 
 fn args() -> Args {
@@ -62,6 +69,7 @@ fn args() -> Args {
         batch: 100,
         in_flight: 32,
         only: None,
+        sink: "webhook".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,8 +87,10 @@ fn args() -> Args {
             "--in-flight" => a.in_flight = number(),
             "--only" if value == "plugin" || value == "native" => a.only = Some(value),
             "--only" => panic!("--only takes plugin or native"),
+            "--sink" if value == "webhook" || value == "awareness" => a.sink = value,
+            "--sink" => panic!("--sink takes webhook or awareness"),
             other => panic!(
-                "unknown flag {other} (known: --url, --events, --rounds, --batch, --in-flight, --only)"
+                "unknown flag {other} (known: --url, --events, --rounds, --batch, --in-flight, --only, --sink)"
             ),
         }
     }
@@ -91,7 +101,19 @@ fn args() -> Args {
     a
 }
 
-fn load_plugin(url: &str, in_flight: usize) -> anyhow::Result<plugin::Plugin> {
+/// The awareness sink's ingest secret on both sides.
+const INGEST_SECRET: &str = "bench ingest secret";
+
+fn load_plugin(sink: &str, url: &str, in_flight: usize) -> anyhow::Result<plugin::Plugin> {
+    if sink == "awareness" {
+        let manifest = format!(
+            "name = \"awareness\"\nversion = \"0.1.0\"\ncomponent = \"awareness.wasm\"\nwit = \"outboxd:sink@0.1.2\"\n\
+             [limits]\ndeadline = \"30s\"\nmax-batch = 1000\n\
+             [capabilities]\nhttp = [{url:?}]\n\
+             [config]\nurl = \"{url}\"\nsecret = {INGEST_SECRET:?}\nmax-concurrency = \"{in_flight}\"\n"
+        );
+        return common::load_plugin("awareness", &manifest);
+    }
     let manifest = format!(
         "name = \"webhook\"\nversion = \"0.1.0\"\ncomponent = \"webhook.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n\
          [limits]\ndeadline = \"30s\"\nmax-batch = 1000\n\
@@ -118,7 +140,13 @@ fn event(round: usize, i: usize) -> Event {
         datacontenttype: Some("application/json".into()),
         dataschema: None,
         data: data.into_bytes(),
-        extensions: Vec::new(),
+        // What the awareness mapping reads (the webhook sink sends them as
+        // `ce-` headers only when asked; it is not, here).
+        extensions: vec![
+            ("schemaid".into(), "bench-schema".into()),
+            ("w3id".into(), "@bench".into()),
+            ("operation".into(), "update".into()),
+        ],
         attempt: 1,
         ingested_at: "2026-11-30T01:02:03.456789Z".into(),
     }
@@ -144,10 +172,34 @@ async fn through_plugin(
 
 type Native = Client<hyper_util::client::legacy::connect::HttpConnector, Full<bytes::Bytes>>;
 
+/// The awareness sink's request for `e`, built natively: the same JSON
+/// fields in the same order, and the same headers.
+fn awareness_request(url: &str, e: &Event) -> anyhow::Result<http::Request<Full<bytes::Bytes>>> {
+    let data: serde_json::Value = serde_json::from_slice(&e.data)?;
+    let ext = |name: &str| {
+        e.extensions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let body = serde_json::to_vec(&json!({
+        "eventId": e.id, "id": e.stream, "w3id": ext("w3id"), "evaultPublicKey": null,
+        "data": data, "schemaId": ext("schemaid"), "operation": ext("operation"),
+        "requestingPlatform": null, "occurredAt": e.time, "streamVersion": e.sequence,
+    }))?;
+    Ok(http::Request::post(format!("{url}/ingest"))
+        .header("content-type", "application/json")
+        .header("content-length", body.len())
+        .header("user-agent", "outboxd-bench-native")
+        .header("x-ingest-secret", INGEST_SECRET)
+        .body(Full::new(bytes::Bytes::from(body)))?)
+}
+
 /// The same requests (CloudEvents binary headers, Standard Webhooks
 /// signature made per request) from a native pooled client, `in_flight` at
 /// a time, batch after batch.
 async fn native(
+    sink: &str,
     client: &Native,
     url: &str,
     events: &[Event],
@@ -161,6 +213,13 @@ async fn native(
         let sends = chunk.iter().map(|e| {
             let key = key.clone();
             async move {
+                if sink == "awareness" {
+                    let response = client.request(awareness_request(url, e)?).await?;
+                    let status = response.status();
+                    response.into_body().collect().await?;
+                    anyhow::ensure!(status.is_success(), "receiver answered {status}");
+                    return anyhow::Ok(());
+                }
                 let timestamp = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)?
                     .as_secs();
@@ -212,7 +271,7 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let plugin = load_plugin(&args.url, args.in_flight)?;
+    let plugin = load_plugin(&args.sink, &args.url, args.in_flight)?;
     let client: Native = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(64)
         .build_http();
@@ -223,7 +282,15 @@ async fn main() -> anyhow::Result<()> {
     // Warm up both sides (connections, compiled code), uncounted.
     let warm: Vec<Event> = (0..args.batch).map(|i| event(0, i)).collect();
     through_plugin(&plugin, &warm, args.batch).await?;
-    native(&client, &args.url, &warm, args.batch, args.in_flight).await?;
+    native(
+        &args.sink,
+        &client,
+        &args.url,
+        &warm,
+        args.batch,
+        args.in_flight,
+    )
+    .await?;
     let (mut plugin_rps, mut native_rps) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
         let events: Vec<Event> = (0..args.events).map(|i| event(round, i)).collect();
@@ -237,7 +304,15 @@ async fn main() -> anyhow::Result<()> {
                 let t = through_plugin(&plugin, &events, args.batch).await?;
                 plugin_rps.push(args.events as f64 / t.as_secs_f64());
             } else {
-                let t = native(&client, &args.url, &events, args.batch, args.in_flight).await?;
+                let t = native(
+                    &args.sink,
+                    &client,
+                    &args.url,
+                    &events,
+                    args.batch,
+                    args.in_flight,
+                )
+                .await?;
                 native_rps.push(args.events as f64 / t.as_secs_f64());
             }
         }
@@ -260,7 +335,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "{}",
         json!({
-            "requests": args.events, "rounds": args.rounds, "batch": args.batch,
+            "sink": args.sink, "requests": args.events, "rounds": args.rounds, "batch": args.batch,
             "in_flight": args.in_flight, "plugin_rps": p, "native_rps": n, "ratio": p / n,
         })
     );

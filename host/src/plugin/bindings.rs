@@ -7,11 +7,18 @@
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "sink",
-    // Publishing waits on the broker's confirms: an async host function.
-    imports: { "outboxd:sink/amqp.publish-batch": async },
+    // Publishing waits on the broker's confirms, and a batch of HTTP
+    // requests on their answers: async host functions.
+    imports: {
+        "outboxd:sink/amqp.publish-batch": async,
+        "outboxd:sink/http-batch.send-batch": async,
+    },
     exports: { default: async },
 });
 
 pub use self::outboxd::sink::amqp::{Message as AmqpMessage, PublishError};
+pub use self::outboxd::sink::http_batch::{
+    Request as HttpBatchRequest, RequestError as HttpRequestError, Response as HttpBatchResponse,
+};
 pub use self::outboxd::sink::log::Level;
 pub use self::outboxd::sink::types::RetryInfo;

@@ -62,7 +62,7 @@ async fn check(
     let plugin = runtime.prepare(manifest, &component)?;
     if ty
         .imports(runtime.engine())
-        .any(|(name, _)| name.starts_with("wasi:http/"))
+        .any(|(name, _)| name.starts_with("wasi:http/") || is_http_batch(name))
     {
         check_config_urls(plugin.manifest())?;
     }
@@ -215,7 +215,13 @@ async fn check_init(plugin: &Plugin, unresolved: &[Unresolved]) -> Result<(), St
     Ok(())
 }
 
-/// What an import gives a plugin, where that is less than its name says
+/// Whether `name` is outboxd's own batch HTTP interface (any version).
+fn is_http_batch(name: &str) -> bool {
+    name.starts_with("outboxd:sink/http-batch")
+}
+
+/// What an import gives a plugin, where that is less (or other) than its
+/// name says
 /// (docs/plugins.md, "What a plugin can reach").
 fn import_note(name: &str) -> Option<&'static str> {
     if name.starts_with("wasi:sockets/") {
@@ -224,6 +230,8 @@ fn import_note(name: &str) -> Option<&'static str> {
         Some("linked; no directory is open")
     } else if name.starts_with("wasi:cli/environment") {
         Some("linked; no variables, no arguments")
+    } else if is_http_batch(name) {
+        Some("many requests per call, to capabilities.http only")
     } else {
         None
     }

@@ -1,6 +1,6 @@
 //! The state of one plugin instance's store, and every host function the
 //! `outboxd:sink` world and WASI give it: the WASI and `wasi:http` views,
-//! `log`, `types`, `amqp` and `trace`. Beside [`super::bindings`], as wasmtime keeps
+//! `log`, `types`, `amqp`, `http-batch` and `trace`. Beside [`super::bindings`], as wasmtime keeps
 //! host state and generated impls beside the bindings.
 //!
 //! Owns: [`HostState`] (one per batch, built by the runtime) and its
@@ -15,7 +15,9 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::amqp::AmqpAccess;
-use super::bindings::{self, AmqpMessage, Level, PublishError};
+use super::bindings::{
+    self, AmqpMessage, HttpBatchRequest, HttpBatchResponse, HttpRequestError, Level, PublishError,
+};
 use super::egress::EgressHooks;
 use super::guest_text;
 use super::log_limit::{self, LogLimit, PLUGIN_LOG_TARGET};
@@ -127,6 +129,15 @@ impl bindings::outboxd::sink::types::Host for HostState {}
 impl bindings::outboxd::sink::trace::Host for HostState {
     fn traceparent(&mut self, event_id: String) -> Option<String> {
         self.trace.traceparent(&event_id)
+    }
+}
+
+impl bindings::outboxd::sink::http_batch::Host for HostState {
+    async fn send_batch(
+        &mut self,
+        requests: Vec<HttpBatchRequest>,
+    ) -> Vec<Result<HttpBatchResponse, HttpRequestError>> {
+        self.hooks.send_batch(requests).await
     }
 }
 

@@ -17,11 +17,10 @@ mod answer;
 mod config;
 mod request;
 
-use std::borrow::Cow;
-
 use config::Config;
+use outboxd_sink::batch::{self, BatchRequest};
 use outboxd_sink::configured::Configured;
-use outboxd_sink::pending::{self, Answer, Post, Progress, Request};
+use outboxd_sink::pending;
 use outboxd_sink::{streams, Event, Outcome};
 
 /// The configuration `init` accepted, for this instance's `deliver` call.
@@ -46,18 +45,11 @@ impl outboxd_sink::Guest for Awareness {
     }
 }
 
-/// Builds `event`'s request and starts it.
-fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
+/// Builds `event`'s request; `Err` is an outcome decided without sending.
+fn start(config: &Config, event: &Event) -> Result<BatchRequest, Outcome> {
     match request::build_traced(config, event) {
-        Ok((headers, body)) => {
-            let post = Post {
-                url: &config.ingest,
-                headers: &headers,
-                timeout: config.timeout,
-            };
-            Request::start(post, Cow::Owned(body))
-        }
-        Err(reason) => Progress::Done(Answer::Decided(Outcome::Reject(reason))),
+        Ok((headers, body)) => Ok(batch::post(&config.ingest, headers, body, config.timeout)),
+        Err(reason) => Err(Outcome::Reject(reason)),
     }
 }
 

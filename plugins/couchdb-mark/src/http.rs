@@ -1,20 +1,22 @@
-//! HTTP requests through `wasi:http/outgoing-handler`, many in flight at
-//! once.
-//!
-//! Host resources are dropped children first (pollable, stream, body,
-//! response): the host refuses to drop a resource whose children live.
+//! HTTP requests to the CouchDB server, all of a round in one host call
+//! (`outboxd:sink/http-batch`): the host sends them at once over its
+//! pooled client and answers each.
 
-use wasip2::http::outgoing_handler;
-use wasip2::http::types::{
-    ErrorCode, Fields, FutureIncomingResponse, IncomingBody, Method, OutgoingBody, OutgoingRequest,
-    RequestOptions, Scheme,
+use crate::bindings::outboxd::sink::http_batch::{
+    send_batch, Request as BatchRequest, RequestError,
 };
-use wasip2::io::poll::{poll, Pollable};
 
 use crate::config::Config;
 
 /// Largest response body read; a document over this is an error.
 pub const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// A request method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Put,
+}
 
 /// An answer: status and body.
 pub struct Response {
@@ -29,85 +31,40 @@ pub struct Request {
     pub body: Option<Vec<u8>>,
 }
 
-/// Send `requests` all at once and wait for every answer together
-/// (`wasi:io/poll`), so documents are marked concurrently. `results[i]`
-/// answers `requests[i]`; `Err` is a transport failure, worded for a retry
-/// reason.
+/// Send `requests` all at once and wait for every answer together, so
+/// documents are marked concurrently. `results[i]` answers `requests[i]`;
+/// `Err` is a transport failure, worded for a retry reason.
 pub fn send_all(config: &Config, requests: &[Request]) -> Vec<Result<Response, String>> {
-    let started: Vec<Result<FutureIncomingResponse, String>> =
-        requests.iter().map(|r| start(config, r)).collect();
-    let mut out: Vec<Option<Result<Response, String>>> = started
+    let scheme = if config.https { "https" } else { "http" };
+    let built: Vec<BatchRequest> = requests
         .iter()
-        .map(|s| s.as_ref().err().map(|e| Err(e.clone())))
+        .map(|r| BatchRequest {
+            method: match r.method {
+                Method::Get => "GET".into(),
+                Method::Put => "PUT".into(),
+            },
+            url: format!("{scheme}://{}{}{}", config.authority, config.prefix, r.path),
+            headers: headers(config, r),
+            body: r.body.clone().unwrap_or_default(),
+            timeout_ms: Some(config.timeout_ns / 1_000_000),
+            // One byte past the bound tells a document over it.
+            keep_body_bytes: (MAX_BODY + 1) as u32,
+        })
         .collect();
-    loop {
-        let waiting: Vec<usize> = (0..out.len()).filter(|i| out[*i].is_none()).collect();
-        if waiting.is_empty() {
-            break;
-        }
-        let ready = {
-            let pollables: Vec<Pollable> = waiting
-                .iter()
-                .filter_map(|i| started[*i].as_ref().ok().map(|f| f.subscribe()))
-                .collect();
-            let refs: Vec<&Pollable> = pollables.iter().collect();
-            poll(&refs)
-        };
-        for r in ready {
-            let i = waiting[r as usize];
-            if let Ok(future) = &started[i] {
-                out[i] = Some(finish(future));
-            }
-        }
+    if built.is_empty() {
+        return Vec::new();
     }
-    out.into_iter()
-        .map(|r| r.unwrap_or_else(|| Err("no response".into())))
+    send_batch(&built)
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(r) if r.body.len() > MAX_BODY => Err(format!("response body over {MAX_BODY} bytes")),
+            Ok(r) => Ok(Response {
+                status: r.status,
+                body: r.body,
+            }),
+            Err(e) => Err(transport(&e)),
+        })
         .collect()
-}
-
-/// Hands `r` to the host and writes its body; returns the response future.
-fn start(config: &Config, r: &Request) -> Result<FutureIncomingResponse, String> {
-    let headers = headers(config, r);
-    let fields = Fields::from_list(&headers).map_err(|e| {
-        format!(
-            "request headers refused ({})",
-            outboxd_sink::outcome::header_error_name(&e)
-        )
-    })?;
-    let request = OutgoingRequest::new(fields);
-    let scheme = if config.https {
-        Scheme::Https
-    } else {
-        Scheme::Http
-    };
-    let full_path = format!("{}{}", config.prefix, r.path);
-    let accepted = request.set_method(&r.method).is_ok()
-        && request.set_scheme(Some(&scheme)).is_ok()
-        && request.set_authority(Some(&config.authority)).is_ok()
-        && request.set_path_with_query(Some(&full_path)).is_ok();
-    if !accepted {
-        return Err("the host refused the configured url".into());
-    }
-    let outgoing = request
-        .body()
-        .map_err(|_| "the host gave the request no body".to_string())?;
-    let options = RequestOptions::new();
-    let _ = options.set_connect_timeout(Some(config.timeout_ns));
-    let _ = options.set_first_byte_timeout(Some(config.timeout_ns));
-    let _ = options.set_between_bytes_timeout(Some(config.timeout_ns));
-    let future = outgoing_handler::handle(request, Some(options)).map_err(|e| transport(&e))?;
-    if let Some(bytes) = &r.body {
-        if let Ok(stream) = outgoing.write() {
-            for chunk in bytes.chunks(4096) {
-                if stream.blocking_write_and_flush(chunk).is_err() {
-                    break; // the response says why
-                }
-            }
-            drop(stream);
-        }
-    }
-    let _ = OutgoingBody::finish(outgoing, None);
-    Ok(future)
 }
 
 /// The headers of `r`. A body goes with its `content-length`: without one
@@ -125,48 +82,17 @@ fn headers(config: &Config, r: &Request) -> Vec<(String, Vec<u8>)> {
     headers
 }
 
-/// The answer of a ready response future, its body read whole.
-fn finish(future: &FutureIncomingResponse) -> Result<Response, String> {
-    let response = match future.get() {
-        Some(Ok(Ok(r))) => r,
-        Some(Ok(Err(code))) => return Err(transport(&code)),
-        _ => return Err("no response".into()),
-    };
-    let status = response.status();
-    let incoming = response
-        .consume()
-        .map_err(|_| "response body unavailable".to_string())?;
-    drop(response);
-    let body = read_all(&incoming)?;
-    drop(incoming);
-    Ok(Response { status, body })
-}
-
-fn read_all(incoming: &IncomingBody) -> Result<Vec<u8>, String> {
-    let stream = incoming
-        .stream()
-        .map_err(|_| "response body unavailable".to_string())?;
-    let mut body = Vec::new();
-    // An error is the stream closing: the body is complete.
-    while let Ok(bytes) = stream.blocking_read(64 * 1024) {
-        body.extend_from_slice(&bytes);
-        if body.len() > MAX_BODY {
-            return Err(format!("response body over {MAX_BODY} bytes"));
-        }
-    }
-    Ok(body)
-}
-
 /// A transport error as a retry reason, ending in the `wasi:http` code as
 /// the WIT spells it.
-fn transport(code: &ErrorCode) -> String {
-    let name = outboxd_sink::outcome::wit_name(code);
-    match code {
-        ErrorCode::ConnectionRefused => format!("connection refused ({name})"),
-        ErrorCode::ConnectionTimeout => format!("connection timed out ({name})"),
-        ErrorCode::HttpRequestDenied => {
+fn transport(error: &RequestError) -> String {
+    let name = error.code.as_str();
+    match name {
+        "connection-refused" => format!("connection refused ({name})"),
+        "connection-timeout" => format!("connection timed out ({name})"),
+        "HTTP-request-denied" => {
             format!("request denied by the host (capabilities.http) ({name})")
         }
+        "forbidden" | "invalid-syntax" => format!("request headers refused ({name})"),
         _ => format!("HTTP transport error: {name}"),
     }
 }
@@ -204,12 +130,16 @@ mod tests {
 
     #[test]
     fn transport_errors_name_the_wit_code() {
+        let error = |code: &str| RequestError {
+            code: code.into(),
+            message: String::new(),
+        };
         assert_eq!(
-            transport(&ErrorCode::ConnectionRefused),
+            transport(&error("connection-refused")),
             "connection refused (connection-refused)"
         );
         assert_eq!(
-            transport(&ErrorCode::HttpResponseTimeout),
+            transport(&error("HTTP-response-timeout")),
             "HTTP transport error: HTTP-response-timeout"
         );
     }

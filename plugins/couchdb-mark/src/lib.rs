@@ -6,11 +6,12 @@
 //! The event's stream is the document id and its id the entry's
 //! `event_id` (as the `couchdb` source relays them). The host creates a
 //! fresh instance per batch and calls `init` with the manifest's
-//! `[config]`, then `deliver` once; `deliver` marks the events with
-//! `wasi:http/outgoing-handler`, different documents concurrently (the only capability it
-//! needs). See README.md.
+//! `[config]`, then `deliver` once; `deliver` marks the events through the
+//! host's `http-batch` interface, different documents concurrently (HTTP is
+//! the only capability it needs). See README.md.
 //!
-//! Modules: `config` (the `[config]` keys), `http` (one blocking request),
+//! Modules: `config` (the `[config]` keys), `http` (a round of requests in
+//! one host call),
 //! `mark` (load, set, save, re-read on 409; what each answer means).
 
 mod config;

@@ -13,13 +13,12 @@
 //! | the document is not JSON, another status       | `reject` |
 
 use serde_json::Value;
-use wasip2::http::types::Method;
 
 use crate::bindings::outboxd::sink::log::{log, Level};
 use crate::bindings::outboxd::sink::types::RetryInfo;
 use crate::bindings::{Event, Outcome};
 use crate::config::{segment, Config};
-use crate::http;
+use crate::http::{self, Method};
 
 /// Characters of a response body quoted in a reason.
 const QUOTE: usize = 200;

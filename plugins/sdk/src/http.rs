@@ -71,6 +71,14 @@ impl Url {
     }
 }
 
+impl std::fmt::Display for Url {
+    /// `http[s]://authority/path?query`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.https { "https" } else { "http" };
+        write!(f, "{scheme}://{}{}", self.authority, self.path_with_query)
+    }
+}
+
 /// A request to send.
 #[derive(Debug, Clone)]
 pub struct Request<'a> {

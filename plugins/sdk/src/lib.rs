@@ -1,4 +1,4 @@
-//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.1`, from the WIT in
+//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.2`, from the WIT in
 //! `wit/`).
 //!
 //! - The world's bindings under plain names: [`Event`], [`Outcome`],
@@ -6,9 +6,12 @@
 //!   interface, and [`export!`] to export your sink.
 //! - [`http`]: one blocking request over `wasi:http/outgoing-handler` that
 //!   drops host resources in the order the host requires.
-//! - [`pending`] and [`streams`]: many requests in flight at once, one per
-//!   stream, each stream in batch order (what the `webhook` and `awareness`
-//!   sinks send with).
+//! - [`batch`]: many requests in one host call (`http-batch`, since
+//!   0.1.2), the fast way out; [`streams`] sends a batch's events with it,
+//!   one request per stream per call, each stream in batch order (what the
+//!   `webhook` and `awareness` sinks send with).
+//! - [`pending`]: one request over `wasi:http` driven without blocking,
+//!   for a sink that wants `wasi:http` itself.
 //! - [`config`]: the `[config]` table read with known keys, each once;
 //!   [`configured::Configured`] keeps what `init` accepted for `deliver`.
 //! - [`trace`]: the current attempt's W3C `traceparent`, to send on.
@@ -41,6 +44,7 @@ pub mod bindings {
     });
 }
 
+pub mod batch;
 pub mod config;
 pub mod configured;
 pub mod http;

@@ -1,104 +1,73 @@
 //! Delivering a batch over HTTP: different streams concurrently, each stream
 //! strictly in batch order.
 //!
-//! Every stream has a queue of its events. A stream is either *ready* (its
-//! next event may start), *in flight* (one request outstanding) or done. Up
-//! to `max-concurrency` requests are in flight, each of a different stream;
-//! the loop waits on all their pollables at once and advances whichever are
-//! ready. When an event is not delivered, the rest of its stream in this
-//! batch is not sent and answers `retry` ("predecessor <id> not delivered"),
-//! so a receiver never sees an event before its predecessor.
+//! Every stream has a queue of its events. The batch goes in rounds: each
+//! round takes the next event of up to `max-concurrency` streams that may
+//! go on, hands their requests to the host in one `http-batch` call (one
+//! request per stream, so the host's lack of order within a call cannot
+//! reorder a stream), and settles every answer before the next round. When
+//! an event is not delivered, the rest of its stream in this batch is not
+//! sent and answers `retry` ("predecessor <id> not delivered"), so a
+//! receiver never sees an event before its predecessor.
 //!
 //! The sink says how an event's request is built (`start`) and what a
 //! response means (`judge`); this module owns only the scheduling.
 //!
 //! Must never: start an event while an earlier event of its stream in the
-//! batch is undelivered, or have more than `max_in_flight` requests out.
+//! batch is undelivered, put two events of one stream in one call, or have
+//! more than `max_in_flight` requests out.
 
 use std::collections::{BTreeMap, VecDeque};
 
-use wasip2::io::poll::{self, Pollable};
-
+use crate::batch::{self, BatchRequest};
 use crate::http::Response;
 use crate::outcome;
-use crate::pending::{Answer, Progress, Request};
 use crate::RetryInfo;
 use crate::{Event, Outcome};
 
 /// Sends every event of `batch`, up to `max_in_flight` requests at once
-/// (at least 1); `outcomes[i]` answers `batch[i]`. `start` begins an
-/// event's request ([`Request::start`], or `Progress::Done` for an event
-/// that cannot be sent); `judge` turns its response into the outcome.
+/// (at least 1, at most [`batch::MAX_PER_CALL`]); `outcomes[i]` answers
+/// `batch[i]`. `start` builds an event's request ([`batch::post`]), or
+/// decides its outcome without sending (`Err`); `judge` turns its response
+/// into the outcome. A request that got no response is
+/// [`batch::for_error`].
 pub fn deliver<'a>(
     batch: &'a [Event],
     max_in_flight: usize,
-    mut start: impl FnMut(&'a Event) -> Progress<'a>,
+    mut start: impl FnMut(&'a Event) -> Result<BatchRequest, Outcome>,
     mut judge: impl FnMut(&'a Event, Response) -> Outcome,
 ) -> Vec<Outcome> {
-    let max_in_flight = max_in_flight.max(1);
+    let max_in_flight = max_in_flight.clamp(1, batch::MAX_PER_CALL);
     let mut state = Batch::new(batch);
-    let mut in_flight: Vec<InFlight<'a>> = Vec::new();
-    let mut done = |event: usize, answer: Answer| match answer {
-        Answer::Response(response) => judge(&batch[event], response),
-        Answer::Decided(outcome) => outcome,
-    };
     loop {
-        while in_flight.len() < max_in_flight {
+        let mut round: Vec<(usize, usize)> = Vec::new();
+        let mut requests: Vec<BatchRequest> = Vec::new();
+        while round.len() < max_in_flight {
             let Some((stream, event)) = state.next_ready() else {
                 break;
             };
             match start(&batch[event]) {
-                Progress::Pending(request) => in_flight.push(InFlight {
-                    stream,
-                    event,
-                    request,
-                }),
-                Progress::Done(answer) => state.settle(stream, event, done(event, answer)),
+                Ok(request) => {
+                    round.push((stream, event));
+                    requests.push(request);
+                }
+                Err(decided) => state.settle(stream, event, decided),
             }
         }
-        if in_flight.is_empty() {
+        if round.is_empty() {
             break;
         }
-
-        let ready = {
-            let pollables: Vec<&Pollable> =
-                in_flight.iter().map(|f| f.request.pollable()).collect();
-            let mut ready = vec![false; pollables.len()];
-            for index in poll::poll(&pollables) {
-                if let Some(flag) = usize::try_from(index).ok().and_then(|i| ready.get_mut(i)) {
-                    *flag = true;
-                }
-            }
-            ready
-        };
-        for (flight, is_ready) in std::mem::take(&mut in_flight).into_iter().zip(ready) {
-            if !is_ready {
-                in_flight.push(flight);
-                continue;
-            }
-            let InFlight {
-                stream,
-                event,
-                request,
-            } = flight;
-            match request.advance() {
-                Progress::Pending(request) => in_flight.push(InFlight {
-                    stream,
-                    event,
-                    request,
-                }),
-                Progress::Done(answer) => state.settle(stream, event, done(event, answer)),
-            }
+        let mut answers = batch::send_all(&requests).into_iter();
+        for (stream, event) in round {
+            let outcome = match answers.next() {
+                Some(Ok(response)) => judge(&batch[event], response),
+                Some(Err(error)) => batch::for_error(&error),
+                None => outcome::retry("the host gave no answer for this request"),
+            };
+            state.settle(stream, event, outcome);
         }
     }
     state.into_outcomes()
-}
-
-/// A request in flight for `batch[event]`, the head of stream `stream`.
-struct InFlight<'a> {
-    stream: usize,
-    event: usize,
-    request: Request<'a>,
 }
 
 /// The batch's bookkeeping: answers so far, the streams' queues, and which

@@ -1,17 +1,17 @@
 //! Delivering a batch: each event's request built in the configured payload
 //! mode, sent by the SDK's per-stream sender (`outboxd_sink::streams`:
-//! different streams concurrently, each stream in batch order, the rest of a
-//! stream answered `retry` once one of its events is not delivered), each
+//! different streams concurrently through the host's `http-batch` calls,
+//! each stream in batch order, the rest of a stream answered `retry` once
+//! one of its events is not delivered), each
 //! answer judged by the SDK's HTTP table (`outboxd_sink::outcome`). Each
 //! request carries the attempt's `traceparent` (`outboxd_sink::trace`).
-
-use std::borrow::Cow;
 
 use crate::awareness::{self, Prepared};
 use crate::cloudevents;
 use crate::config::{Config, Payload};
+use outboxd_sink::batch::{self, BatchRequest};
 use outboxd_sink::outcome;
-use outboxd_sink::pending::{self, Answer, Post, Progress, Request};
+use outboxd_sink::pending;
 use outboxd_sink::{streams, Event, Outcome};
 
 /// POSTs every event of `batch`; `outcomes[i]` answers `batch[i]`.
@@ -31,33 +31,25 @@ pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
     )
 }
 
-/// Builds (and signs) one event's request and starts it.
-fn start<'a>(config: &Config, event: &'a Event) -> Progress<'a> {
-    let built = match &config.payload {
+/// Builds (and signs) one event's request; `Err` is an outcome decided
+/// without sending.
+fn start(config: &Config, event: &Event) -> Result<BatchRequest, Outcome> {
+    let (mut headers, body) = match &config.payload {
         Payload::CloudEvents { key, previous } => {
             let timestamp = pending::now().as_secs();
-            cloudevents::headers(event, key, previous.as_deref(), timestamp)
-                .map(|headers| (headers, Cow::Borrowed(event.data.as_slice())))
+            let headers = cloudevents::headers(event, key, previous.as_deref(), timestamp)
+                .map_err(Outcome::Reject)?;
+            (headers, event.data.clone())
         }
         Payload::Awareness { secret } => {
             match awareness::request(event, &config.target, secret.as_deref()) {
-                Ok(Prepared::Send(headers, body)) => Ok((headers, Cow::Owned(body))),
+                Ok(Prepared::Send(headers, body)) => (headers, body),
                 // Answered without sending, as the service never queues it.
-                Ok(Prepared::Echo) => return Progress::Done(Answer::Decided(Outcome::Delivered)),
-                Err(reason) => Err(reason),
+                Ok(Prepared::Echo) => return Err(Outcome::Delivered),
+                Err(reason) => return Err(Outcome::Reject(reason)),
             }
         }
     };
-    match built {
-        Ok((mut headers, body)) => {
-            outboxd_sink::trace::add_header(&mut headers, event, String::into_bytes);
-            let post = Post {
-                url: &config.target,
-                headers: &headers,
-                timeout: config.timeout,
-            };
-            Request::start(post, body)
-        }
-        Err(reason) => Progress::Done(Answer::Decided(Outcome::Reject(reason))),
-    }
+    outboxd_sink::trace::add_header(&mut headers, event, String::into_bytes);
+    Ok(batch::post(&config.target, headers, body, config.timeout))
 }

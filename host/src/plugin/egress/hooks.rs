@@ -1,8 +1,10 @@
 //! The `wasi:http` hooks of one plugin instance: every request a guest
-//! sends passes [`EgressHooks::send_request`], which applies the batch's
-//! request budget and the policy, forces the `Host` header to the checked
-//! authority, sends over the plugin's pooled client under the response
-//! timeouts ([`super::watch`]), and caps the response body.
+//! sends passes [`EgressHooks::send_request`], which hands it to
+//! [`EgressHooks::send`]: the batch's request budget and the policy, the
+//! `Host` header forced to the checked authority, the plugin's pooled
+//! client under the response timeouts ([`super::watch`]), the response
+//! body capped. The `http-batch` interface ([`super::batch`]) sends
+//! through the same [`EgressHooks::send`].
 //!
 //! Must never: send a request that was not checked, let a guest choose a
 //! timeout longer than the plugin's ceilings, or tell a guest more about a
@@ -123,10 +125,36 @@ type SendResult = wasmtime_wasi_http::Result<(
 impl WasiHttpHooks for EgressHooks {
     fn send_request(
         &mut self,
-        mut request: http::Request<WasiBody>,
+        request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<dyn std::future::Future<Output = SendResult> + Send> {
+        let sent = self.send(request, options);
+        Box::new(async move {
+            let response = sent.await?;
+            let io: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
+                Box::new(async { Ok(()) });
+            Ok((response, io))
+        })
+    }
+}
+
+impl EgressHooks {
+    /// Check `request` and send it: the batch's request budget, the
+    /// policy, the `Host` header forced to the checked authority, the
+    /// pooled client under the response timeouts (`options`, clamped to
+    /// the ceilings). The future answers the response head, its body
+    /// capped at `limits.max-response-bytes` and watched between bytes
+    /// and against the deadline; or the `wasi:http` error code. What the
+    /// `wasi:http` hook and the `http-batch` interface
+    /// ([`super::batch`]) both send through; the budget is counted when
+    /// this is called, not when the future runs.
+    pub fn send(
+        &mut self,
+        mut request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+    ) -> impl std::future::Future<Output = Result<http::Response<WasiBody>, HttpError>> + Send + 'static
+    {
         let plugin = self.plugin.clone();
         let policy = self.policy.clone();
         let client = self.client.clone();
@@ -137,7 +165,7 @@ impl WasiHttpHooks for EgressHooks {
         let denials = self.denials.clone();
         denials.sent();
         let span = client_span(&self.telemetry, &plugin, &mut request);
-        Box::new(async move {
+        async move {
             let mut span = span;
             let mut failed = |code: &HttpError, message: &str| {
                 if let Some(span) = span.as_mut() {
@@ -221,10 +249,8 @@ impl WasiHttpHooks for EgressHooks {
                         .boxed_unsync();
                 watch::Watched::new(body, timeouts, started, head_bytes, plugin, uri).boxed_unsync()
             });
-            let io: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send> =
-                Box::new(async { Ok(()) });
-            Ok((response, io))
-        })
+            Ok(response)
+        }
     }
 }
 

@@ -1,7 +1,8 @@
-//! Outbound HTTP for plugins, in four rooms: the allow-list and address
+//! Outbound HTTP for plugins, in five rooms: the allow-list and address
 //! rule ([`policy`]), the guarded connector and pooled client
-//! ([`connector`]), the response timeouts ([`watch`]), and the `wasi:http`
-//! hooks that use them ([`hooks`]).
+//! ([`connector`]), the response timeouts ([`watch`]), the `wasi:http`
+//! hooks that use them ([`hooks`]), and the `http-batch` interface, many
+//! requests per call through the same checks ([`batch`]).
 //!
 //! Owns: the decision whether a plugin's `wasi:http` request may leave the
 //! host (scheme, host and effective port against the manifest's patterns;
@@ -28,11 +29,13 @@
 //! that was not checked, or let a guest choose a timeout longer than the
 //! ceiling.
 
+mod batch;
 mod connector;
 mod hooks;
 mod policy;
 mod watch;
 
+pub use batch::MAX_REQUESTS_PER_CALL;
 pub use connector::{http_client, ConnectError, GuardedConnector, HttpClient};
 pub use hooks::{wit_name, Denials, EgressHooks};
 pub use policy::{internal_kind, AllowRule, EgressPolicy};
