@@ -12,6 +12,7 @@ wasmtime::component::bindgen!({
     imports: {
         "outboxd:sink/amqp.publish-batch": async,
         "outboxd:sink/http-batch.send-batch": async,
+        "outboxd:sink/http-batch.wait": async,
     },
     exports: { default: async },
 });

@@ -18,7 +18,7 @@ use super::amqp::AmqpAccess;
 use super::bindings::{
     self, AmqpMessage, HttpBatchRequest, HttpBatchResponse, HttpRequestError, Level, PublishError,
 };
-use super::egress::EgressHooks;
+use super::egress::{EgressHooks, InFlight};
 use super::guest_text;
 use super::log_limit::{self, LogLimit, PLUGIN_LOG_TARGET};
 use crate::limits::{MAX_INSTANCES, MAX_RANDOM_BYTES, MAX_RESOURCES, MAX_TABLE_ELEMENTS};
@@ -32,6 +32,8 @@ pub struct HostState {
     log_limit: Arc<LogLimit>,
     limits: MemoryCap,
     hooks: EgressHooks,
+    /// The `http-batch` requests started and not yet waited for.
+    in_flight: InFlight,
     plugin: Arc<str>,
     /// What this batch may publish over AMQP.
     amqp: AmqpAccess,
@@ -65,6 +67,7 @@ impl HostState {
                 refused: None,
             },
             hooks,
+            in_flight: InFlight::default(),
             plugin,
             amqp,
             trace,
@@ -138,6 +141,14 @@ impl bindings::outboxd::sink::http_batch::Host for HostState {
         requests: Vec<HttpBatchRequest>,
     ) -> Vec<Result<HttpBatchResponse, HttpRequestError>> {
         self.hooks.send_batch(requests).await
+    }
+
+    fn start(&mut self, requests: Vec<(u64, HttpBatchRequest)>) {
+        self.in_flight.start(&mut self.hooks, requests);
+    }
+
+    async fn wait(&mut self) -> Vec<(u64, Result<HttpBatchResponse, HttpRequestError>)> {
+        self.in_flight.wait().await
     }
 }
 

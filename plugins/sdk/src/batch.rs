@@ -1,15 +1,16 @@
-//! Many HTTP requests in one host call: `outboxd:sink/http-batch` (since
-//! WIT 0.1.2). The host sends them all at once over its pooled client under
-//! the same grant, limits and timeouts as `wasi:http`, and answers one
-//! result per request, in order.
+//! Many HTTP requests per host call: `outboxd:sink/http-batch` (since WIT
+//! 0.1.2). The host sends them at once over its pooled client under the
+//! same grant, limits and timeouts as `wasi:http`: [`send_all`] answers a
+//! list when all of it is answered; [`start`] and [`wait`] hand answers
+//! back as they come, by tag.
 //!
 //! A request through `wasi:http` costs about 35 host calls on resources; a
 //! request here is one record of one call, which is why
 //! [`crate::streams::deliver`] sends this way (bench stage 4i,
 //! docs/measurements.md).
 //!
-//! Must never: put two requests of one stream in one call when their order
-//! matters (the host gives no order within a call).
+//! Must never: have two requests of one stream in flight at once when
+//! their order matters (the host gives no order between them).
 
 use std::time::Duration;
 
@@ -51,14 +52,33 @@ pub fn send_all(requests: &[BatchRequest]) -> Vec<Result<Response, RequestError>
     }
     crate::bindings::outboxd::sink::http_batch::send_batch(requests)
         .into_iter()
-        .map(|answer| {
-            answer.map(|r| Response {
-                status: r.status,
-                headers: r.headers,
-                body: r.body,
-            })
-        })
+        .map(|answer| answer.map(response))
         .collect()
+}
+
+/// Start every request of `requests` (each with the caller's tag) without
+/// waiting: they go out at once; [`wait`] hands back their answers.
+pub fn start(requests: &[(u64, BatchRequest)]) {
+    if !requests.is_empty() {
+        crate::bindings::outboxd::sink::http_batch::start(requests);
+    }
+}
+
+/// Wait for at least one started request's answer and take every answer
+/// ready then, each with its tag. Empty when none is in flight.
+pub fn wait() -> Vec<(u64, Result<Response, RequestError>)> {
+    crate::bindings::outboxd::sink::http_batch::wait()
+        .into_iter()
+        .map(|(tag, answer)| (tag, answer.map(response)))
+        .collect()
+}
+
+fn response(r: BatchResponse) -> Response {
+    Response {
+        status: r.status,
+        headers: r.headers,
+        body: r.body,
+    }
 }
 
 /// What a request that got no response means for its event: a header the

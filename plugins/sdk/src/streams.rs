@@ -1,21 +1,22 @@
 //! Delivering a batch over HTTP: different streams concurrently, each stream
 //! strictly in batch order.
 //!
-//! Every stream has a queue of its events. The batch goes in rounds: each
-//! round takes the next event of up to `max-concurrency` streams that may
-//! go on, hands their requests to the host in one `http-batch` call (one
-//! request per stream, so the host's lack of order within a call cannot
-//! reorder a stream), and settles every answer before the next round. When
-//! an event is not delivered, the rest of its stream in this batch is not
-//! sent and answers `retry` ("predecessor <id> not delivered"), so a
-//! receiver never sees an event before its predecessor.
+//! Every stream has a queue of its events. A stream is either *ready* (its
+//! next event may start), *in flight* (one request outstanding) or done. Up
+//! to `max-concurrency` requests are in flight, each of a different stream,
+//! handed to the host's `http-batch` interface together (`start`); the loop
+//! takes whichever answers are ready (`wait`), settles them, and starts the
+//! next event of each stream that may go on, so a receiver holding one
+//! request holds only its own stream. When an event is not delivered, the
+//! rest of its stream in this batch is not sent and answers `retry`
+//! ("predecessor <id> not delivered"), so a receiver never sees an event
+//! before its predecessor.
 //!
 //! The sink says how an event's request is built (`start`) and what a
 //! response means (`judge`); this module owns only the scheduling.
 //!
 //! Must never: start an event while an earlier event of its stream in the
-//! batch is undelivered, put two events of one stream in one call, or have
-//! more than `max_in_flight` requests out.
+//! batch is undelivered, or have more than `max_in_flight` requests out.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -39,30 +40,43 @@ pub fn deliver<'a>(
 ) -> Vec<Outcome> {
     let max_in_flight = max_in_flight.clamp(1, batch::MAX_PER_CALL);
     let mut state = Batch::new(batch);
+    // The stream of each event in flight, by event index (the request's tag).
+    let mut in_flight: BTreeMap<usize, usize> = BTreeMap::new();
     loop {
-        let mut round: Vec<(usize, usize)> = Vec::new();
-        let mut requests: Vec<BatchRequest> = Vec::new();
-        while round.len() < max_in_flight {
+        let mut starting: Vec<(u64, BatchRequest)> = Vec::new();
+        while in_flight.len() < max_in_flight {
             let Some((stream, event)) = state.next_ready() else {
                 break;
             };
             match start(&batch[event]) {
                 Ok(request) => {
-                    round.push((stream, event));
-                    requests.push(request);
+                    in_flight.insert(event, stream);
+                    starting.push((event as u64, request));
                 }
                 Err(decided) => state.settle(stream, event, decided),
             }
         }
-        if round.is_empty() {
+        batch::start(&starting);
+        if in_flight.is_empty() {
             break;
         }
-        let mut answers = batch::send_all(&requests).into_iter();
-        for (stream, event) in round {
-            let outcome = match answers.next() {
-                Some(Ok(response)) => judge(&batch[event], response),
-                Some(Err(error)) => batch::for_error(&error),
-                None => outcome::retry("the host gave no answer for this request"),
+        let answers = batch::wait();
+        if answers.is_empty() {
+            // The host has nothing in flight although requests were
+            // started: those are answered `retry` below.
+            break;
+        }
+        for (tag, answer) in answers {
+            let Some(stream) = usize::try_from(tag)
+                .ok()
+                .and_then(|event| in_flight.remove(&event))
+            else {
+                continue;
+            };
+            let event = tag as usize;
+            let outcome = match answer {
+                Ok(response) => judge(&batch[event], response),
+                Err(error) => batch::for_error(&error),
             };
             state.settle(stream, event, outcome);
         }

@@ -2,8 +2,10 @@
 //! of requests in one call; each is checked and sent exactly as a
 //! `wasi:http` request is ([`EgressHooks::send`]: the batch's request
 //! budget, the policy and address rule, the forced `Host`, the pooled
-//! client, the receiver watch), all of them at once, and the call answers
-//! one result per request, in order.
+//! client, the receiver watch), all of them at once. `send-batch` answers
+//! one result per request, in order, when all are answered; `start` and
+//! `wait` ([`InFlight`]) hand answers back as they come, by the guest's
+//! tags.
 //!
 //! Why it exists: through `wasi:http` a request costs about 35 host calls
 //! on resources, each lifted and lowered, plus two tasks and their
@@ -13,8 +15,10 @@
 //! guest's own task: no resource, no task per request.
 //!
 //! Owns: turning a guest's record into an `http::Request` (method, URL,
-//! headers, `content-length`), the per-call cap ([`MAX_REQUESTS_PER_CALL`]),
-//! and reading each response body into what the guest keeps.
+//! headers, `content-length`), the cap on requests at once
+//! ([`MAX_REQUESTS_PER_CALL`]), the started requests of a batch
+//! ([`InFlight`]), and reading each response body into what the guest
+//! keeps.
 //!
 //! Must never: send a request another way than [`EgressHooks::send`] (the
 //! one place that checks it), accept a header the `wasi:http` path forbids
@@ -26,15 +30,18 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody};
 
 use super::hooks::{wit_name, EgressHooks};
 use crate::plugin::bindings::{HttpBatchRequest, HttpBatchResponse, HttpRequestError};
 
-/// Most requests one `send-batch` call sends; the ones past it are
-/// answered `HTTP-request-denied` unsent. The SDK's `MAX_IN_FLIGHT`, so a
-/// batch of one request per stream fits in one call.
+/// Most requests one `send-batch` call sends, and most `start`ed requests
+/// in flight at once; the ones past it are answered `HTTP-request-denied`
+/// unsent. The SDK's `MAX_IN_FLIGHT`, so a batch of one request per
+/// stream fits.
 pub const MAX_REQUESTS_PER_CALL: usize = 1024;
 
 /// Longest method accepted, in bytes.
@@ -58,30 +65,70 @@ impl EgressHooks {
         let sends: Vec<Sending> = requests
             .into_iter()
             .enumerate()
-            .map(|(index, request)| -> Sending {
-                if index >= MAX_REQUESTS_PER_CALL {
-                    let error = refused(
-                        &HttpError::HttpRequestDenied,
-                        format!("more than {MAX_REQUESTS_PER_CALL} requests in one call"),
-                    );
-                    return Box::pin(std::future::ready(Err(error)));
-                }
-                let keep = request.keep_body_bytes as usize;
-                match build(request) {
-                    Err(error) => Box::pin(std::future::ready(Err(error))),
-                    Ok((request, options)) => {
-                        let sent = self.send(request, Some(options));
-                        Box::pin(async move {
-                            match sent.await {
-                                Ok(response) => Ok(read(response, keep).await),
-                                Err(code) => Err(failed(&code)),
-                            }
-                        })
-                    }
-                }
-            })
+            .map(|(index, request)| self.sending(request, index >= MAX_REQUESTS_PER_CALL))
             .collect();
         futures::future::join_all(sends)
+    }
+
+    /// `request` checked and on its way (its budget counted now); or, when
+    /// `over_cap`, answered `HTTP-request-denied` unsent.
+    fn sending(&mut self, request: HttpBatchRequest, over_cap: bool) -> Sending {
+        if over_cap {
+            let error = refused(
+                &HttpError::HttpRequestDenied,
+                format!("more than {MAX_REQUESTS_PER_CALL} requests at once"),
+            );
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let keep = request.keep_body_bytes as usize;
+        match build(request) {
+            Err(error) => Box::pin(std::future::ready(Err(error))),
+            Ok((request, options)) => {
+                let sent = self.send(request, Some(options));
+                Box::pin(async move {
+                    match sent.await {
+                        Ok(response) => Ok(read(response, keep).await),
+                        Err(code) => Err(failed(&code)),
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// The requests one batch has `start`ed and not yet handed back by
+/// `wait`, each with the guest's tag. Driven only while the guest waits
+/// (no task of their own); hyper's connection tasks move the bytes
+/// meanwhile.
+#[derive(Default)]
+pub struct InFlight {
+    requests: FuturesUnordered<Pin<Box<dyn Future<Output = (u64, Answer)> + Send>>>,
+}
+
+impl InFlight {
+    /// Start every request of `requests` (checked and counted in list
+    /// order through `hooks`); one past [`MAX_REQUESTS_PER_CALL`] in
+    /// flight is answered `HTTP-request-denied` unsent.
+    pub fn start(&mut self, hooks: &mut EgressHooks, requests: Vec<(u64, HttpBatchRequest)>) {
+        for (tag, request) in requests {
+            let over_cap = self.requests.len() >= MAX_REQUESTS_PER_CALL;
+            let sending = hooks.sending(request, over_cap);
+            self.requests
+                .push(Box::pin(async move { (tag, sending.await) }));
+        }
+    }
+
+    /// Wait for the next answer, then take it and every other answer
+    /// ready now, in the order they came. Empty when nothing is in flight.
+    pub async fn wait(&mut self) -> Vec<(u64, Answer)> {
+        let Some(first) = self.requests.next().await else {
+            return Vec::new();
+        };
+        let mut ready = vec![first];
+        while let Some(Some(next)) = self.requests.next().now_or_never() {
+            ready.push(next);
+        }
+        ready
     }
 }
 
@@ -388,6 +435,37 @@ mod tests {
         assert_eq!(answers[0].as_ref().unwrap().status, 200);
         assert_eq!(answers[1].as_ref().unwrap_err().code, "HTTP-request-denied");
         assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn started_requests_are_handed_back_as_they_are_answered() {
+        // `/202` is answered only after 2 s, once the barrier times out (it
+        // waits for 2 requests and gets 1): it then answers 503.
+        let (slow, _) = receiver(2).await;
+        let (fast, _) = receiver(1).await;
+        let mut hooks = hooks(&[format!("http://{slow}"), format!("http://{fast}")]);
+        let mut in_flight = InFlight::default();
+        in_flight.start(
+            &mut hooks,
+            vec![
+                (7, request("POST", &format!("http://{slow}/202"), &[])),
+                (9, request("POST", &format!("http://{fast}/201"), &[])),
+            ],
+        );
+        let answered = |ready: Vec<(u64, Answer)>| -> Vec<(u64, u16)> {
+            ready
+                .into_iter()
+                .map(|(tag, a)| (tag, a.map(|r| r.status).unwrap_or(0)))
+                .collect()
+        };
+        let started = Instant::now();
+        assert_eq!(answered(in_flight.wait().await), vec![(9, 201)]);
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "the fast answer waited for the slow one"
+        );
+        assert_eq!(answered(in_flight.wait().await), vec![(7, 503)]);
+        assert!(in_flight.wait().await.is_empty());
     }
 
     fn code(r: HttpBatchRequest) -> String {

@@ -35,7 +35,7 @@ mod hooks;
 mod policy;
 mod watch;
 
-pub use batch::MAX_REQUESTS_PER_CALL;
+pub use batch::{InFlight, MAX_REQUESTS_PER_CALL};
 pub use connector::{http_client, ConnectError, GuardedConnector, HttpClient};
 pub use hooks::{wit_name, Denials, EgressHooks};
 pub use policy::{internal_kind, AllowRule, EgressPolicy};
