@@ -87,8 +87,14 @@ fn response(r: BatchResponse) -> Response {
 /// code (`connection refused (connection-refused)`).
 pub fn for_error(error: &RequestError) -> Outcome {
     match error.code.as_str() {
-        "forbidden" => Outcome::Reject(format!("a request header is forbidden by the host: {}", error.message)),
-        "invalid-syntax" => Outcome::Reject(format!("a request header is not valid HTTP: {}", error.message)),
+        "forbidden" => Outcome::Reject(format!(
+            "a request header is forbidden by the host: {}",
+            error.message
+        )),
+        "invalid-syntax" => Outcome::Reject(format!(
+            "a request header is not valid HTTP: {}",
+            error.message
+        )),
         code => outcome::retry(format!("{} ({code})", error.message)),
     }
 }
@@ -111,7 +117,9 @@ mod tests {
             Outcome::Reject(_)
         ));
         match for_error(&error("connection-refused", "connection refused")) {
-            Outcome::Retry(info) => assert_eq!(info.reason, "connection refused (connection-refused)"),
+            Outcome::Retry(info) => {
+                assert_eq!(info.reason, "connection refused (connection-refused)")
+            }
             other => panic!("{other:?}"),
         }
     }

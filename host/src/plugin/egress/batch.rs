@@ -53,6 +53,9 @@ type Answer = Result<HttpBatchResponse, HttpRequestError>;
 /// One request of a call, on its way to its answer.
 type Sending = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
+/// A started request on its way to its answer, with the guest's tag.
+type Tagged = Pin<Box<dyn Future<Output = (u64, Answer)> + Send>>;
+
 impl EgressHooks {
     /// Send every request of `requests` at once and answer each, in
     /// order: `answers[i]` answers `requests[i]`. Requests are checked and
@@ -102,7 +105,7 @@ impl EgressHooks {
 /// meanwhile.
 #[derive(Default)]
 pub struct InFlight {
-    requests: FuturesUnordered<Pin<Box<dyn Future<Output = (u64, Answer)> + Send>>>,
+    requests: FuturesUnordered<Tagged>,
 }
 
 impl InFlight {
