@@ -1085,10 +1085,11 @@ async fn search_counters(c: &mut sqlx::PgConnection) -> (i64, i64, i64, i64) {
 
 /// The event search reads by index where a scan would cost the whole
 /// table: 20,000 events stored in one statement (one `ingested_at`, so
-/// only `seq_id` orders them), 20 of their deliveries dead. Newest first
-/// with no filter walks `events_ingested_seq` backwards; the dead ones are
-/// read through `deliveries_dead`. Neither search scans the events or the
-/// deliveries (the table statistics' counters say which were read).
+/// only `seq_id` orders them), 20 of their deliveries dead and 20 waiting
+/// to retry. Newest first with no filter walks `events_ingested_seq`
+/// backwards; the dead ones are read through `deliveries_dead`, the
+/// retrying ones through `deliveries_tried`. No search scans the events or
+/// the deliveries (the table statistics' counters say which were read).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_event_search_reads_by_index() {
     use outboxd::store::{DeliveryStatus, EventFilter};
@@ -1100,9 +1101,10 @@ async fn postgres_event_search_reads_by_index() {
         "INSERT INTO outboxd.events (id, source, type, stream, sequence, data, data_format) \
          SELECT 'e' || g, 's', 't', 's' || (g % 100), g, '\\x7b7d'::bytea, 'json' \
          FROM generate_series(1, 20000) g",
-        "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence, status, finished_at) \
+        "INSERT INTO outboxd.deliveries (event_id, sink, stream, sequence, status, finished_at, attempts) \
          SELECT id, 'x', stream, sequence, CASE WHEN sequence % 1000 = 0 THEN 'dead' ELSE 'pending' END, \
-           CASE WHEN sequence % 1000 = 0 THEN now() END FROM outboxd.events",
+           CASE WHEN sequence % 1000 = 0 THEN now() END, \
+           CASE WHEN sequence % 1000 = 500 THEN 1 ELSE 0 END FROM outboxd.events",
         "ANALYZE outboxd.events",
         "ANALYZE outboxd.deliveries",
         // The migrations' index builds and the fill's own scans are counted
@@ -1149,6 +1151,14 @@ async fn postgres_event_search_reads_by_index() {
     let dead = store.search_events(&dead, 50).await.unwrap();
     assert_eq!(dead.len(), 20);
     assert_eq!(dead[0].id, "e20000");
+    let retrying = EventFilter {
+        state: Some(DeliveryStatus::Retrying),
+        ..EventFilter::default()
+    };
+    let retrying = store.search_events(&retrying, 50).await.unwrap();
+    assert_eq!(retrying.len(), 20, "read through deliveries_tried");
+    assert_eq!(retrying[0].id, "e19500");
+    assert_eq!(retrying[19].id, "e500");
 
     // A backend reports its counters within about ten seconds of going idle.
     let started = std::time::Instant::now();

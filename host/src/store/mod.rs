@@ -390,8 +390,10 @@ pub struct Attempt {
 /// (`…, ingested_at, seq_id`), the time range and no filter
 /// (`ingested_at, seq_id`); `state` is [`plan::state_sql`] on the
 /// deliveries, checked per candidate through their `(event_id, sink)`
-/// index or, for a rare dead or delivered state, read from its partial
-/// index first (docs/console.md has the plans at 1,000,000 events).
+/// index or, for a rare state, read from its partial index first
+/// (`deliveries_dead`, `deliveries_finished`, `deliveries_tried` for
+/// leased and retrying) and ordered through `events_id_order`
+/// (docs/console.md has the plans at 1,000,000 events).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct EventFilter {
     /// This event only.

@@ -6,7 +6,7 @@
 //!
 //! Owns: [`DeliveryStatus`], the one SQL expression that classifies a
 //! delivery row and the per-state condition that agrees with it
-//! ([`row_state_sql`], [`state_sql`]), [`plan_ingest`], [`take_runs`] and [`cut_runs`],
+//! ([`row_state_sql`], [`state_sql`], [`TRIED_SQL`]), [`plan_ingest`], [`take_runs`] and [`cut_runs`],
 //! [`FinishPlan`], [`keep_head`], [`pending_migrations`].
 //!
 //! Must never: touch a database, read a clock, or call the network.
@@ -117,35 +117,57 @@ pub fn row_state_sql(now: &str) -> String {
     )
 }
 
+/// The predicate of the partial index `deliveries_tried` (migration
+/// `0012_search_states`): a live delivery that a claim has taken at least
+/// once and that is not back to never tried — every row [`row_state_sql`]
+/// names `leased`, `expired` or `retrying`, and no other: the batches in
+/// flight and the deliveries waiting to retry, few next to a backlog.
+pub const TRIED_SQL: &str = "status = 'pending' AND (lease_expires_at IS NOT NULL OR attempts > 0)";
+
 /// The SQL condition on a `deliveries` row that holds exactly when
 /// [`row_state_sql`] (with the same `now`) names a state shown as `state`
 /// ([`RowState::shown`]: a run-out lease counts as retrying). Written on
 /// the plain columns, so the planner can estimate it from the columns'
-/// statistics and serve it by the partial indexes of
-/// `migrations/*/0001_initial.sql`: `deliveries_dead` (`status = 'dead'`),
-/// `deliveries_finished` (`status = 'delivered'`), `deliveries_live`
-/// (`status = 'pending'`).
+/// statistics and serve it by the partial indexes:
+/// `deliveries_dead` (`status = 'dead'`), `deliveries_finished`
+/// (`status = 'delivered'`), `deliveries_live` (`status = 'pending'`) of
+/// `migrations/*/0001_initial.sql`, and `deliveries_tried` ([`TRIED_SQL`])
+/// of `0012_search_states` for leased and retrying.
 ///
 /// `status = 'pending'` stands for the CASE's "neither dead nor
 /// delivered": the table's CHECK allows no other status. Leased and
-/// retrying test `lease_expires_at` and `attempts`, which the claim path
-/// updates: no index covers them (an index there would make every claim a
-/// non-HOT update), so those two are found by the `(event_id, sink)` index
-/// per candidate event or by a scan of the deliveries — the planner picks
-/// by the estimate (docs/console.md has the plans and figures).
+/// retrying start with [`TRIED_SQL`] word for word, which their own test
+/// implies (a lease that runs out later or ran out is not NULL; the last
+/// branch tests `attempts > 0`), so it changes no row's answer: it is
+/// there so that PostgreSQL and SQLite both see that `deliveries_tried`
+/// serves the condition (SQLite uses a partial index only when the query
+/// repeats its predicate), and so that the planner's estimate stays as
+/// small as those states are.
 pub fn state_sql(state: DeliveryStatus, now: &str) -> String {
     match state {
         DeliveryStatus::Pending => {
             "status = 'pending' AND lease_expires_at IS NULL AND attempts <= 0".to_string()
         }
-        DeliveryStatus::Leased => format!("status = 'pending' AND lease_expires_at > {now}"),
+        DeliveryStatus::Leased => format!("{TRIED_SQL} AND lease_expires_at > {now}"),
         DeliveryStatus::Retrying => format!(
-            "status = 'pending' AND (lease_expires_at <= {now} \
+            "{TRIED_SQL} AND (lease_expires_at <= {now} \
              OR (lease_expires_at IS NULL AND attempts > 0))"
         ),
         DeliveryStatus::Delivered => "status = 'delivered'".to_string(),
         DeliveryStatus::Dead => "status = 'dead'".to_string(),
     }
+}
+
+/// Whether the deliveries in `state` are bounded by what the delivery
+/// loops hold rather than by the size of the store, so that a search
+/// names them first (`id IN (…)`, read through `deliveries_tried`) rather
+/// than testing each event newest first (`EXISTS`): true for leased and
+/// retrying, which only a claim makes (the batches in flight, and what
+/// waits to retry). Pending, delivered and dead can each be most of the
+/// table, where the walk stops after a page. PostgreSQL plans both
+/// spellings alike; SQLite follows the spelling.
+pub fn state_is_few(state: DeliveryStatus) -> bool {
+    matches!(state, DeliveryStatus::Leased | DeliveryStatus::Retrying)
 }
 
 /// The sequence `ev` (item `index` of its request) takes on a stream whose

@@ -262,10 +262,18 @@ pub async fn list_dead(
 /// Events matching `f`, newest first, at most `limit`. One statement: by
 /// stream it walks `(stream, sequence)` backwards; otherwise the
 /// `(type|source, ingested_at, seq_id)` or `(ingested_at, seq_id)` index
-/// backwards. A state is [`plan::state_sql`] on the deliveries: checked
-/// per candidate through `deliveries (event_id, sink)` when the state is
-/// common, or read first from its partial index (dead, delivered) when it
-/// is rare — the planner picks by the estimate.
+/// backwards.
+///
+/// With a state ([`plan::state_sql`] on the deliveries) the page is chosen
+/// first by `seq_id` alone, and only its rows are read whole: where the
+/// state is rare its deliveries are read from a partial index
+/// (`deliveries_dead`, `deliveries_finished`, `deliveries_tried`) and each
+/// one's event is ordered through `events_id_order` `(id) INCLUDE
+/// (ingested_at, seq_id)` on PostgreSQL, an index-only read instead of one
+/// events row per match; where it is common the events are walked newest
+/// first and each one's deliveries probed through `(event_id, sink)`. The
+/// planner picks by the estimate; leased and retrying name their
+/// deliveries first ([`plan::state_is_few`]), which SQLite also follows.
 pub async fn search_events(
     sql: &dyn Sql,
     f: &EventFilter,
@@ -273,33 +281,54 @@ pub async fn search_events(
 ) -> Result<Vec<EventSummary>, StoreError> {
     let d = sql.dialect();
     let mut q = Builder::new(format!(
-        "SELECT e.id, e.source, e.type, e.stream, e.sequence, {} FROM {{s}}events e WHERE 1 = 1",
+        "SELECT e.id, e.source, e.type, e.stream, e.sequence, {} FROM {{s}}events e",
         d.time_as_ms("e.ingested_at")
     ));
+    // The table the filters and the limit apply to: the events themselves,
+    // or with a state the inner choice of the page (`k`).
+    let t = if f.state.is_some() {
+        q.push(" WHERE e.seq_id IN (SELECT k.seq_id FROM {s}events k WHERE 1 = 1");
+        "k"
+    } else {
+        q.push(" WHERE 1 = 1");
+        "e"
+    };
+    let order = |t: &str| {
+        if f.stream.is_some() {
+            format!(" ORDER BY {t}.sequence DESC")
+        } else {
+            format!(" ORDER BY {t}.ingested_at DESC, {t}.seq_id DESC")
+        }
+    };
+    let columns =
+        ["id", "stream", "type", "source", "producer", "ingested_at"].map(|c| format!("{t}.{c}"));
     push_equal(
         &mut q,
         [
-            ("e.id", &f.id),
-            ("e.stream", &f.stream),
-            ("e.type", &f.ty),
-            ("e.source", &f.source),
-            ("e.producer", &f.producer),
+            (columns[0].as_str(), &f.id),
+            (columns[1].as_str(), &f.stream),
+            (columns[2].as_str(), &f.ty),
+            (columns[3].as_str(), &f.source),
+            (columns[4].as_str(), &f.producer),
         ],
     );
-    push_time_range(sql, &mut q, "e.ingested_at", f.since_ms, f.until_ms);
+    push_time_range(sql, &mut q, &columns[5], f.since_ms, f.until_ms);
     if let Some(state) = f.state {
-        q.push(&format!(
-            " AND EXISTS (SELECT 1 FROM {{s}}deliveries WHERE event_id = e.id AND {})",
-            plan::state_sql(state, d.now)
-        ));
+        let condition = plan::state_sql(state, d.now);
+        if plan::state_is_few(state) {
+            q.push(&format!(
+                " AND k.id IN (SELECT event_id FROM {{s}}deliveries WHERE {condition})"
+            ));
+        } else {
+            q.push(&format!(
+                " AND EXISTS (SELECT 1 FROM {{s}}deliveries WHERE event_id = k.id AND {condition})"
+            ));
+        }
     }
     let p = q.arg(limit as i64);
-    if f.stream.is_some() {
-        q.push(&format!(" ORDER BY e.sequence DESC LIMIT {p}"));
-    } else {
-        q.push(&format!(
-            " ORDER BY e.ingested_at DESC, e.seq_id DESC LIMIT {p}"
-        ));
+    q.push(&format!("{} LIMIT {p}", order(t)));
+    if f.state.is_some() {
+        q.push(&format!("){}", order("e")));
     }
     use Col::*;
     let rows = sql
