@@ -370,7 +370,20 @@ async fn migrate(config: Config) -> anyhow::Result<ExitCode> {
     let url = config.effective_database_url();
     let store = outboxd::store::open(&url).await?;
     let pending = store.pending_migrations().await?;
-    store.migrate().await?;
+    if pending.is_empty() {
+        store.migrate().await?;
+    } else {
+        let progress =
+            crate::cli::progress::Progress::new("applying migrations", pending.len() as u64);
+        let mut done = 0;
+        store
+            .migrate_each(&mut |name| {
+                done += 1;
+                progress.step(done, name);
+            })
+            .await?;
+        progress.finish();
+    }
     let url = outboxd::store::redact_url(&url);
     if pending.is_empty() {
         println!("{url}: no pending migrations");

@@ -1,5 +1,5 @@
 //! Progress of a long CLI operation (a replay or purge of many dead
-//! letters): a bar on a terminal (`indicatif`, on stderr), one plain line
+//! letters, migrations applied one by one): a bar on a terminal (`indicatif`, on stderr), one plain line
 //! per step when stderr is not a terminal (a pipe, a CI log), so a script
 //! reading stdout sees only the result.
 //!
@@ -41,6 +41,19 @@ impl Progress {
         match &self.bar {
             Some(bar) => bar.set_position(done),
             None => eprintln!("{}: {done} of {}", self.what, self.total),
+        }
+    }
+
+    /// `done` of the total are done, the last being `label` (a
+    /// migration's name): shown beside the bar, or at the end of the
+    /// plain line.
+    pub fn step(&self, done: u64, label: &str) {
+        match &self.bar {
+            Some(bar) => {
+                bar.set_message(format!("{} ({label})", self.what));
+                bar.set_position(done);
+            }
+            None => eprintln!("{}: {done} of {} ({label})", self.what, self.total),
         }
     }
 

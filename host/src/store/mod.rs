@@ -20,7 +20,9 @@
 //! Must never: decide policy (retry delays, routing, what counts as
 //! permanent) — callers pass decisions in; call plugins or the network.
 
+mod migrate;
 pub mod plan;
+pub use migrate::OnApplied;
 pub mod postgres;
 mod shared;
 pub mod sql;
@@ -863,7 +865,14 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Apply pending migrations.
-    async fn migrate(&self) -> Result<(), StoreError>;
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.migrate_each(&mut |_| {}).await
+    }
+
+    /// Apply pending migrations one at a time, in version order, calling
+    /// `applied` with each one's name (`VERSION_description`) once it is
+    /// applied ([`migrate::run_each`]).
+    async fn migrate_each(&self, applied: &mut OnApplied<'_>) -> Result<(), StoreError>;
 
     /// Check that the database answers.
     async fn ping(&self) -> Result<(), StoreError> {

@@ -861,8 +861,9 @@ impl Store for PgStore {
         });
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await?;
+    async fn migrate_each(&self, applied: &mut super::OnApplied<'_>) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        super::migrate::run_each(&MIGRATOR, &mut *conn, applied).await?;
         Ok(())
     }
 }

@@ -470,8 +470,9 @@ impl Store for SqliteStore {
         // One process owns an SQLite file; ingest wakes the loops directly.
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.writer).await?;
+    async fn migrate_each(&self, applied: &mut super::OnApplied<'_>) -> Result<(), StoreError> {
+        let mut conn = self.writer.acquire().await?;
+        super::migrate::run_each(&MIGRATOR, &mut *conn, applied).await?;
         Ok(())
     }
 }
