@@ -48,6 +48,25 @@ fn global_options_stand_before_or_after_the_subcommand() {
     let data = data.to_str().unwrap();
     let migrated = outboxd(&["migrate", "--data-dir", data]);
     assert!(migrated.status.success(), "{}", text(&migrated));
+    // Off a terminal, one plain line per migration on stderr, as each lands;
+    // the answer on stdout names them all.
+    let progress = String::from_utf8_lossy(&migrated.stderr);
+    let stdout = String::from_utf8_lossy(&migrated.stdout);
+    let applied: Vec<&str> = stdout
+        .split(": applied ")
+        .nth(1)
+        .expect("stdout names the migrations applied")
+        .trim()
+        .split(", ")
+        .collect();
+    for (n, name) in applied.iter().enumerate() {
+        let line = format!(
+            "applying migrations: {} of {} ({name})",
+            n + 1,
+            applied.len()
+        );
+        assert!(progress.contains(&line), "no `{line}` in:\n{progress}");
+    }
     for args in [
         vec!["dead", "list", "--data-dir", data, "--offline"],
         vec!["dead", "--data-dir", data, "--offline", "list"],

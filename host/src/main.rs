@@ -49,7 +49,8 @@ enum Command {
         #[arg(long)]
         migrate: bool,
     },
-    /// Apply pending database migrations and exit.
+    /// Apply pending database migrations and exit, one at a time, with a
+    /// progress bar on a terminal.
     Migrate,
     /// Inspect plugins.
     Plugin {
@@ -117,8 +118,8 @@ enum Command {
         command: cli::admin::SourcesCommand,
     },
     /// Create deliveries for a (new) sink over past events, by the routes,
-    /// through the running daemon (at `listen`); running it twice creates
-    /// nothing new.
+    /// through the running daemon (at `listen`), with a spinner on a
+    /// terminal while it works; running it twice creates nothing new.
     Backfill {
         /// The sink to create deliveries for.
         #[arg(long)]

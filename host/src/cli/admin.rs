@@ -668,8 +668,9 @@ pub async fn backfill(
         Some(t) => actions::parse_time("--since", &t)?,
         None => 0,
     };
+    let waiting = super::progress::Waiting::new(format!("backfilling {sink}"));
     let req = sinks::BackfillRequest { sink, since_ms };
-    let done: Result<Backfilled, super::client::Refused> = ask(
+    let done: anyhow::Result<Result<Backfilled, super::client::Refused>> = ask(
         &super::client::DaemonAt::of(config),
         Method::POST,
         "/v1/admin/backfill",
@@ -677,8 +678,9 @@ pub async fn backfill(
         ADMIN_WRITE_TIMEOUT,
         Offline::Refused,
     )
-    .await?;
-    match done {
+    .await;
+    waiting.finish();
+    match done? {
         Ok(done) => {
             println!(
                 "{}: scanned {} events, created {} deliveries",

@@ -1,5 +1,5 @@
 //! Progress of a long CLI operation (a replay or purge of many dead
-//! letters, migrations applied one by one): a bar on a terminal (`indicatif`, on stderr), one plain line
+//! letters, migrations applied one by one, a backfill): a bar on a terminal (`indicatif`, on stderr), one plain line
 //! per step when stderr is not a terminal (a pipe, a CI log), so a script
 //! reading stdout sees only the result.
 //!
@@ -59,6 +59,40 @@ impl Progress {
 
     /// Stop showing progress (the bar is cleared; the caller prints the
     /// result).
+    pub fn finish(self) {
+        if let Some(bar) = self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Work the CLI hands over whole and waits for (a backfill, which the
+/// daemon does in one request and answers with its counts): a spinner
+/// with the time elapsed on a terminal, one plain line when not.
+pub struct Waiting {
+    bar: Option<ProgressBar>,
+}
+
+impl Waiting {
+    /// Start showing that `what` (`"backfilling webhook"`) is under way.
+    pub fn new(what: String) -> Waiting {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new_spinner();
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+                    .expect("a fixed template"),
+            );
+            bar.set_message(what.clone());
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            bar
+        });
+        if bar.is_none() {
+            eprintln!("{what}: waiting for the daemon");
+        }
+        Waiting { bar }
+    }
+
+    /// Stop showing it (the caller prints the result).
     pub fn finish(self) {
         if let Some(bar) = self.bar {
             bar.finish_and_clear();
