@@ -293,7 +293,6 @@ fn describe(code: &HttpError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::egress::{http_client, EgressPolicy, Timeouts};
     use std::sync::Arc;
     use std::time::Instant;
 
@@ -360,21 +359,7 @@ mod tests {
     }
 
     fn hooks(patterns: &[String]) -> EgressHooks {
-        let policy = Arc::new(EgressPolicy::new(patterns).unwrap());
-        EgressHooks {
-            plugin: Arc::from("test"),
-            client: http_client(policy.clone()),
-            policy,
-            requests_left: 1000,
-            denials: Arc::default(),
-            telemetry: Default::default(),
-            max_response_bytes: 1 << 20,
-            timeouts: Timeouts {
-                first_byte: Duration::from_secs(30),
-                between_bytes: Duration::from_secs(10),
-                until: Instant::now() + Duration::from_secs(60),
-            },
-        }
+        super::super::hooks::tests::for_tests(patterns)
     }
 
     #[tokio::test]
@@ -487,45 +472,25 @@ mod tests {
 
     #[test]
     fn what_cannot_be_sent_is_named_as_the_wit_names_it() {
-        assert_eq!(
-            code(request("", "http://h/", &[])),
-            "HTTP-request-method-invalid"
-        );
-        assert_eq!(
-            code(request("PO ST", "http://h/", &[])),
-            "HTTP-request-method-invalid"
-        );
-        assert_eq!(
-            code(request("POST", "ftp://h/", &[])),
-            "HTTP-request-URI-invalid"
-        );
-        assert_eq!(
-            code(request("POST", "/relative", &[])),
-            "HTTP-request-URI-invalid"
-        );
-        assert_eq!(
-            code(request("POST", "http://u:p@h/", &[])),
-            "HTTP-request-URI-invalid"
-        );
-        assert_eq!(
-            code(request("POST", "http://h/", &[("host", "evil")])),
-            "forbidden"
-        );
-        assert_eq!(
-            code(request(
+        let cases: [(&str, &str, &[(&str, &str)], &str); 9] = [
+            ("", "http://h/", &[], "HTTP-request-method-invalid"),
+            ("PO ST", "http://h/", &[], "HTTP-request-method-invalid"),
+            ("POST", "ftp://h/", &[], "HTTP-request-URI-invalid"),
+            ("POST", "/relative", &[], "HTTP-request-URI-invalid"),
+            ("POST", "http://u:p@h/", &[], "HTTP-request-URI-invalid"),
+            ("POST", "http://h/", &[("host", "evil")], "forbidden"),
+            (
                 "POST",
                 "http://h/",
-                &[("Transfer-Encoding", "chunked")]
-            )),
-            "forbidden"
-        );
-        assert_eq!(
-            code(request("POST", "http://h/", &[("bad name", "1")])),
-            "invalid-syntax"
-        );
-        assert_eq!(
-            code(request("POST", "http://h/", &[("x", "a\nb")])),
-            "invalid-syntax"
-        );
+                &[("Transfer-Encoding", "chunked")],
+                "forbidden",
+            ),
+            ("POST", "http://h/", &[("bad name", "1")], "invalid-syntax"),
+            ("POST", "http://h/", &[("x", "a\nb")], "invalid-syntax"),
+        ];
+        for (method, url, headers, want) in cases {
+            let got = code(request(method, url, headers));
+            assert_eq!(got, want, "{method:?} {url} {headers:?}");
+        }
     }
 }

@@ -377,7 +377,7 @@ pub fn wit_name(code: &HttpError) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::plugin::egress::{http_client, EgressPolicy};
     use http_body_util::BodyExt;
@@ -423,9 +423,13 @@ mod tests {
     }
 
     fn hooks(patterns: &[&str]) -> EgressHooks {
-        let policy = Arc::new(
-            EgressPolicy::new(&patterns.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap(),
-        );
+        for_tests(&patterns.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    /// Hooks allowing `patterns`, with generous limits: 1,000 requests,
+    /// 1 MiB responses, 30 s to the first byte, a minute to the deadline.
+    pub(in crate::plugin::egress) fn for_tests(patterns: &[String]) -> EgressHooks {
+        let policy = Arc::new(EgressPolicy::new(patterns).unwrap());
         EgressHooks {
             plugin: Arc::from("test"),
             client: http_client(policy.clone()),
