@@ -317,7 +317,7 @@ mod tests {
     async fn receiver(
         together: usize,
     ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -327,16 +327,11 @@ mod tests {
             while let Ok((mut socket, _)) = listener.accept().await {
                 let (seen, barrier) = (counted.clone(), barrier.clone());
                 tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match socket.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
+                    let Some(text) = super::super::hooks::tests::read_head(&mut socket).await
+                    else {
+                        return;
+                    };
                     seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let text = String::from_utf8_lossy(&buf).to_string();
                     let path = text.split(' ').nth(1).unwrap_or("/");
                     let mut status: u16 = path.trim_start_matches('/').parse().unwrap_or(200);
                     if tokio::time::timeout(Duration::from_secs(5), barrier.wait())
@@ -472,7 +467,9 @@ mod tests {
 
     #[test]
     fn what_cannot_be_sent_is_named_as_the_wit_names_it() {
-        let cases: [(&str, &str, &[(&str, &str)], &str); 9] = [
+        // Method, URL, headers, and the code the request is refused with.
+        type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: [Case; 9] = [
             ("", "http://h/", &[], "HTTP-request-method-invalid"),
             ("PO ST", "http://h/", &[], "HTTP-request-method-invalid"),
             ("POST", "ftp://h/", &[], "HTTP-request-URI-invalid"),

@@ -386,7 +386,7 @@ pub(super) mod tests {
     /// A loopback listener that records the `Host` header of each request
     /// and answers 200.
     async fn host_recorder() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -395,15 +395,9 @@ pub(super) mod tests {
             while let Ok((mut socket, _)) = listener.accept().await {
                 let record = record.clone();
                 tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match socket.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let text = String::from_utf8_lossy(&buf).to_string();
+                    let Some(text) = read_head(&mut socket).await else {
+                        return;
+                    };
                     for line in text.lines() {
                         if let Some((k, v)) = line.split_once(':') {
                             if k.eq_ignore_ascii_case("host") {
@@ -420,6 +414,23 @@ pub(super) mod tests {
             }
         });
         (addr, seen)
+    }
+
+    /// The head of the next request on `socket` (through the blank line),
+    /// as text; `None` when the peer goes away first.
+    pub(in crate::plugin::egress) async fn read_head(
+        socket: &mut tokio::net::TcpStream,
+    ) -> Option<String> {
+        use tokio::io::AsyncReadExt;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        Some(String::from_utf8_lossy(&buf).to_string())
     }
 
     fn hooks(patterns: &[&str]) -> EgressHooks {
