@@ -211,6 +211,20 @@ fn http() -> reqwest::Client {
         .unwrap()
 }
 
+/// `GET {base}{path}` with the admin token: the answer's JSON, whatever
+/// its status.
+async fn admin_json(base: &str, path: &str) -> serde_json::Value {
+    http()
+        .get(format!("{base}{path}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Log in over plain HTTP; the session cookie (`name=value`).
 async fn login(base: &str, token: &str) -> (u16, Option<String>) {
     let r = http()
@@ -448,15 +462,7 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     b.fill("#e-retry-base", "500ms").await;
     b.click("#e-save").await;
     assert!(b.text("#notice").await.contains("Saved destination east"));
-    let east: serde_json::Value = http()
-        .get(format!("{base}/v1/admin/destinations/east"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let east = admin_json(&base, "/v1/admin/destinations/east").await;
     assert_eq!(east["filter"]["types"], json!(["order.*"]), "{east}");
     assert_eq!(east["rate_per_second"], 5, "{east}");
     assert_eq!(east["retry"]["base"], "500ms", "{east}");
@@ -479,29 +485,13 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     assert!(b.has("#caught-up").await);
 
     // The admin API gives the same answers the pages show.
-    let admin = |path: &str| {
-        http()
-            .get(format!("{base}{path}"))
-            .bearer_auth(TOKEN)
-            .send()
-    };
-    let heads: serde_json::Value = admin("/v1/admin/streams/s3")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let heads = admin_json(&base, "/v1/admin/streams/s3").await;
     assert_eq!(heads["heads"][0]["sink"], "east", "{heads}");
     assert_eq!(
         heads["heads"][0]["why"]["kind"], "destination_held",
         "{heads}"
     );
-    let found: serde_json::Value = admin("/v1/admin/events?stream=s1&state=delivered")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let found = admin_json(&base, "/v1/admin/events?stream=s1&state=delivered").await;
     let found: Vec<&str> = found["events"]
         .as_array()
         .unwrap()
@@ -509,7 +499,12 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
         .map(|e| e["id"].as_str().unwrap())
         .collect();
     assert_eq!(found, ["s1-3", "s1-2", "s1-1"], "by stream: newest first");
-    let refused = admin("/v1/admin/events?state=lost").await.unwrap();
+    let refused = http()
+        .get(format!("{base}/v1/admin/events?state=lost"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status().as_u16(), 400);
     let refused: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(refused["field"], "state");
@@ -589,17 +584,7 @@ async fn the_console_finds_replays_and_manages_in_a_browser(backend: Backend) {
     assert!(body.contains("Resumed destination east"));
 
     // Resumed, east delivers s3-1; its last hour shows it.
-    let east = || async {
-        http()
-            .get(format!("{base}/v1/admin/destinations/east"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json::<serde_json::Value>()
-            .await
-            .unwrap()
-    };
+    let east = || admin_json(&base, "/v1/admin/destinations/east");
     let start = std::time::Instant::now();
     loop {
         let east = east().await;
@@ -712,15 +697,7 @@ async fn a_blocked_stream_names_the_dead_letter_that_holds_it(backend: Backend) 
     );
     let (_, page) = get(&base, "/console/events/b2", &cookie).await;
     assert!(page.contains(">pending<"), "b2 waits behind b1: {page}");
-    let heads: serde_json::Value = http()
-        .get(format!("{base}/v1/admin/streams/blocked"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let heads = admin_json(&base, "/v1/admin/streams/blocked").await;
     assert_eq!(
         heads["heads"][0]["why"]["kind"], "blocked_by_dead",
         "{heads}"
@@ -798,20 +775,7 @@ async fn the_cli_the_api_and_the_console_agree(backend: Backend) {
     .await;
     let (_, cookie) = login(&base, TOKEN).await;
     let cookie = cookie.unwrap();
-    let api = |path: &str| {
-        let url = format!("{base}{path}");
-        async move {
-            http()
-                .get(url)
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .unwrap()
-                .json::<serde_json::Value>()
-                .await
-                .unwrap()
-        }
-    };
+    let api = |path: &'static str| admin_json(&base, path);
 
     // Dead letters: the same, in the same order.
     let by_api: Vec<(String, String)> = api("/v1/admin/dead").await["dead"]
@@ -920,16 +884,14 @@ async fn a_stream_held_by_a_row_lock_names_the_session() {
     let db = TestDb::new(Backend::Postgres).await;
     let d = start(&plugins, &db, |_| {}).await;
     let base = d.base.clone();
-    let admin = |method: reqwest::Method, path: &str| {
-        http()
-            .request(method, format!("{base}{path}"))
-            .bearer_auth(TOKEN)
+    let post = |path: &'static str| {
+        let url = format!("{base}{path}");
+        async move {
+            let r = http().post(url).bearer_auth(TOKEN).send().await.unwrap();
+            assert!(r.status().is_success(), "{r:?}");
+        }
     };
-    let r = admin(reqwest::Method::POST, "/v1/admin/sinks/hook/pause")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{r:?}");
+    post("/v1/admin/sinks/hook/pause").await;
     // Each process reads the paused sinks at most once a second.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     d.post_event(&event("h1", "held", "order.paid", json!({})))
@@ -940,20 +902,10 @@ async fn a_stream_held_by_a_row_lock_names_the_session() {
          SELECT 1 FROM outboxd.heads WHERE stream = 'held' FOR UPDATE",
     )
     .await;
-    let r = admin(reqwest::Method::POST, "/v1/admin/sinks/hook/resume")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{r:?}");
+    post("/v1/admin/sinks/hook/resume").await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(ids(&receiver).is_empty(), "a locked head is skipped");
-    let heads: serde_json::Value = admin(reqwest::Method::GET, "/v1/admin/streams/held")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let heads = admin_json(&base, "/v1/admin/streams/held").await;
     let why = &heads["heads"][0]["why"];
     assert_eq!(why["kind"], "held_by_lock", "{heads}");
     assert_eq!(why["holder"]["application"], "billing-job", "{heads}");
@@ -971,13 +923,7 @@ async fn a_stream_held_by_a_row_lock_names_the_session() {
         x["status"] == "delivered"
     })
     .await;
-    let heads: serde_json::Value = admin(reqwest::Method::GET, "/v1/admin/streams/held")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let heads = admin_json(&base, "/v1/admin/streams/held").await;
     assert_eq!(heads["heads"], json!([]), "{heads}");
 
     d.stop().await;
