@@ -135,3 +135,47 @@ async fn an_event_ingest_would_refuse_is_named_by_its_line() {
     assert!(text.contains("events.jsonl:2: id"), "{text}");
     assert_eq!(receiver.count(), 0, "nothing is sent when the input is bad");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_file_trusts_a_receiver_under_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = private_ca();
+    let (addr, seen) = https_receiver(dir.path(), (&cert, &key)).await;
+    let origin = format!("https://{addr}");
+    let wasm = dir.path().join("webhook.wasm");
+    std::fs::copy(built_plugins().join("webhook.wasm"), &wasm).unwrap();
+    std::fs::write(
+        dir.path().join("webhook.toml"),
+        format!(
+            "name = \"webhook\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n\
+             [capabilities]\nhttp = [{origin:?}]\n[config]\nurl = \"{origin}/hook\"\nsecret = {:?}\n",
+            new_secret()
+        ),
+    )
+    .unwrap();
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(&events, event("p1", "s", "t", json!({})).to_string()).unwrap();
+
+    let out = run(&wasm, &events, &[]).await;
+    let text = shown(&out);
+    assert!(
+        text.contains("p1 s#1: retry: TLS certificate error (TLS-certificate-error)"),
+        "{text}"
+    );
+    assert!(seen.lock().unwrap().is_empty());
+
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let out = run(&wasm, &events, &["--ca-file", ca_file.to_str().unwrap()]).await;
+    let text = shown(&out);
+    assert!(text.contains("p1 s#1: delivered"), "{text}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    let out = run(&wasm, &events, &["--ca-file", "/nonexistent/ca.pem"]).await;
+    assert!(!out.status.success());
+    assert!(
+        shown(&out).contains("egress.ca-file: /nonexistent/ca.pem: cannot be read"),
+        "{}",
+        shown(&out)
+    );
+}

@@ -682,3 +682,54 @@ async fn postgres_a_pause_read_waiting_on_the_store_holds_back_one_loop_only() {
     );
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_receiver_under_a_private_ca_is_reached_over_http2_once_egress_ca_file_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = private_ca();
+    let (addr, seen) = https_receiver(dir.path(), (&cert, &key)).await;
+    let origin = format!("https://{addr}");
+    let plugins = PluginsDir::new();
+    plugins.add_webhook(
+        "webhook",
+        &format!("{origin}/hook"),
+        std::slice::from_ref(&origin),
+        &new_secret(),
+        "",
+    );
+
+    // The webpki roots alone do not trust it: retried, named, never sent.
+    let d = TestDaemon::start(plugins.path()).await;
+    d.post_event(&event("untrusted-1", "s", "t", json!({"n": 1})))
+        .await;
+    let state = d
+        .wait_delivery("untrusted-1", Duration::from_secs(20), |x| {
+            !x["last_error"].is_null()
+        })
+        .await;
+    let reason = state["last_error"].as_str().unwrap();
+    assert!(reason.contains("TLS-certificate-error"), "{reason}");
+    assert_ne!(state["status"], "dead", "a TLS failure is retried");
+    d.stop().await;
+    assert!(seen.lock().unwrap().is_empty());
+
+    // Named by egress.ca-file: delivered, over HTTP/2 (the receiver offers
+    // h2 first by ALPN).
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let d = TestDaemon::start_with(plugins.path(), |c| c.egress.ca_file = Some(ca_file)).await;
+    d.post_event(&event("trusted-1", "s", "t", json!({"n": 2})))
+        .await;
+    d.wait_delivery("trusted-1", Duration::from_secs(20), |x| {
+        x["status"] == "delivered"
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, axum::http::Version::HTTP_2);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&seen[0].1).unwrap(),
+        json!({"n": 2})
+    );
+    d.stop().await;
+}

@@ -93,6 +93,9 @@ pub struct Config {
     pub otel: crate::otel::OtelConfig,
     /// The operator console (`[console]`). Default on, under `/console`.
     pub console: ConsoleConfig,
+    /// Plugins' outbound requests (`[egress]`): the CA file their HTTPS
+    /// trusts besides the webpki roots.
+    pub egress: crate::plugin::egress::EgressConfig,
 }
 
 /// `[metrics]`.
@@ -135,6 +138,7 @@ impl Default for Config {
             secrets: SecretsConfig::default(),
             otel: crate::otel::OtelConfig::default(),
             console: Default::default(),
+            egress: Default::default(),
         }
     }
 }
@@ -268,6 +272,14 @@ impl Config {
         }
         if let Err((key, problem)) = self.console.validate() {
             return value(&format!("console.{key}"), &problem);
+        }
+        if self
+            .egress
+            .ca_file
+            .as_ref()
+            .is_some_and(|f| f.as_os_str().is_empty())
+        {
+            return value("egress.ca-file", "is empty");
         }
         if let Some(routes) = &self.routes {
             if let Err((key, problem)) = crate::routing::settings::validate(routes) {

@@ -95,13 +95,17 @@ impl Daemon {
             Some(t) => Some((t.clone(), crate::tls::server_config(t)?)),
             None => None,
         };
+        // So is a CA file plugins' HTTPS cannot trust.
+        let trust = crate::plugin::egress::client_tls(&config.egress)
+            .map_err(|e| StartError::Config(e.to_string()))?;
         let telemetry = crate::otel::Telemetry::start(&config.otel)
             .map_err(|e| StartError::Config(format!("[otel]: {e}")))?;
         let url = config.effective_database_url();
         let store = open_store(&url, config.delivery.db_timeout, migrations).await?;
         let runtime = Runtime::new()
             .map_err(|e| StartError::Runtime(format!("{e:#}")))?
-            .with_cache(config.data_dir.join("cache"));
+            .with_cache(config.data_dir.join("cache"))
+            .with_trust(trust);
         let metrics = Metrics::new();
         let plugins = load_plugins(&runtime, &config, &metrics)?;
         let secrets = load_secrets(&config, &url)?;

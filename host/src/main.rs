@@ -207,6 +207,10 @@ enum PluginCommand {
         /// set, wins).
         #[arg(long, value_enum, default_value = "info")]
         log_level: PluginLogLevel,
+        /// Certificate authorities (PEM) HTTPS trusts besides the webpki
+        /// roots, as the daemon's `egress.ca-file`.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
     },
 }
 
@@ -421,7 +425,17 @@ async fn plugin(
             manifest,
             events,
             log_level,
-        } => plugin_run(&file, manifest.as_deref(), &events, log_level).await,
+            ca_file,
+        } => {
+            plugin_run(
+                &file,
+                manifest.as_deref(),
+                &events,
+                log_level,
+                ca_file.as_deref(),
+            )
+            .await
+        }
     }
 }
 
@@ -448,6 +462,7 @@ async fn plugin_run(
     manifest: Option<&std::path::Path>,
     events: &std::path::Path,
     log_level: PluginLogLevel,
+    ca_file: Option<&std::path::Path>,
 ) -> anyhow::Result<ExitCode> {
     // The plugin's lines (logged by the runtime, tagged with the
     // plugin's name) go to stdout among the outcomes.
@@ -469,7 +484,9 @@ async fn plugin_run(
         .with_ansi(colour(&std::io::stdout()))
         .without_time()
         .init();
-    let tally = outboxd::plugin::trial::run(file, manifest, events, &mut std::io::stdout()).await?;
+    let tally =
+        outboxd::plugin::trial::run(file, manifest, events, ca_file, &mut std::io::stdout())
+            .await?;
     Ok(if tally.failed == 0 {
         ExitCode::SUCCESS
     } else {

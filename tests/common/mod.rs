@@ -950,3 +950,61 @@ impl HeldLocks {
             .unwrap();
     }
 }
+
+/// A private certificate authority and, signed by it, a certificate for
+/// 127.0.0.1: (CA PEM, leaf PEM, leaf key PEM). No public root signs it,
+/// as with a receiver inside a company network.
+pub fn private_ca() -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "outboxd test CA");
+    let ca = rcgen::CertifiedIssuer::self_signed(ca, ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca)
+        .unwrap();
+    (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
+}
+
+/// An HTTPS receiver on loopback serving `cert`/`key` (written into
+/// `dir`), offering HTTP/2 and HTTP/1.1 by ALPN: its address, and the HTTP
+/// version and body of every request, each answered 200.
+pub async fn https_receiver(
+    dir: &std::path::Path,
+    (cert, key): (&str, &str),
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<(axum::http::Version, bytes::Bytes)>>>,
+) {
+    std::fs::write(dir.join("cert.pem"), cert).unwrap();
+    std::fs::write(dir.join("key.pem"), key).unwrap();
+    let tls = outboxd::tls::server_config(&outboxd::tls::TlsConfig {
+        cert_file: dir.join("cert.pem"),
+        key_file: dir.join("key.pem"),
+        reload_interval: Duration::from_secs(10),
+    })
+    .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = seen.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let recorded = recorded.clone();
+        async move {
+            let version = request.version();
+            let body = axum::body::to_bytes(request.into_body(), 1 << 20)
+                .await
+                .unwrap_or_default();
+            recorded.lock().unwrap().push((version, body));
+            "ok"
+        }
+    });
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+    let server = axum_server::from_tcp_rustls(listener, config).unwrap();
+    tokio::spawn(async move { server.serve(app.into_make_service()).await });
+    (addr, seen)
+}

@@ -175,6 +175,9 @@ pub struct Runtime {
     /// Compiled components on disk (`<data-dir>/cache/`); `None` compiles
     /// every time (`outboxd plugin check`, tests).
     cache: Option<CompiledCache>,
+    /// What plugins' outbound HTTPS trusts (`[egress]`); the webpki roots
+    /// unless [`Runtime::with_trust`] says more.
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl Runtime {
@@ -205,6 +208,11 @@ impl Runtime {
     fn with_config(mut config: wasmtime::Config) -> wasmtime::Result<Runtime> {
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        // `OUTBOXD_PERFMAP` set: compiled guest code is named in
+        // `/tmp/perf-PID.map`, for `perf report` (docs/plugins.md).
+        if std::env::var_os("OUTBOXD_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config)?;
         let weak = engine.weak();
         std::thread::Builder::new()
@@ -221,7 +229,16 @@ impl Runtime {
             engine,
             amqp: AmqpPool::new(),
             cache: None,
+            tls: super::egress::webpki_only(),
         })
+    }
+
+    /// Plugins prepared from now on send HTTPS trusting `tls`
+    /// ([`super::egress::client_tls`]: the webpki roots and
+    /// `egress.ca-file`).
+    pub fn with_trust(mut self, tls: Arc<rustls::ClientConfig>) -> Runtime {
+        self.tls = tls;
+        self
     }
 
     /// Keep compiled components in `dir` (see [`super::cache`]), so a
@@ -302,7 +319,7 @@ impl Runtime {
             manifest,
             body: Body::Component(pre),
             config,
-            client: super::egress::http_client(policy.clone()),
+            client: super::egress::http_client(policy.clone(), &self.tls),
             policy,
             amqp,
             log_limit: Arc::default(),
@@ -320,7 +337,7 @@ impl Runtime {
             name: Arc::from(manifest.name.as_str()),
             body: Body::Builtin(builtin),
             config: Vec::new(),
-            client: super::egress::http_client(policy.clone()),
+            client: super::egress::http_client(policy.clone(), &self.tls),
             policy,
             amqp: self.amqp.access(None).expect("no AMQP capability is valid"),
             log_limit: Arc::default(),

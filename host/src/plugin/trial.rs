@@ -41,6 +41,9 @@ pub enum TrialError {
         /// What ingest would refuse, naming the attribute.
         problem: String,
     },
+    /// The CA file given to trust could not be used.
+    #[error(transparent)]
+    Trust(#[from] super::egress::TrustError),
     /// The plugin could not be loaded (manifest, component or grants).
     #[error("{file}: {reason}")]
     Load {
@@ -66,15 +69,20 @@ pub struct Tally {
 }
 
 /// Run the events of `events` through the component `file` with its
-/// manifest (`manifest`, else the `.toml` beside `file`), writing one line
-/// per event to `out`:
+/// manifest (`manifest`, else the `.toml` beside `file`), its HTTPS
+/// trusting the webpki roots and `ca_file`'s certificates (as the
+/// daemon's `egress.ca-file`), writing one line per event to `out`:
 /// `<id> <stream>#<sequence>: delivered | retry[ after <ms> ms]: <reason> | reject: <reason> | failed: <why>`.
 pub async fn run(
     file: &Path,
     manifest: Option<&Path>,
     events: &Path,
+    ca_file: Option<&Path>,
     out: &mut dyn Write,
 ) -> Result<Tally, TrialError> {
+    let trust = super::egress::client_tls(&super::egress::EgressConfig {
+        ca_file: ca_file.map(Path::to_path_buf),
+    })?;
     let batch = read_events(events)?;
     let manifest_path = manifest
         .map(Path::to_path_buf)
@@ -85,8 +93,9 @@ pub async fn run(
     };
     let manifest =
         Manifest::load(&manifest_path).map_err(|e| load(&manifest_path, e.to_string()))?;
-    let runtime =
-        Runtime::new().map_err(|e| load(file, format!("cannot start the runtime: {e:#}")))?;
+    let runtime = Runtime::new()
+        .map_err(|e| load(file, format!("cannot start the runtime: {e:#}")))?
+        .with_trust(trust);
     let bytes = std::fs::read(file).map_err(|source| TrialError::Read {
         file: file.to_path_buf(),
         source,

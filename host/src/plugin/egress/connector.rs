@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use hyper_util::client::legacy::Client;
@@ -134,24 +134,12 @@ pub type HttpClient = Client<hyper_rustls::HttpsConnector<GuardedConnector>, Was
 /// Build a plugin's pooled client, connecting only where `policy` allows:
 /// keep-alive HTTP/1.1, or HTTP/2 where a TLS receiver offers it by ALPN
 /// (`h2` first, then `http/1.1`; one connection then carries many
-/// requests at once); TLS through rustls with the `ring` provider and the
-/// webpki roots. Plain `http://` is HTTP/1.1 (no prior-knowledge HTTP/2).
-pub fn http_client(policy: Arc<EgressPolicy>) -> HttpClient {
-    static TLS: OnceLock<rustls::ClientConfig> = OnceLock::new();
-    let tls = TLS
-        .get_or_init(|| {
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default protocol versions")
-                .with_root_certificates(rustls::RootCertStore {
-                    roots: webpki_roots_list(),
-                })
-                .with_no_client_auth()
-        })
-        .clone();
+/// requests at once); TLS through rustls as `tls` says (the `ring`
+/// provider; the webpki roots and `egress.ca-file`, [`super::trust`]).
+/// Plain `http://` is HTTP/1.1 (no prior-knowledge HTTP/2).
+pub fn http_client(policy: Arc<EgressPolicy>, tls: &rustls::ClientConfig) -> HttpClient {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config(tls.clone())
         .https_or_http()
         .enable_all_versions()
         .wrap_connector(GuardedConnector { policy });
@@ -159,8 +147,4 @@ pub fn http_client(policy: Arc<EgressPolicy>) -> HttpClient {
         .pool_idle_timeout(HTTP_POOL_IDLE_TIMEOUT)
         .pool_max_idle_per_host(64)
         .build(https)
-}
-
-fn webpki_roots_list() -> Vec<rustls::pki_types::TrustAnchor<'static>> {
-    webpki_roots::TLS_SERVER_ROOTS.to_vec()
 }

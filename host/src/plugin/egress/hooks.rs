@@ -312,17 +312,28 @@ fn classify(e: &hyper_util::client::legacy::Error) -> HttpError {
             ConnectError::NoHost => HttpError::HttpRequestUriInvalid,
         };
     }
-    let tls = causes(e).any(|c| {
-        c.is::<rustls::Error>()
-            || c.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .is_some_and(|inner| inner.is::<rustls::Error>())
-    });
-    if tls {
-        HttpError::TlsProtocolError
-    } else {
-        HttpError::DestinationUnavailable
+    match tls_error(e) {
+        Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) => {
+            HttpError::TlsCertificateError
+        }
+        Some(_) => HttpError::TlsProtocolError,
+        None => HttpError::DestinationUnavailable,
     }
+}
+
+/// rustls' error in `e`'s chain: a cause itself, or inside the I/O
+/// errors that carry it (tokio-rustls reports a failed handshake as an
+/// I/O error, which the connector wraps in another), at any depth.
+fn tls_error(e: &hyper_util::client::legacy::Error) -> Option<&rustls::Error> {
+    fn inside<'a>(c: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        let inner: &(dyn std::error::Error + 'static) =
+            c.downcast_ref::<std::io::Error>()?.get_ref()?;
+        inside(inner)
+    }
+    causes(e).find_map(inside)
 }
 
 /// The case name of the `wasi:http/types.error-code` a guest is handed for
@@ -443,7 +454,7 @@ pub(super) mod tests {
         let policy = Arc::new(EgressPolicy::new(patterns).unwrap());
         EgressHooks {
             plugin: Arc::from("test"),
-            client: http_client(policy.clone()),
+            client: http_client(policy.clone(), &crate::plugin::egress::webpki_only()),
             policy,
             requests_left: 1000,
             denials: Arc::default(),
@@ -558,6 +569,46 @@ pub(super) mod tests {
             Box::new(async { Ok(()) });
         let sent = Box::into_pin(hooks.send_request(request, None, fut)).await;
         sent.map(|(response, _)| response.status().as_u16())
+    }
+
+    /// A TLS listener on loopback serving a self-signed certificate for
+    /// 127.0.0.1 (no root trusts it); it answers nothing past the
+    /// handshake.
+    async fn untrusted_tls() -> SocketAddr {
+        let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(made.signing_key.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![made.cert.der().clone()], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let _ = acceptor.accept(socket).await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn an_untrusted_certificate_is_a_tls_certificate_error() {
+        let addr = untrusted_tls().await;
+        let mut hooks = hooks(&[&format!("https://{addr}")]);
+        let got = send(&mut hooks, &format!("https://{addr}/x"), None).await;
+        assert!(
+            matches!(got, Err(HttpError::TlsCertificateError)),
+            "{got:?}"
+        );
     }
 
     #[tokio::test]

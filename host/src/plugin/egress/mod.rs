@@ -1,8 +1,9 @@
-//! Outbound HTTP for plugins, in five rooms: the allow-list and address
+//! Outbound HTTP for plugins, in six rooms: the allow-list and address
 //! rule ([`policy`]), the guarded connector and pooled client
-//! ([`connector`]), the response timeouts ([`watch`]), the `wasi:http`
-//! hooks that use them ([`hooks`]), and the `http-batch` interface, many
-//! requests per call through the same checks ([`batch`]).
+//! ([`connector`]), the certificates HTTPS trusts ([`trust`]), the
+//! response timeouts ([`watch`]), the `wasi:http` hooks that use them
+//! ([`hooks`]), and the `http-batch` interface, many requests per call
+//! through the same checks ([`batch`]).
 //!
 //! Owns: the decision whether a plugin's `wasi:http` request may leave the
 //! host (scheme, host and effective port against the manifest's patterns;
@@ -33,10 +34,12 @@ mod batch;
 mod connector;
 mod hooks;
 mod policy;
+mod trust;
 mod watch;
 
 pub use batch::{InFlight, MAX_REQUESTS_PER_CALL};
 pub use connector::{http_client, ConnectError, GuardedConnector, HttpClient};
 pub use hooks::{wit_name, Denials, EgressHooks};
 pub use policy::{internal_kind, AllowRule, EgressPolicy};
+pub use trust::{client_tls, webpki_only, EgressConfig, TrustError};
 pub use watch::{Metered, Stall, Timeouts};
