@@ -662,3 +662,41 @@ async fn spans_reach_a_grpc_collector() {
         collector.spans()
     );
 }
+
+#[tokio::test]
+async fn an_https_collector_under_a_private_ca_is_trusted_once_egress_ca_file_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = private_ca();
+    let (addr, seen) = https_receiver(dir.path(), (&cert, &key)).await;
+    let plugins = PluginsDir::new();
+    let exporting = |c: &mut Config| {
+        c.otel.enabled = true;
+        c.otel.endpoint = Some(format!("https://{addr}"));
+        c.otel.export_interval = Duration::from_millis(100);
+    };
+
+    // The webpki roots alone do not trust it: nothing is exported.
+    let d = TestDaemon::start_with(plugins.path(), exporting).await;
+    d.post_event(&event("t-1", "s", "t", serde_json::json!({})))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    d.stop().await;
+    assert!(seen.lock().unwrap().is_empty(), "nothing gets past TLS");
+
+    // Named by egress.ca-file: the spans arrive, as OTLP protobuf.
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let d = TestDaemon::start_with(plugins.path(), move |c| {
+        exporting(c);
+        c.egress.ca_file = Some(ca_file);
+    })
+    .await;
+    d.post_event(&event("t-2", "s", "t", serde_json::json!({})))
+        .await;
+    let exported = eventually(Duration::from_secs(10), || !seen.lock().unwrap().is_empty()).await;
+    d.stop().await;
+    assert!(exported, "no export reached the collector");
+    let (_, body) = seen.lock().unwrap()[0].clone();
+    let request = ExportTraceServiceRequest::decode(body).unwrap();
+    assert!(!request.resource_spans.is_empty());
+}

@@ -93,8 +93,8 @@ pub struct Config {
     pub otel: crate::otel::OtelConfig,
     /// The operator console (`[console]`). Default on, under `/console`.
     pub console: ConsoleConfig,
-    /// Plugins' outbound requests (`[egress]`): the CA file their HTTPS
-    /// trusts besides the webpki roots.
+    /// Outbound requests (`[egress]`): the CA file plugins' and the OTLP
+    /// exporter's HTTPS trust besides the webpki roots.
     pub egress: crate::plugin::egress::EgressConfig,
 }
 

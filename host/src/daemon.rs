@@ -95,10 +95,10 @@ impl Daemon {
             Some(t) => Some((t.clone(), crate::tls::server_config(t)?)),
             None => None,
         };
-        // So is a CA file plugins' HTTPS cannot trust.
+        // So does a CA file the outbound HTTPS (plugins, OTLP) cannot trust.
         let trust = crate::plugin::egress::client_tls(&config.egress)
             .map_err(|e| StartError::Config(e.to_string()))?;
-        let telemetry = crate::otel::Telemetry::start(&config.otel)
+        let telemetry = crate::otel::Telemetry::start(&config.otel, &trust)
             .map_err(|e| StartError::Config(format!("[otel]: {e}")))?;
         let url = config.effective_database_url();
         let store = open_store(&url, config.delivery.db_timeout, migrations).await?;

@@ -151,11 +151,15 @@ impl Resolved {
 /// Start the tracer provider: spans sampled parent-based by `resolved`'s
 /// ratio, batched and exported every `config.export_interval` on the
 /// current Tokio runtime. Must be called inside that runtime.
-pub fn start(config: &OtelConfig, resolved: &Resolved) -> Result<SdkTracerProvider, ExportError> {
+pub fn start(
+    config: &OtelConfig,
+    resolved: &Resolved,
+    tls: &rustls::ClientConfig,
+) -> Result<SdkTracerProvider, ExportError> {
     let exporter = match resolved.protocol {
         OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_http_client(OtlpHttpClient::new(config.export_timeout))
+            .with_http_client(OtlpHttpClient::new(config.export_timeout, tls))
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
             .with_endpoint(resolved.endpoint.clone())
             .with_timeout(config.export_timeout)
@@ -198,9 +202,10 @@ pub fn start(config: &OtelConfig, resolved: &Resolved) -> Result<SdkTracerProvid
     Ok(provider)
 }
 
-/// The OTLP/HTTP exporter's client: hyper over rustls with ring and the
-/// webpki roots (`https://`), or plain TCP (`http://`); a response body
-/// is read up to [`MAX_RESPONSE_BYTES`].
+/// The OTLP/HTTP exporter's client: hyper over rustls (`https://`,
+/// trusting what the daemon's outbound HTTPS trusts: the webpki roots and
+/// `egress.ca-file`), or plain TCP (`http://`); a response body is read
+/// up to [`MAX_RESPONSE_BYTES`].
 #[derive(Clone)]
 pub struct OtlpHttpClient {
     client: Arc<
@@ -223,19 +228,11 @@ impl std::fmt::Debug for OtlpHttpClient {
 }
 
 impl OtlpHttpClient {
-    /// A client with its own connection pool; one request and its answer
-    /// must take at most `timeout`.
-    pub fn new(timeout: Duration) -> OtlpHttpClient {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_root_certificates(rustls::RootCertStore {
-                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-            })
-            .with_no_client_auth();
+    /// A client with its own connection pool, TLS as `tls` says; one
+    /// request and its answer must take at most `timeout`.
+    pub fn new(timeout: Duration, tls: &rustls::ClientConfig) -> OtlpHttpClient {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config(tls.clone())
             .https_or_http()
             .enable_http1()
             .build();

@@ -93,14 +93,19 @@ impl Telemetry {
     }
 
     /// Start from `config` and the process's `OTEL_*` variables
-    /// ([`export::Resolved`]): off unless enabled. Must be called inside
-    /// the daemon's Tokio runtime.
-    pub fn start(config: &OtelConfig) -> Result<Telemetry, export::ExportError> {
+    /// ([`export::Resolved`]): off unless enabled. An `https://` collector
+    /// is trusted as `tls` says (the webpki roots and `egress.ca-file`,
+    /// [`crate::plugin::egress::client_tls`]). Must be called inside the
+    /// daemon's Tokio runtime.
+    pub fn start(
+        config: &OtelConfig,
+        tls: &rustls::ClientConfig,
+    ) -> Result<Telemetry, export::ExportError> {
         let resolved = export::Resolved::new(config, |name| std::env::var(name).ok())?;
         if !resolved.enabled {
             return Ok(Telemetry::off());
         }
-        let provider = export::start(config, &resolved)?;
+        let provider = export::start(config, &resolved, tls)?;
         tracing::info!(
             endpoint = %crate::redact::redact_url(&resolved.endpoint),
             protocol = ?resolved.protocol,

@@ -116,9 +116,14 @@ pub fn sign(key: &SigningKey, id: &str, timestamp: u64, body: &[u8]) -> String {
 /// space, `"` and `%`, becomes `%XY`.
 pub fn percent_encode(value: &str) -> String {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut out = String::with_capacity(value.len());
+    let kept = |byte: u8| byte.is_ascii_graphic() && byte != b'"' && byte != b'%';
+    // Most values need nothing encoded: one copy, not a push per byte.
+    if value.bytes().all(kept) {
+        return value.to_owned();
+    }
+    let mut out = String::with_capacity(value.len() + 8);
     for byte in value.bytes() {
-        if byte.is_ascii_graphic() && byte != b'"' && byte != b'%' {
+        if kept(byte) {
             out.push(char::from(byte));
         } else {
             out.push('%');

@@ -1,14 +1,14 @@
-//! Which certificates a plugin's outbound HTTPS trusts (`[egress]`): the
-//! webpki roots (Mozilla's CA set, as browsers), plus the certificate
-//! authorities of an operator's `egress.ca-file` — a receiver inside a
-//! company network is often served under a private CA that no public root
-//! signs.
+//! Which certificates the daemon's outbound HTTPS trusts (`[egress]`):
+//! plugins' requests and the OTLP exporter. The webpki roots (Mozilla's CA
+//! set, as browsers), plus the certificate authorities of an operator's
+//! `egress.ca-file` — a receiver or collector inside a company network is
+//! often served under a private CA that no public root signs.
 //!
 //! Owns: the `[egress]` settings ([`EgressConfig`]), reading the CA file
 //! (PEM, one or more `CERTIFICATE` items) and the rustls client
-//! configuration every plugin's pooled client is built with
-//! ([`client_tls`]): the `ring` provider, TLS 1.2 and 1.3, ALPN `h2` then
-//! `http/1.1` (hyper-rustls sets it per connection).
+//! configuration every plugin's pooled client and the OTLP exporter are
+//! built with ([`client_tls`]): the `ring` provider, TLS 1.2 and 1.3 (each
+//! client's connector sets its own ALPN).
 //!
 //! Must never: trust a certificate the operator did not name beyond the
 //! webpki roots, or start with a CA file it could not read whole (a file
@@ -21,7 +21,8 @@ use rustls::pki_types::pem::{PemObject, SectionKind};
 use rustls::pki_types::CertificateDer;
 use serde::{Deserialize, Serialize};
 
-/// `[egress]`: how plugins' outbound requests leave the host.
+/// `[egress]`: how the daemon's outbound requests (plugins', the OTLP
+/// exporter's) leave the host.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct EgressConfig {
@@ -42,7 +43,7 @@ pub struct TrustError {
     pub problem: String,
 }
 
-/// The rustls client configuration for plugins' outbound HTTPS under
+/// The rustls client configuration for the outbound HTTPS under
 /// `config`: the webpki roots, and every certificate of `egress.ca-file`
 /// when set. Errors name the file and what is wrong: unreadable, not PEM,
 /// no certificate in it, or a certificate rustls cannot use as a trust
