@@ -33,15 +33,16 @@ fn shown(out: &Output) -> String {
     )
 }
 
-fn webhook_to(dir: &Path, receiver: &Receiver, config: &str) -> std::path::PathBuf {
+/// The shipped webhook in `dir`, granted `origin` (`https://127.0.0.1:PORT`)
+/// only, with `config` as its `[config]` body.
+fn webhook_to(dir: &Path, origin: &str, config: &str) -> std::path::PathBuf {
     let wasm = dir.join("webhook.wasm");
     std::fs::copy(built_plugins().join("webhook.wasm"), &wasm).unwrap();
     std::fs::write(
         dir.join("webhook.toml"),
         format!(
             "name = \"webhook\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n\
-             [capabilities]\nhttp = [{:?}]\n[config]\n{config}",
-            receiver.origin()
+             [capabilities]\nhttp = [{origin:?}]\n[config]\n{config}"
         ),
     )
     .unwrap();
@@ -54,7 +55,7 @@ async fn each_outcome_and_the_plugins_log_lines_are_printed() {
     let dir = tempfile::tempdir().unwrap();
     let wasm = webhook_to(
         dir.path(),
-        &receiver,
+        &receiver.origin(),
         &format!("url = {:?}\nsecret = {:?}\n", receiver.url(), new_secret()),
     );
     let events = dir.path().join("events.jsonl");
@@ -96,7 +97,7 @@ async fn a_refused_init_fails_the_run_with_inits_reason() {
     let dir = tempfile::tempdir().unwrap();
     let wasm = webhook_to(
         dir.path(),
-        &receiver,
+        &receiver.origin(),
         &format!("secret = {:?}\n", new_secret()),
     );
     let events = dir.path().join("events.jsonl");
@@ -117,7 +118,7 @@ async fn an_event_ingest_would_refuse_is_named_by_its_line() {
     let dir = tempfile::tempdir().unwrap();
     let wasm = webhook_to(
         dir.path(),
-        &receiver,
+        &receiver.origin(),
         &format!("url = {:?}\nsecret = {:?}\n", receiver.url(), new_secret()),
     );
     let events = dir.path().join("events.jsonl");
@@ -142,17 +143,11 @@ async fn ca_file_trusts_a_receiver_under_a_private_ca() {
     let (ca, cert, key) = private_ca();
     let (addr, seen) = https_receiver(dir.path(), (&cert, &key)).await;
     let origin = format!("https://{addr}");
-    let wasm = dir.path().join("webhook.wasm");
-    std::fs::copy(built_plugins().join("webhook.wasm"), &wasm).unwrap();
-    std::fs::write(
-        dir.path().join("webhook.toml"),
-        format!(
-            "name = \"webhook\"\nversion = \"1\"\nwit = \"outboxd:sink@0.1.0\"\n\
-             [capabilities]\nhttp = [{origin:?}]\n[config]\nurl = \"{origin}/hook\"\nsecret = {:?}\n",
-            new_secret()
-        ),
-    )
-    .unwrap();
+    let wasm = webhook_to(
+        dir.path(),
+        &origin,
+        &format!("url = \"{origin}/hook\"\nsecret = {:?}\n", new_secret()),
+    );
     let events = dir.path().join("events.jsonl");
     std::fs::write(&events, event("p1", "s", "t", json!({})).to_string()).unwrap();
 

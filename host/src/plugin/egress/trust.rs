@@ -15,7 +15,7 @@
 //! that parses halfway would silently trust less than was written).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustls::pki_types::pem::{PemObject, SectionKind};
 use rustls::pki_types::CertificateDer;
@@ -49,26 +49,32 @@ pub struct TrustError {
 /// no certificate in it, or a certificate rustls cannot use as a trust
 /// anchor.
 pub fn client_tls(config: &EgressConfig) -> Result<Arc<rustls::ClientConfig>, TrustError> {
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    let Some(file) = &config.ca_file else {
+        return Ok(webpki_only());
     };
-    if let Some(file) = &config.ca_file {
-        for (index, certificate) in read_certificates(file)?.into_iter().enumerate() {
-            roots.add(certificate).map_err(|e| TrustError {
-                file: file.clone(),
-                problem: format!("certificate {} is not a usable CA: {e}", index + 1),
-            })?;
-        }
+    let mut roots = webpki_roots();
+    for (index, certificate) in read_certificates(file)?.into_iter().enumerate() {
+        roots.add(certificate).map_err(|e| TrustError {
+            file: file.clone(),
+            problem: format!("certificate {} is not a usable CA: {e}", index + 1),
+        })?;
     }
     Ok(Arc::new(with_roots(roots)))
 }
 
 /// The configuration with the webpki roots only (what [`client_tls`]
-/// gives without `egress.ca-file`).
+/// gives without `egress.ca-file`), made once per process.
 pub fn webpki_only() -> Arc<rustls::ClientConfig> {
-    Arc::new(with_roots(rustls::RootCertStore {
+    static WEBPKI: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    WEBPKI
+        .get_or_init(|| Arc::new(with_roots(webpki_roots())))
+        .clone()
+}
+
+fn webpki_roots() -> rustls::RootCertStore {
+    rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    }))
+    }
 }
 
 fn with_roots(roots: rustls::RootCertStore) -> rustls::ClientConfig {
