@@ -605,6 +605,14 @@ def sqlite_stage(ctx):
     return out
 
 
+def cpu(cost, side, where):
+    """webhook_bench's CPU per request of `side` (plugin, native) on the
+    calling thread or in the whole process, µs; a dash for results written
+    before it measured CPU."""
+    got = cost.get(f"{side}_cpu_us_{where}")
+    return "–" if got is None else f"{got:.1f}"
+
+
 def outbound_aims(R):
     """The outbound HTTP path's aims, with this run's figures: (name, aim,
     figure) for each stage that ran."""
@@ -1298,18 +1306,24 @@ def markdown(ctx):
                 f"hyper-util pooled client sending the same signed requests, {wc['in_flight']} in flight, "
                 f"to the same receiver; {wc['requests']:,} requests per side, medians of {wc['rounds']} "
                 "alternating rounds; no store on either side.", "",
-                "| client | requests/s |", "|---|---|",
-                f"| native pooled client | {fmt(wc['native_rps'])} |",
-                f"| WASM webhook plugin | {fmt(wc['plugin_rps'])} |",
-                f"| **ratio** | **{wc['ratio']:.2f}** |"]
+                "| client | requests/s | CPU µs per request, calling thread | CPU µs per request, process |",
+                "|---|---|---|---|",
+                f"| native pooled client | {fmt(wc['native_rps'])} | {cpu(wc, 'native', 'thread')} | "
+                f"{cpu(wc, 'native', 'process')} |",
+                f"| WASM webhook plugin | {fmt(wc['plugin_rps'])} | {cpu(wc, 'plugin', 'thread')} | "
+                f"{cpu(wc, 'plugin', 'process')} |",
+                f"| **ratio** | **{wc['ratio']:.2f}** | | |"]
     ac = R.get("awareness_cost")
     if ac:
         out += ["", "The `awareness` sink the same way (`--sink awareness`): its `POST /ingest` against a native "
                 "client sending the same JSON body and headers.", "",
-                "| client | requests/s |", "|---|---|",
-                f"| native pooled client | {fmt(ac['native_rps'])} |",
-                f"| WASM awareness plugin | {fmt(ac['plugin_rps'])} |",
-                f"| **ratio** | **{ac['ratio']:.2f}** |"]
+                "| client | requests/s | CPU µs per request, calling thread | CPU µs per request, process |",
+                "|---|---|---|---|",
+                f"| native pooled client | {fmt(ac['native_rps'])} | {cpu(ac, 'native', 'thread')} | "
+                f"{cpu(ac, 'native', 'process')} |",
+                f"| WASM awareness plugin | {fmt(ac['plugin_rps'])} | {cpu(ac, 'plugin', 'thread')} | "
+                f"{cpu(ac, 'plugin', 'process')} |",
+                f"| **ratio** | **{ac['ratio']:.2f}** | | |"]
     aims = outbound_aims(R)
     if aims:
         out += ["", "### Outbound HTTP aims", "", "| aim | figure | |", "|---|---|---|",

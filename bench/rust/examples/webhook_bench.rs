@@ -27,11 +27,21 @@
 //! ```
 //!
 //! Prints one line per round and, last, one JSON object: requests/s of
-//! each side (medians over the rounds) and `plugin / native`.
+//! each side (medians over the rounds) and `plugin / native`, and the CPU
+//! each side spent per request (medians, µs): on the calling thread (the
+//! one that runs `Plugin::deliver`, or the native side's request futures)
+//! and in the whole process (the calling thread and the runtime's
+//! workers; the receiver is a process of its own). The throughput of two
+//! sides sharing 2 cores with the receiver swings by a quarter between
+//! rounds; CPU per request moves far less, so an A/B of a change to the
+//! request path reads these.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{self, StreamExt};
 use hmac::Mac as _;
 use http_body_util::{BodyExt, Full};
@@ -55,6 +65,9 @@ struct Args {
     rounds: usize,
     batch: usize,
     in_flight: usize,
+    /// Batches at once (`--batches-in-flight`), each with `in_flight /
+    /// lanes` requests in flight, on both sides.
+    lanes: usize,
     /// Run only this side (`plugin` or `native`); both when `None`.
     only: Option<String>,
     /// `webhook` or `awareness`.
@@ -68,6 +81,7 @@ fn args() -> Args {
         rounds: 3,
         batch: 100,
         in_flight: 32,
+        lanes: 1,
         only: None,
         sink: "webhook".into(),
     };
@@ -85,12 +99,13 @@ fn args() -> Args {
             "--rounds" => a.rounds = number(),
             "--batch" => a.batch = number(),
             "--in-flight" => a.in_flight = number(),
+            "--batches-in-flight" => a.lanes = number(),
             "--only" if value == "plugin" || value == "native" => a.only = Some(value),
             "--only" => panic!("--only takes plugin or native"),
             "--sink" if value == "webhook" || value == "awareness" => a.sink = value,
             "--sink" => panic!("--sink takes webhook or awareness"),
             other => panic!(
-                "unknown flag {other} (known: --url, --events, --rounds, --batch, --in-flight, --only, --sink)"
+                "unknown flag {other} (known: --url, --events, --rounds, --batch, --in-flight, --batches-in-flight, --only, --sink)"
             ),
         }
     }
@@ -152,19 +167,56 @@ fn event(round: usize, i: usize) -> Event {
     }
 }
 
-async fn through_plugin(
-    plugin: &plugin::Plugin,
-    events: &[Event],
+/// Sends the batch of the events in a range, one side's way.
+type Send = Arc<
+    dyn Fn(Arc<Vec<Event>>, std::ops::Range<usize>) -> BoxFuture<'static, anyhow::Result<()>>
+        + std::marker::Send
+        + Sync,
+>;
+
+/// One batch through the plugin (fresh instance, `init`, `deliver`).
+async fn plugin_batch(plugin: &plugin::Plugin, chunk: &[Event]) -> anyhow::Result<()> {
+    let outcomes = plugin
+        .deliver(chunk)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(bad) = outcomes.iter().find(|o| !matches!(o, Outcome::Delivered)) {
+        anyhow::bail!("plugin did not deliver: {bad:?}");
+    }
+    Ok(())
+}
+
+/// Send `events` in batches of `batch` through `send`, `lanes` batches at
+/// once, as the delivery loop runs `delivery.batches-in-flight` turns of a
+/// destination (each a task of its own, the next batch taken as one
+/// finishes). One lane runs on the calling task, so the calling thread's
+/// CPU is that lane's. Returns the time all took.
+async fn in_lanes(
+    events: &Arc<Vec<Event>>,
     batch: usize,
+    lanes: usize,
+    send: Send,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    for chunk in events.chunks(batch) {
-        let outcomes = plugin
-            .deliver(chunk)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        if let Some(bad) = outcomes.iter().find(|o| !matches!(o, Outcome::Delivered)) {
-            anyhow::bail!("plugin did not deliver: {bad:?}");
+    let next = Arc::new(AtomicUsize::new(0));
+    let lane = move |events: Arc<Vec<Event>>, next: Arc<AtomicUsize>, send: Send| async move {
+        loop {
+            let start = next.fetch_add(1, Ordering::Relaxed) * batch;
+            if start >= events.len() {
+                return anyhow::Ok(());
+            }
+            send(events.clone(), start..(start + batch).min(events.len())).await?;
+        }
+    };
+    if lanes <= 1 {
+        lane(events.clone(), next, send).await?;
+    } else {
+        let mut running = tokio::task::JoinSet::new();
+        for _ in 0..lanes {
+            running.spawn(lane(events.clone(), next.clone(), send.clone()));
+        }
+        while let Some(done) = running.join_next().await {
+            done??;
         }
     }
     Ok(started.elapsed())
@@ -195,68 +247,99 @@ fn awareness_request(url: &str, e: &Event) -> anyhow::Result<http::Request<Full<
         .body(Full::new(bytes::Bytes::from(body)))?)
 }
 
-/// The same requests (CloudEvents binary headers, Standard Webhooks
-/// signature made per request) from a native pooled client, `in_flight` at
-/// a time, batch after batch.
-async fn native(
+/// The same requests as the plugin sends for `chunk` (CloudEvents binary
+/// headers, Standard Webhooks signature made per request), from a native
+/// pooled client, `in_flight` at a time.
+async fn native_batch(
     sink: &str,
     client: &Native,
     url: &str,
-    events: &[Event],
-    batch: usize,
+    chunk: &[Event],
     in_flight: usize,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<()> {
     let key =
         base64::engine::general_purpose::STANDARD.decode(SECRET.trim_start_matches("whsec_"))?;
-    let started = Instant::now();
-    for chunk in events.chunks(batch) {
-        let sends = chunk.iter().map(|e| {
-            let key = key.clone();
-            async move {
-                if sink == "awareness" {
-                    let response = client.request(awareness_request(url, e)?).await?;
+    {
+        // Boxed and collected first: the chunk then borrows into futures
+        // that are `Send` for every lifetime, so a lane can be a task.
+        let sends: Vec<BoxFuture<'_, anyhow::Result<()>>> = chunk
+            .iter()
+            .map(|e| {
+                let key = key.clone();
+                async move {
+                    if sink == "awareness" {
+                        let response = client.request(awareness_request(url, e)?).await?;
+                        let status = response.status();
+                        response.into_body().collect().await?;
+                        anyhow::ensure!(status.is_success(), "receiver answered {status}");
+                        return anyhow::Ok(());
+                    }
+                    let timestamp = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)?
+                        .as_secs();
+                    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key)?;
+                    mac.update(format!("{}.{timestamp}.", e.id).as_bytes());
+                    mac.update(&e.data);
+                    let signature = format!(
+                        "v1,{}",
+                        base64::engine::general_purpose::STANDARD
+                            .encode(mac.finalize().into_bytes())
+                    );
+                    let request = http::Request::post(format!("{url}/webhook"))
+                        .header("ce-specversion", "1.0")
+                        .header("ce-id", &e.id)
+                        .header("ce-source", &e.source)
+                        .header("ce-type", &e.type_)
+                        .header("ce-time", &e.time)
+                        .header("ce-partitionkey", &e.stream)
+                        .header("ce-sequence", e.sequence.to_string())
+                        .header("content-type", "application/json")
+                        .header("user-agent", "outboxd-bench-native")
+                        .header("webhook-id", &e.id)
+                        .header("webhook-timestamp", timestamp.to_string())
+                        .header("webhook-signature", signature)
+                        .body(Full::new(bytes::Bytes::from(e.data.clone())))?;
+                    let response = client.request(request).await?;
                     let status = response.status();
                     response.into_body().collect().await?;
                     anyhow::ensure!(status.is_success(), "receiver answered {status}");
-                    return anyhow::Ok(());
+                    anyhow::Ok(())
                 }
-                let timestamp = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)?
-                    .as_secs();
-                let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key)?;
-                mac.update(format!("{}.{timestamp}.", e.id).as_bytes());
-                mac.update(&e.data);
-                let signature = format!(
-                    "v1,{}",
-                    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
-                );
-                let request = http::Request::post(format!("{url}/webhook"))
-                    .header("ce-specversion", "1.0")
-                    .header("ce-id", &e.id)
-                    .header("ce-source", &e.source)
-                    .header("ce-type", &e.type_)
-                    .header("ce-time", &e.time)
-                    .header("ce-partitionkey", &e.stream)
-                    .header("ce-sequence", e.sequence.to_string())
-                    .header("content-type", "application/json")
-                    .header("user-agent", "outboxd-bench-native")
-                    .header("webhook-id", &e.id)
-                    .header("webhook-timestamp", timestamp.to_string())
-                    .header("webhook-signature", signature)
-                    .body(Full::new(bytes::Bytes::from(e.data.clone())))?;
-                let response = client.request(request).await?;
-                let status = response.status();
-                response.into_body().collect().await?;
-                anyhow::ensure!(status.is_success(), "receiver answered {status}");
-                anyhow::Ok(())
-            }
-        });
+                .boxed()
+            })
+            .collect();
         let mut answers = stream::iter(sends).buffer_unordered(in_flight);
         while let Some(answer) = answers.next().await {
             answer?;
         }
     }
-    Ok(started.elapsed())
+    Ok(())
+}
+
+/// CPU time used so far: by the calling thread, and by the whole process.
+fn cpu() -> (Duration, Duration) {
+    let clock = |id| {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `t` is a valid, writable timespec; both clock ids exist
+        // on Linux since 2.6.12.
+        let rc = unsafe { libc::clock_gettime(id, &mut t) };
+        assert_eq!(rc, 0, "clock_gettime failed");
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    };
+    (
+        clock(libc::CLOCK_THREAD_CPUTIME_ID),
+        clock(libc::CLOCK_PROCESS_CPUTIME_ID),
+    )
+}
+
+/// CPU per request, µs, between two [`cpu`] readings: (calling thread,
+/// process).
+fn per_request(before: (Duration, Duration), after: (Duration, Duration), n: usize) -> (f64, f64) {
+    let us = |a: Duration, b: Duration| (b - a).as_secs_f64() * 1e6 / n as f64;
+    (us(before.0, after.0), us(before.1, after.1))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -271,64 +354,95 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let plugin = load_plugin(&args.sink, &args.url, args.in_flight)?;
     let client: Native = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(64)
         .build_http();
     eprintln!(
-        "{} requests per side per round, {} rounds, batches of {}, {} in flight, {PAYLOAD}-byte bodies",
-        args.events, args.rounds, args.batch, args.in_flight
+        "{} requests per side per round, {} rounds, batches of {}, {} batches at once, {} in flight, {PAYLOAD}-byte bodies",
+        args.events, args.rounds, args.batch, args.lanes, args.in_flight
     );
+    let lanes = args.lanes.max(1);
+    let per_lane = (args.in_flight / lanes).max(1);
+    let plugin = load_plugin(&args.sink, &args.url, per_lane)?;
+    let through_plugin = |plugin: plugin::Plugin| -> Send {
+        Arc::new(
+            move |events: Arc<Vec<Event>>, range: std::ops::Range<usize>| {
+                let plugin = plugin.clone();
+                async move { plugin_batch(&plugin, &events[range]).await }.boxed()
+            },
+        )
+    };
+    let native = |client: Native, url: String, sink: String| -> Send {
+        Arc::new(
+            move |events: Arc<Vec<Event>>, range: std::ops::Range<usize>| {
+                let (client, url, sink) = (client.clone(), url.clone(), sink.clone());
+                async move { native_batch(&sink, &client, &url, &events[range], per_lane).await }
+                    .boxed()
+            },
+        )
+    };
     // Warm up both sides (connections, compiled code), uncounted.
-    let warm: Vec<Event> = (0..args.batch).map(|i| event(0, i)).collect();
-    through_plugin(&plugin, &warm, args.batch).await?;
-    native(
-        &args.sink,
-        &client,
-        &args.url,
+    let warm: Arc<Vec<Event>> = Arc::new((0..args.batch * lanes).map(|i| event(0, i)).collect());
+    in_lanes(&warm, args.batch, lanes, through_plugin(plugin.clone())).await?;
+    in_lanes(
         &warm,
         args.batch,
-        args.in_flight,
+        lanes,
+        native(client.clone(), args.url.clone(), args.sink.clone()),
     )
     .await?;
     let (mut plugin_rps, mut native_rps) = (Vec::new(), Vec::new());
+    // CPU per request of each side, µs: (calling thread, process).
+    let (mut plugin_cpu, mut native_cpu) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
-        let events: Vec<Event> = (0..args.events).map(|i| event(round, i)).collect();
+        let events: Arc<Vec<Event>> = Arc::new((0..args.events).map(|i| event(round, i)).collect());
         // Alternate which side goes first.
         for side in [round % 2, (round + 1) % 2] {
             let name = if side == 0 { "plugin" } else { "native" };
             if args.only.as_deref().is_some_and(|only| only != name) {
                 continue;
             }
+            let before = cpu();
             if side == 0 {
-                let t = through_plugin(&plugin, &events, args.batch).await?;
+                let t =
+                    in_lanes(&events, args.batch, lanes, through_plugin(plugin.clone())).await?;
                 plugin_rps.push(args.events as f64 / t.as_secs_f64());
+                plugin_cpu.push(per_request(before, cpu(), args.events));
             } else {
-                let t = native(
-                    &args.sink,
-                    &client,
-                    &args.url,
-                    &events,
-                    args.batch,
-                    args.in_flight,
-                )
-                .await?;
+                let send = native(client.clone(), args.url.clone(), args.sink.clone());
+                let t = in_lanes(&events, args.batch, lanes, send).await?;
                 native_rps.push(args.events as f64 / t.as_secs_f64());
+                native_cpu.push(per_request(before, cpu(), args.events));
             }
         }
+        let last = |v: &[(f64, f64)]| v.last().copied().unwrap_or((f64::NAN, f64::NAN));
+        let (pc, nc) = (last(&plugin_cpu), last(&native_cpu));
         eprintln!(
-            "round {round}: native {:.0} req/s, plugin {:.0} req/s",
+            "round {round}: native {:.0} req/s ({:.1} µs calling thread, {:.1} µs process), \
+             plugin {:.0} req/s ({:.1} µs, {:.1} µs)",
             native_rps.last().copied().unwrap_or(f64::NAN),
-            plugin_rps.last().copied().unwrap_or(f64::NAN)
+            nc.0,
+            nc.1,
+            plugin_rps.last().copied().unwrap_or(f64::NAN),
+            pc.0,
+            pc.1,
         );
     }
+    let thread = |v: &[(f64, f64)]| median(v.iter().map(|c| c.0).collect());
+    let process = |v: &[(f64, f64)]| median(v.iter().map(|c| c.1).collect());
     if args.only.is_some() {
-        let rps = if plugin_rps.is_empty() {
-            native_rps
+        let (rps, cpu) = if plugin_rps.is_empty() {
+            (native_rps, native_cpu)
         } else {
-            plugin_rps
+            (plugin_rps, plugin_cpu)
         };
-        println!("{}", json!({ "side": args.only, "rps": median(rps) }));
+        println!(
+            "{}",
+            json!({
+                "side": args.only, "rps": median(rps),
+                "cpu_us_thread": thread(&cpu), "cpu_us_process": process(&cpu),
+            })
+        );
         return Ok(());
     }
     let (p, n) = (median(plugin_rps), median(native_rps));
@@ -336,7 +450,9 @@ async fn main() -> anyhow::Result<()> {
         "{}",
         json!({
             "sink": args.sink, "requests": args.events, "rounds": args.rounds, "batch": args.batch,
-            "in_flight": args.in_flight, "plugin_rps": p, "native_rps": n, "ratio": p / n,
+            "in_flight": args.in_flight, "batches_in_flight": lanes, "plugin_rps": p, "native_rps": n, "ratio": p / n,
+            "plugin_cpu_us_thread": thread(&plugin_cpu), "plugin_cpu_us_process": process(&plugin_cpu),
+            "native_cpu_us_thread": thread(&native_cpu), "native_cpu_us_process": process(&native_cpu),
         })
     );
     Ok(())

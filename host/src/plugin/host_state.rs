@@ -1,6 +1,7 @@
 //! The state of one plugin instance's store, and every host function the
 //! `outboxd:sink` world and WASI give it: the WASI and `wasi:http` views,
-//! `log`, `types`, `amqp`, `http-batch` and `trace`. Beside [`super::bindings`], as wasmtime keeps
+//! `log`, `types`, `amqp` and `trace` (`http-batch`'s are
+//! [`super::batch_imports`]'). Beside [`super::bindings`], as wasmtime keeps
 //! host state and generated impls beside the bindings.
 //!
 //! Owns: [`HostState`] (one per batch, built by the runtime) and its
@@ -15,10 +16,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::amqp::AmqpAccess;
-use super::bindings::{
-    self, AmqpMessage, HttpBatchRequest, HttpBatchResponse, HttpRequestError, Level, PublishError,
-};
-use super::egress::{EgressHooks, InFlight};
+use super::bindings::{self, AmqpMessage, Level, PublishError};
+use super::egress::{EgressHooks, InFlight, Recent};
 use super::guest_text;
 use super::log_limit::{self, LogLimit, PLUGIN_LOG_TARGET};
 use crate::limits::{MAX_INSTANCES, MAX_RANDOM_BYTES, MAX_RESOURCES, MAX_TABLE_ELEMENTS};
@@ -34,6 +33,8 @@ pub struct HostState {
     hooks: EgressHooks,
     /// The `http-batch` requests started and not yet waited for.
     in_flight: InFlight,
+    /// What this batch's `http-batch` requests parsed so far.
+    recent: Recent,
     plugin: Arc<str>,
     /// What this batch may publish over AMQP.
     amqp: AmqpAccess,
@@ -68,6 +69,7 @@ impl HostState {
             },
             hooks,
             in_flight: InFlight::default(),
+            recent: Recent::default(),
             plugin,
             amqp,
             trace,
@@ -84,10 +86,29 @@ impl HostState {
         self.hooks.denials.clone()
     }
 
+    /// What the `http-batch` imports work with.
+    pub fn http_batch(&mut self) -> HttpBatchState<'_> {
+        HttpBatchState {
+            hooks: &mut self.hooks,
+            in_flight: &mut self.in_flight,
+            recent: &mut self.recent,
+        }
+    }
+
     /// The memory growth refused (bytes asked for), if any was.
     pub fn refused_memory(&self) -> Option<usize> {
         self.limits.refused
     }
+}
+
+/// A batch's `http-batch` state, borrowed from its [`HostState`].
+pub struct HttpBatchState<'a> {
+    /// The egress hooks every request goes through.
+    pub hooks: &'a mut EgressHooks,
+    /// The requests started and not yet waited for.
+    pub in_flight: &'a mut InFlight,
+    /// What the batch's requests parsed so far.
+    pub recent: &'a mut Recent,
 }
 
 impl WasiView for HostState {
@@ -132,23 +153,6 @@ impl bindings::outboxd::sink::types::Host for HostState {}
 impl bindings::outboxd::sink::trace::Host for HostState {
     fn traceparent(&mut self, event_id: String) -> Option<String> {
         self.trace.traceparent(&event_id)
-    }
-}
-
-impl bindings::outboxd::sink::http_batch::Host for HostState {
-    async fn send_batch(
-        &mut self,
-        requests: Vec<HttpBatchRequest>,
-    ) -> Vec<Result<HttpBatchResponse, HttpRequestError>> {
-        self.hooks.send_batch(requests).await
-    }
-
-    fn start(&mut self, requests: Vec<(u64, HttpBatchRequest)>) {
-        self.in_flight.start(&mut self.hooks, requests);
-    }
-
-    async fn wait(&mut self) -> Vec<(u64, Result<HttpBatchResponse, HttpRequestError>)> {
-        self.in_flight.wait().await
     }
 }
 

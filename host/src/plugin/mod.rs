@@ -6,12 +6,14 @@
 //! the sandbox ([`runtime`]; compiled forms kept on disk by [`cache`]), with
 //! outbound HTTP ([`egress`]) and AMQP ([`amqp`]) only as far as the
 //! manifest grants. The generated bindings ([`bindings`]) and every host
-//! function they call for ([`host_state`]) sit side by side. A plugin that
+//! function they call for ([`host_state`]; the `http-batch` imports, which
+//! read requests in place, [`batch_imports`]) sit side by side. A plugin that
 //! fails to load is reported with its file and the reason; the others load
 //! regardless.
 //!
 //! Inside, imports go one way: `registry`, `check` and `trial` use this
-//! module's loading; `runtime` uses `host_state`, which uses `egress`,
+//! module's loading; `runtime` uses `host_state` and `batch_imports`,
+//! which use `egress`,
 //! `amqp`, `log_limit` and the bindings; `egress`, `amqp` and `manifest`
 //! use nothing above them.
 //!
@@ -21,6 +23,7 @@
 //! plugin's failure affect another.
 
 pub mod amqp;
+pub mod batch_imports;
 pub mod bindings;
 pub mod cache;
 pub mod check;

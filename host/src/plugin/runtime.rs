@@ -44,7 +44,7 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Store, UpdateDeadline};
 
 use super::amqp::{AmqpAccess, AmqpPool};
-use super::bindings::{Event, Outcome, Sink, SinkPre};
+use super::bindings::{Event, Outcome, SinkPre};
 use super::cache::CompiledCache;
 use super::egress::{EgressHooks, EgressPolicy, HttpClient, Timeouts};
 use super::guest_text;
@@ -271,7 +271,14 @@ impl Runtime {
         if http {
             wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         }
-        Sink::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+        // The world's interfaces one by one: `http-batch` is defined by
+        // hand, reading requests in place (`batch_imports`).
+        use super::bindings::outboxd::sink::{amqp, log, trace, types};
+        types::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+        log::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+        amqp::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+        trace::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+        super::batch_imports::add_to_linker(&mut linker)?;
         Ok(linker)
     }
 

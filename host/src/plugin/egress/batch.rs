@@ -14,17 +14,19 @@
 //! one record in one call, and the whole call is one future on the
 //! guest's own task: no resource, no task per request.
 //!
-//! Owns: turning a guest's record into an `http::Request` (method, URL,
-//! headers, `content-length`), the cap on requests at once
-//! ([`MAX_REQUESTS_PER_CALL`]), the started requests of a batch
-//! ([`InFlight`]), and reading each response body into what the guest
-//! keeps.
+//! Owns: turning a guest's request, read in place ([`RequestView`]), into
+//! an `http::Request` (method, URL, headers, `content-length`) —
+//! [`prepare`] — the cap on requests at once ([`MAX_REQUESTS_PER_CALL`]),
+//! the started requests of a batch ([`InFlight`]), and reading each
+//! response body into what the guest keeps. Reading the records out of
+//! guest memory is `crate::plugin::batch_imports`'.
 //!
 //! Must never: send a request another way than [`EgressHooks::send`] (the
 //! one place that checks it), accept a header the `wasi:http` path forbids
 //! (`host`, `connection`, `transfer-encoding`, …), or hold more than the
 //! request's `keep-body-bytes` of a body.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -36,7 +38,7 @@ use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody};
 
 use super::hooks::{wit_name, EgressHooks};
-use crate::plugin::bindings::{HttpBatchRequest, HttpBatchResponse, HttpRequestError};
+use crate::plugin::bindings::{HttpBatchResponse, HttpRequestError};
 
 /// Most requests one `send-batch` call sends, and most `start`ed requests
 /// in flight at once; the ones past it are answered `HTTP-request-denied`
@@ -56,6 +58,61 @@ type Sending = Pin<Box<dyn Future<Output = Answer> + Send>>;
 /// A started request on its way to its answer, with the guest's tag.
 type Tagged = Pin<Box<dyn Future<Output = (u64, Answer)> + Send>>;
 
+/// One `http-batch` request record as the guest handed it over, read in
+/// place: every field borrowed, from the guest's memory (the host's
+/// imports) or from a record built natively (tests).
+pub struct RequestView<'a> {
+    /// `method`.
+    pub method: &'a str,
+    /// `url`.
+    pub url: &'a str,
+    /// `headers`, names and values, in order.
+    pub headers: &'a [(Cow<'a, str>, &'a [u8])],
+    /// `body`.
+    pub body: &'a [u8],
+    /// `timeout-ms`.
+    pub timeout_ms: Option<u64>,
+    /// `keep-body-bytes`.
+    pub keep_body_bytes: u32,
+}
+
+/// A request made ready from its [`RequestView`] (its bytes copied out
+/// of guest memory, checked as `wasi:http` checks a request), or answered
+/// already.
+// Nearly every request is `Send`: boxing it to shrink the others would
+// cost each request an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum Prepared {
+    /// Ready to go through [`EgressHooks::send`], keeping `keep` bytes of
+    /// the response body.
+    Send {
+        /// The request.
+        request: http::Request<WasiBody>,
+        /// Its timeouts.
+        options: RequestOptions,
+        /// `keep-body-bytes`.
+        keep: usize,
+    },
+    /// Refused as given (method, URL or a header); nothing is sent.
+    Refused(HttpRequestError),
+    /// Past [`MAX_REQUESTS_PER_CALL`] at once: answered
+    /// `HTTP-request-denied`, unsent (its bytes not even read).
+    OverCap,
+}
+
+/// `view` made ready to send, or refused as given (see [`Prepared`]);
+/// `recent` holds what the batch's earlier requests parsed.
+pub fn prepare(view: &RequestView<'_>, recent: &mut Recent) -> Prepared {
+    match build(view, recent) {
+        Ok((request, options)) => Prepared::Send {
+            request,
+            options,
+            keep: view.keep_body_bytes as usize,
+        },
+        Err(error) => Prepared::Refused(error),
+    }
+}
+
 impl EgressHooks {
     /// Send every request of `requests` at once and answer each, in
     /// order: `answers[i]` answers `requests[i]`. Requests are checked and
@@ -63,30 +120,29 @@ impl EgressHooks {
     /// sent; the returned future then drives them all together.
     pub fn send_batch(
         &mut self,
-        requests: Vec<HttpBatchRequest>,
+        requests: Vec<Prepared>,
     ) -> impl Future<Output = Vec<Answer>> + Send + 'static {
         let sends: Vec<Sending> = requests
             .into_iter()
-            .enumerate()
-            .map(|(index, request)| self.sending(request, index >= MAX_REQUESTS_PER_CALL))
+            .map(|request| self.sending(request))
             .collect();
         futures::future::join_all(sends)
     }
 
-    /// `request` checked and on its way (its budget counted now); or, when
-    /// `over_cap`, answered `HTTP-request-denied` unsent.
-    fn sending(&mut self, request: HttpBatchRequest, over_cap: bool) -> Sending {
-        if over_cap {
-            let error = refused(
+    /// `request` checked and on its way (its budget counted now), or
+    /// answered as [`Prepared`] says.
+    fn sending(&mut self, request: Prepared) -> Sending {
+        match request {
+            Prepared::OverCap => Box::pin(std::future::ready(Err(refused(
                 &HttpError::HttpRequestDenied,
                 format!("more than {MAX_REQUESTS_PER_CALL} requests at once"),
-            );
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let keep = request.keep_body_bytes as usize;
-        match build(request) {
-            Err(error) => Box::pin(std::future::ready(Err(error))),
-            Ok((request, options)) => {
+            )))),
+            Prepared::Refused(error) => Box::pin(std::future::ready(Err(error))),
+            Prepared::Send {
+                request,
+                options,
+                keep,
+            } => {
                 let sent = self.send(request, Some(options));
                 Box::pin(async move {
                     match sent.await {
@@ -109,13 +165,17 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// How many more requests may be started now: the rest of
+    /// [`MAX_REQUESTS_PER_CALL`].
+    pub fn room(&self) -> usize {
+        MAX_REQUESTS_PER_CALL.saturating_sub(self.requests.len())
+    }
+
     /// Start every request of `requests` (checked and counted in list
-    /// order through `hooks`); one past [`MAX_REQUESTS_PER_CALL`] in
-    /// flight is answered `HTTP-request-denied` unsent.
-    pub fn start(&mut self, hooks: &mut EgressHooks, requests: Vec<(u64, HttpBatchRequest)>) {
+    /// order through `hooks`).
+    pub fn start(&mut self, hooks: &mut EgressHooks, requests: Vec<(u64, Prepared)>) {
         for (tag, request) in requests {
-            let over_cap = self.requests.len() >= MAX_REQUESTS_PER_CALL;
-            let sending = hooks.sending(request, over_cap);
+            let sending = hooks.sending(request);
             self.requests
                 .push(Box::pin(async move { (tag, sending.await) }));
         }
@@ -135,10 +195,67 @@ impl InFlight {
     }
 }
 
+/// Most header names a [`Recent`] keeps.
+const MAX_RECENT_NAMES: usize = 64;
+
+/// Headers the host sets itself, which a request may not carry: the
+/// `wasi:http` path's list, kept once (the crate's is a `const`, built
+/// again at every use).
+static FORBIDDEN: [http::HeaderName; 9] = wasmtime_wasi_http::DEFAULT_FORBIDDEN_HEADERS;
+
+/// What the requests of one batch share, parsed once for all of them:
+/// the last URL, and the header names seen. A sink's requests repeat the
+/// same URL and the same names in the same order (`ce-id`,
+/// `webhook-signature`, …), and a URL or a header name outside the
+/// standard ones is an allocation and a parse of its own each time.
+/// Names are looked up from where the last one was found, so a request
+/// repeating the previous one's names finds each at the first look.
+#[derive(Default)]
+pub struct Recent {
+    url: Option<(Box<str>, http::Uri)>,
+    names: Vec<http::HeaderName>,
+    next: usize,
+}
+
+impl Recent {
+    /// `url` parsed ([`parse_url`]), or the last one again.
+    fn url(&mut self, url: &str) -> Result<http::Uri, HttpRequestError> {
+        if let Some((text, uri)) = &self.url {
+            if **text == *url {
+                return Ok(uri.clone());
+            }
+        }
+        let uri = parse_url(url)?;
+        self.url = Some((url.into(), uri.clone()));
+        Ok(uri)
+    }
+
+    /// `name` as a header name, or `None` when it is not valid HTTP.
+    fn name(&mut self, name: &str) -> Option<http::HeaderName> {
+        let known = self.names.len();
+        for look in 0..known {
+            let at = (self.next + look) % known;
+            if self.names[at].as_str() == name {
+                self.next = at + 1;
+                return Some(self.names[at].clone());
+            }
+        }
+        let parsed = http::HeaderName::from_bytes(name.as_bytes()).ok()?;
+        if known < MAX_RECENT_NAMES {
+            self.names.push(parsed.clone());
+            self.next = known + 1;
+        }
+        Some(parsed)
+    }
+}
+
 /// The `http::Request` a guest's record describes, with its timeouts; or
-/// why it cannot be sent as given.
+/// why it cannot be sent as given. The header values and the body are
+/// copied out of guest memory together, into one buffer that each is a
+/// slice of (a reference, not an allocation, per value).
 fn build(
-    r: HttpBatchRequest,
+    r: &RequestView<'_>,
+    recent: &mut Recent,
 ) -> Result<(http::Request<WasiBody>, RequestOptions), HttpRequestError> {
     if r.method.is_empty() || r.method.len() > MAX_METHOD_BYTES {
         return Err(refused(
@@ -152,19 +269,29 @@ fn build(
             "the method is not an HTTP token".into(),
         )
     })?;
-    let uri = parse_url(&r.url)?;
-    // Sized once; each value keeps the guest's bytes without a copy.
+    let uri = recent.url(r.url)?;
+    let size = r.body.len() + r.headers.iter().map(|(_, v)| v.len()).sum::<usize>();
+    let mut copied = Vec::with_capacity(size);
+    for (_, value) in r.headers {
+        copied.extend_from_slice(value);
+    }
+    copied.extend_from_slice(r.body);
+    let copied = Bytes::from(copied);
     let mut headers = http::HeaderMap::with_capacity(r.headers.len() + 2);
+    let mut at = 0;
     for (name, value) in r.headers {
-        let name = http::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| header_error("invalid-syntax", "a header name is not valid HTTP"))?;
-        if wasmtime_wasi_http::DEFAULT_FORBIDDEN_HEADERS.contains(&name) {
+        let name = recent
+            .name(name)
+            .ok_or_else(|| header_error("invalid-syntax", "a header name is not valid HTTP"))?;
+        if FORBIDDEN.contains(&name) {
             return Err(header_error(
                 "forbidden",
                 &format!("header `{name}` is set by the host"),
             ));
         }
-        let value = http::HeaderValue::from_maybe_shared(Bytes::from(value)).map_err(|_| {
+        let slice = copied.slice(at..at + value.len());
+        at += value.len();
+        let value = http::HeaderValue::from_maybe_shared(slice).map_err(|_| {
             header_error(
                 "invalid-syntax",
                 &format!("header `{name}`: the value is not valid HTTP"),
@@ -175,7 +302,7 @@ fn build(
     if !headers.contains_key(http::header::CONTENT_LENGTH) {
         headers.insert(http::header::CONTENT_LENGTH, r.body.len().into());
     }
-    let body: WasiBody = http_body_util::Full::new(Bytes::from(r.body))
+    let body: WasiBody = http_body_util::Full::new(copied.slice(at..))
         .map_err(|never| match never {})
         .boxed_unsync();
     let mut request = http::Request::builder()
@@ -297,8 +424,29 @@ fn describe(code: &HttpError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::bindings::HttpBatchRequest;
     use std::sync::Arc;
     use std::time::Instant;
+
+    /// `r` as the host reads it in place.
+    fn prepared(r: &HttpBatchRequest) -> Prepared {
+        let headers: Vec<(Cow<'_, str>, &[u8])> = r
+            .headers
+            .iter()
+            .map(|(n, v)| (Cow::Borrowed(n.as_str()), v.as_slice()))
+            .collect();
+        prepare(
+            &RequestView {
+                method: &r.method,
+                url: &r.url,
+                headers: &headers,
+                body: &r.body,
+                timeout_ms: r.timeout_ms,
+                keep_body_bytes: r.keep_body_bytes,
+            },
+            &mut Recent::default(),
+        )
+    }
 
     fn request(method: &str, url: &str, headers: &[(&str, &str)]) -> HttpBatchRequest {
         HttpBatchRequest {
@@ -371,7 +519,9 @@ mod tests {
             .collect();
         requests[0].keep_body_bytes = 4;
         requests[1].keep_body_bytes = 100;
-        let answers = hooks.send_batch(requests).await;
+        let answers = hooks
+            .send_batch(requests.iter().map(prepared).collect())
+            .await;
         let got: Vec<(u16, Vec<u8>)> = answers
             .into_iter()
             .map(|a| a.map(|r| (r.status, r.body)).unwrap())
@@ -395,8 +545,8 @@ mod tests {
         let mut hooks = hooks(&[format!("http://{addr}")]);
         let answers = hooks
             .send_batch(vec![
-                request("POST", &format!("http://{other}/200"), &[]),
-                request("POST", &format!("http://{addr}/200"), &[]),
+                prepared(&request("POST", &format!("http://{other}/200"), &[])),
+                prepared(&request("POST", &format!("http://{addr}/200"), &[])),
             ])
             .await;
         let denied = answers[0].as_ref().unwrap_err();
@@ -415,8 +565,8 @@ mod tests {
         hooks.requests_left = 1;
         let answers = hooks
             .send_batch(vec![
-                request("POST", &format!("http://{addr}/200"), &[]),
-                request("POST", &format!("http://{addr}/200"), &[]),
+                prepared(&request("POST", &format!("http://{addr}/200"), &[])),
+                prepared(&request("POST", &format!("http://{addr}/200"), &[])),
             ])
             .await;
         assert_eq!(answers[0].as_ref().unwrap().status, 200);
@@ -435,8 +585,14 @@ mod tests {
         in_flight.start(
             &mut hooks,
             vec![
-                (7, request("POST", &format!("http://{slow}/202"), &[])),
-                (9, request("POST", &format!("http://{fast}/201"), &[])),
+                (
+                    7,
+                    prepared(&request("POST", &format!("http://{slow}/202"), &[])),
+                ),
+                (
+                    9,
+                    prepared(&request("POST", &format!("http://{fast}/201"), &[])),
+                ),
             ],
         );
         let answered = |ready: Vec<(u64, Answer)>| -> Vec<(u64, u16)> {
@@ -456,17 +612,87 @@ mod tests {
     }
 
     fn code(r: HttpBatchRequest) -> String {
-        build(r).err().map(|e| e.code).unwrap_or_default()
+        match prepared(&r) {
+            Prepared::Refused(e) => e.code,
+            _ => String::new(),
+        }
     }
 
     #[test]
     fn a_request_is_built_with_its_length() {
-        let (built, options) =
-            build(request("POST", "http://h:1/p?q#frag", &[("x-a", "1")])).unwrap();
+        let Prepared::Send {
+            request: built,
+            options,
+            ..
+        } = prepared(&request("POST", "http://h:1/p?q#frag", &[("x-a", "1")]))
+        else {
+            panic!("refused");
+        };
         assert_eq!(built.uri().to_string(), "http://h:1/p?q");
         assert_eq!(built.headers()["content-length"], "2");
         assert_eq!(built.headers()["x-a"], "1");
         assert_eq!(options.first_byte_timeout, None);
+    }
+
+    #[test]
+    fn every_value_and_the_body_are_sent_as_given_from_one_copy() {
+        let headers = [
+            ("ce-id", "evt-1"),
+            ("x-empty", ""),
+            ("Content-Type", "application/json"),
+            ("ce-id", "evt-1-again"),
+            ("webhook-signature", "v1,abc="),
+        ];
+        let mut r = request("PUT", "https://h/p", &headers);
+        r.body = b"{\"k\":1}".to_vec();
+        let Prepared::Send { request: built, .. } = prepared(&r) else {
+            panic!("refused");
+        };
+        let got: Vec<(String, String)> = built
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        let mut want: Vec<(String, String)> = headers
+            .iter()
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.to_string()))
+            .collect();
+        want.push(("content-length".into(), "7".into()));
+        let sorted = |mut v: Vec<(String, String)>| {
+            v.sort();
+            v
+        };
+        assert_eq!(sorted(got), sorted(want));
+        let body = futures::executor::block_on(built.into_body().collect())
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&body[..], b"{\"k\":1}");
+    }
+
+    #[test]
+    fn a_batch_parses_its_url_and_names_once_and_still_checks_each() {
+        let mut recent = Recent::default();
+        let a = recent.url("http://h:1/a").unwrap();
+        assert_eq!(recent.url("http://h:1/a").unwrap(), a);
+        assert_eq!(recent.url("http://h:1/b").unwrap().path(), "/b");
+        assert_eq!(
+            recent.url("ftp://h/").unwrap_err().code,
+            "HTTP-request-URI-invalid"
+        );
+        assert_eq!(recent.url("http://h:1/b").unwrap().path(), "/b");
+        assert_eq!(recent.name("ce-id").unwrap(), "ce-id");
+        assert_eq!(recent.name("Webhook-ID").unwrap(), "webhook-id");
+        assert_eq!(recent.name("ce-id").unwrap(), "ce-id");
+        assert!(recent.name("bad name").is_none());
+        // Past the cap, names are still parsed; the cache stops growing.
+        for i in 0..2 * MAX_RECENT_NAMES {
+            assert_eq!(
+                recent.name(&format!("x-{i}")).unwrap(),
+                format!("x-{i}").as_str()
+            );
+        }
+        assert_eq!(recent.names.len(), MAX_RECENT_NAMES);
+        assert_eq!(recent.name("x-100").unwrap(), "x-100");
     }
 
     #[test]
