@@ -1,6 +1,6 @@
 //! The state of one plugin instance's store, and every host function the
 //! `outboxd:sink` world and WASI give it: the WASI and `wasi:http` views,
-//! `log`, `types`, `amqp` and `trace` (`http-batch`'s are
+//! `log`, `types`, `amqp`, `trace` and `hmac` (`http-batch`'s are
 //! [`super::batch_imports`]'). Beside [`super::bindings`], as wasmtime keeps
 //! host state and generated impls beside the bindings.
 //!
@@ -156,6 +156,23 @@ impl bindings::outboxd::sink::trace::Host for HostState {
     }
 }
 
+impl bindings::outboxd::sink::hmac::Host for HostState {
+    fn sha256(&mut self, key: Vec<u8>, message: Vec<u8>) -> Vec<u8> {
+        hmac_sha256(&key, &message).to_vec()
+    }
+}
+
+/// HMAC-SHA-256 (RFC 2104 over FIPS 180-4 SHA-256) of `message` under
+/// `key`, with the CPU's SHA extensions where it has them (`sha2` detects
+/// them at run time).
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    use hmac::Mac as _;
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(message);
+    mac.finalize().into_bytes().into()
+}
+
 impl bindings::outboxd::sink::amqp::Host for HostState {
     async fn publish_batch(&mut self, messages: Vec<AmqpMessage>) -> Vec<Result<(), PublishError>> {
         let access = self.amqp.clone();
@@ -204,5 +221,28 @@ impl ResourceLimiter for MemoryCap {
 
     fn tables(&self) -> usize {
         MAX_INSTANCES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_sha256_gives_the_rfc_4231_vectors() {
+        // RFC 4231 §4.3 (test case 2) and §4.7 (test case 6: a key longer
+        // than the block, hashed first).
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        assert_eq!(
+            hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_eq!(
+            hex(&hmac_sha256(
+                &[0xaa; 131],
+                b"Test Using Larger Than Block-Size Key - Hash Key First"
+            )),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
     }
 }

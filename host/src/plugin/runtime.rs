@@ -273,11 +273,12 @@ impl Runtime {
         }
         // The world's interfaces one by one: `http-batch` is defined by
         // hand, reading requests in place (`batch_imports`).
-        use super::bindings::outboxd::sink::{amqp, log, trace, types};
+        use super::bindings::outboxd::sink::{amqp, hmac, log, trace, types};
         types::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
         log::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
         amqp::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
         trace::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+        hmac::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
         super::batch_imports::add_to_linker(&mut linker)?;
         Ok(linker)
     }
@@ -376,7 +377,7 @@ fn explain_link_error(e: &wasmtime::Error, grants_http: bool) -> String {
     match import {
         Some(import) => format!(
             "imports {import}, which this host does not provide (it links wasi:cli, clocks, random, io, \
-             filesystem, sockets, wasi:http when granted, and outboxd:sink/log, amqp, trace): {text}"
+             filesystem, sockets, wasi:http when granted, and outboxd:sink/log, amqp, trace, http-batch, hmac): {text}"
         ),
         None => format!("imports something this host does not provide: {text}"),
     }

@@ -1,4 +1,4 @@
-//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.2`, from the WIT in
+//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.3`, from the WIT in
 //! `wit/`).
 //!
 //! - The world's bindings under plain names: [`Event`], [`Outcome`],
@@ -15,6 +15,7 @@
 //! - [`config`]: the `[config]` table read with known keys, each once;
 //!   [`configured::Configured`] keeps what `init` accepted for `deliver`.
 //! - [`trace`]: the current attempt's W3C `traceparent`, to send on.
+//! - [`sign`]: HMAC-SHA-256 computed by the host (`hmac`, since WIT 0.1.3).
 //! - [`outcome`]: what an HTTP answer means — 2xx delivered; 408, 425, 429
 //!   and 5xx retry with the `Retry-After` hint (delta-seconds or HTTP-date);
 //!   anything else reject; a transport error retry, named.
@@ -50,6 +51,7 @@ pub mod configured;
 pub mod http;
 pub mod outcome;
 pub mod pending;
+pub mod sign;
 pub mod streams;
 pub mod trace;
 

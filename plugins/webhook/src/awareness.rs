@@ -15,11 +15,9 @@
 //! Pure functions of the event and the secret, so they are tested natively.
 
 use awareness_wire::Packet;
-use hmac::{Hmac, KeyInit, Mac as _};
 use outboxd_sink::http::Url;
 use outboxd_sink::pending::Header;
 use outboxd_sink::Event;
-use sha2::Sha256;
 
 use crate::cloudevents::{is_header_value, USER_AGENT};
 
@@ -75,11 +73,7 @@ fn is_echo(target: &Url, requesting_platform: Option<&str>) -> bool {
 /// Lower-case hex of HMAC-SHA256(`secret`, `body`).
 pub fn sign(secret: &[u8], body: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    // HMAC takes a key of any length (RFC 2104 §2), so this cannot fail.
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret)
-        .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
-    mac.update(body);
-    let digest = mac.finalize().into_bytes();
+    let digest = outboxd_sink::sign::hmac_sha256(secret, body);
     let mut out = String::with_capacity(digest.len() * 2);
     for byte in digest {
         out.push(char::from(HEX[usize::from(byte >> 4)]));

@@ -5,11 +5,11 @@
 //! Pure functions of the event, the key and the timestamp, so they are tested
 //! natively.
 
+use std::io::Write as _;
+
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
-use hmac::Mac as _;
 
-use crate::config::SigningKey;
 use outboxd_sink::pending::Header;
 use outboxd_sink::Event;
 
@@ -42,8 +42,8 @@ const OWN_ATTRIBUTES: [&str; 11] = [
 /// caller rejects the event with it.
 pub fn headers(
     event: &Event,
-    key: &SigningKey,
-    previous: Option<&SigningKey>,
+    key: &[u8],
+    previous: Option<&[u8]>,
     timestamp: u64,
 ) -> Result<Vec<Header>, String> {
     let mut headers = Vec::with_capacity(16 + event.extensions.len());
@@ -100,15 +100,15 @@ pub fn headers(
 }
 
 /// `v1,<base64 of HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`, the
-/// Standard Webhooks signature.
-pub fn sign(key: &SigningKey, id: &str, timestamp: u64, body: &[u8]) -> String {
-    let mut mac = key.clone();
-    mac.update(id.as_bytes());
-    mac.update(b".");
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+/// Standard Webhooks signature, computed by the host
+/// (`outboxd_sink::sign`).
+pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+    let mut message = Vec::with_capacity(id.len() + 22 + body.len());
+    // Writing to a `Vec` cannot fail.
+    let _ = write!(message, "{id}.{timestamp}.");
+    message.extend_from_slice(body);
+    let mac = outboxd_sink::sign::hmac_sha256(key, &message);
+    format!("v1,{}", STANDARD.encode(mac))
 }
 
 /// Percent-encodes an attribute value for a header (CloudEvents HTTP binding
@@ -151,7 +151,6 @@ pub fn is_header_value(value: &str) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use hmac::KeyInit as _;
 
     /// An event for the header tests (also the awareness mode's).
     pub(crate) fn event() -> Event {
@@ -182,10 +181,7 @@ pub(crate) mod tests {
     #[test]
     fn standard_webhooks_reference_signature() {
         // The reference vector of the Standard Webhooks libraries.
-        let key = SigningKey::new_from_slice(
-            &STANDARD.decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap(),
-        )
-        .unwrap();
+        let key: Vec<u8> = STANDARD.decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         assert_eq!(
             sign(
                 &key,
@@ -199,7 +195,7 @@ pub(crate) mod tests {
 
     #[test]
     fn binary_binding_headers() {
-        let key = SigningKey::new_from_slice(b"key").unwrap();
+        let key = b"key".to_vec();
         let headers = headers(&event(), &key, None, 1_700_000_000).unwrap();
         assert_eq!(get(&headers, "ce-specversion"), Some("1.0"));
         assert_eq!(get(&headers, "ce-id"), Some("evt-1"));
@@ -223,8 +219,8 @@ pub(crate) mod tests {
 
     #[test]
     fn rotation_signs_with_both_secrets_new_first() {
-        let new = SigningKey::new_from_slice(b"new key").unwrap();
-        let old = SigningKey::new_from_slice(b"old key").unwrap();
+        let new = b"new key".to_vec();
+        let old = b"old key".to_vec();
         let headers = headers(&event(), &new, Some(&old), 1_700_000_000).unwrap();
         assert_eq!(
             get(&headers, "webhook-signature").map(String::from),
@@ -245,7 +241,7 @@ pub(crate) mod tests {
 
     #[test]
     fn own_attributes_win_over_extensions() {
-        let key = SigningKey::new_from_slice(b"key").unwrap();
+        let key = b"key".to_vec();
         let mut event = event();
         event.extensions = vec![
             ("Sequence".into(), "1".into()),
@@ -261,7 +257,7 @@ pub(crate) mod tests {
 
     #[test]
     fn unsendable_events_are_refused() {
-        let key = SigningKey::new_from_slice(b"key").unwrap();
+        let key = b"key".to_vec();
         let mut bad_name = event();
         bad_name.extensions = vec![("a b".into(), "x".into())];
         assert!(headers(&bad_name, &key, None, 0).is_err());

@@ -11,13 +11,12 @@ use base64::alphabet;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
-use hmac::{Hmac, KeyInit};
 use outboxd_sink::config::Table;
 use outboxd_sink::http::Url;
-use sha2::Sha256;
 
-/// The Standard Webhooks signing key, ready to sign (cloned per message).
-pub type SigningKey = Hmac<Sha256>;
+/// The Standard Webhooks signing key: the secret's decoded bytes, which
+/// the host's HMAC-SHA-256 takes (`outboxd_sink::sign`).
+pub type SigningKey = Vec<u8>;
 
 /// Requests in flight at once when `max-concurrency` is not set.
 pub const DEFAULT_MAX_CONCURRENCY: u64 = 32;
@@ -71,8 +70,8 @@ pub enum Payload {
     /// Standard Webhooks with `key`, and also with `previous` while a
     /// rotation keeps the old secret valid.
     CloudEvents {
-        key: Box<SigningKey>,
-        previous: Option<Box<SigningKey>>,
+        key: SigningKey,
+        previous: Option<SigningKey>,
     },
     /// The awareness service's subscription body and headers; signed
     /// (`x-aaas-signature`) with the secret's own bytes when one is set, as
@@ -92,10 +91,10 @@ impl Config {
                     "the endpoint's signing secret, `whsec_<base64>`",
                 )?;
                 Payload::CloudEvents {
-                    key: Box::new(parse_secret("secret", secret)?),
+                    key: parse_secret("secret", secret)?,
                     previous: table
                         .non_empty("previous-secret")
-                        .map(|previous| parse_secret("previous-secret", previous).map(Box::new))
+                        .map(|previous| parse_secret("previous-secret", previous))
                         .transpose()?,
                 }
             }
@@ -151,8 +150,7 @@ fn parse_secret(key: &str, value: &str) -> Result<SigningKey, String> {
     if decoded.is_empty() {
         return Err(format!("config key `{key}` decodes to an empty key"));
     }
-    SigningKey::new_from_slice(&decoded)
-        .map_err(|_| format!("config key `{key}` is not usable as an HMAC-SHA256 key"))
+    Ok(decoded)
 }
 
 /// Splits an absolute `http://` or `https://` URL into scheme, authority and
