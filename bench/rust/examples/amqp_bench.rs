@@ -30,7 +30,7 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 use outboxd::plugin;
-use outboxd::plugin::bindings::{Event, Outcome};
+use outboxd::plugin::bindings::Event;
 
 #[path = "common/mod.rs"]
 mod common;
@@ -209,13 +209,7 @@ async fn through_plugin(
     let all: Vec<Event> = (0..events).map(|i| event(round, i)).collect();
     let started = Instant::now();
     for chunk in all.chunks(batch) {
-        let outcomes = plugin
-            .deliver(chunk)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        if let Some(bad) = outcomes.iter().find(|o| !matches!(o, Outcome::Delivered)) {
-            anyhow::bail!("plugin did not deliver: {bad:?}");
-        }
+        common::deliver_all(plugin, chunk).await?;
     }
     Ok(started.elapsed())
 }

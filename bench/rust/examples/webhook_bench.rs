@@ -48,7 +48,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use outboxd::plugin;
-use outboxd::plugin::bindings::{Event, Outcome};
+use outboxd::plugin::bindings::Event;
 use serde_json::json;
 
 #[path = "common/mod.rs"]
@@ -173,18 +173,6 @@ type Send = Arc<
         + std::marker::Send
         + Sync,
 >;
-
-/// One batch through the plugin (fresh instance, `init`, `deliver`).
-async fn plugin_batch(plugin: &plugin::Plugin, chunk: &[Event]) -> anyhow::Result<()> {
-    let outcomes = plugin
-        .deliver(chunk)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    if let Some(bad) = outcomes.iter().find(|o| !matches!(o, Outcome::Delivered)) {
-        anyhow::bail!("plugin did not deliver: {bad:?}");
-    }
-    Ok(())
-}
 
 /// Send `events` in batches of `batch` through `send`, `lanes` batches at
 /// once, as the delivery loop runs `delivery.batches-in-flight` turns of a
@@ -368,7 +356,7 @@ async fn main() -> anyhow::Result<()> {
         Arc::new(
             move |events: Arc<Vec<Event>>, range: std::ops::Range<usize>| {
                 let plugin = plugin.clone();
-                async move { plugin_batch(&plugin, &events[range]).await }.boxed()
+                async move { common::deliver_all(&plugin, &events[range]).await }.boxed()
             },
         )
     };

@@ -7,12 +7,14 @@
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "sink",
-    // Publishing waits on the broker's confirms, and a batch of HTTP
-    // requests on their answers: async host functions.
+    // Publishing waits on the broker's confirms, a batch of HTTP requests
+    // on their answers, and a long HMAC gives the worker back between
+    // slices: async host functions.
     imports: {
         "outboxd:sink/amqp.publish-batch": async,
         "outboxd:sink/http-batch.send-batch": async,
         "outboxd:sink/http-batch.wait": async,
+        "outboxd:sink/hmac.sha256": async,
     },
     exports: { default: async },
 });

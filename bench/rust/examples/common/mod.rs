@@ -1,7 +1,8 @@
 //! What the benchmark programs share (included with `#[path]`, so Cargo
 //! does not take it for an example of its own): the wall clock the
 //! receiver and the load generators compare, the 256-byte JSON data of
-//! event `k`, percentiles, and reading the receiver's JSON.
+//! event `k`, percentiles, reading the receiver's JSON, and loading and
+//! calling a plugin as a delivery turn does.
 //!
 //! Must never: hold anything measured; it only formats and reads.
 
@@ -79,4 +80,24 @@ pub fn load_plugin(name: &str, manifest: &str) -> anyhow::Result<outboxd::plugin
     // The component is compiled into memory; the folder may go.
     drop(dir);
     Ok(plugin)
+}
+
+/// Deliver `chunk` through `plugin` as a turn does (fresh instance,
+/// `init`, `deliver`). Errors: a failed batch, or any event not
+/// delivered (naming its outcome).
+pub async fn deliver_all(
+    plugin: &outboxd::plugin::Plugin,
+    chunk: &[outboxd::plugin::bindings::Event],
+) -> anyhow::Result<()> {
+    let outcomes = plugin
+        .deliver(chunk)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(bad) = outcomes
+        .iter()
+        .find(|o| !matches!(o, outboxd::plugin::bindings::Outcome::Delivered))
+    {
+        anyhow::bail!("plugin did not deliver: {bad:?}");
+    }
+    Ok(())
 }

@@ -231,11 +231,13 @@ impl Recent {
     }
 
     /// `name` as a header name, or `None` when it is not valid HTTP.
+    /// Header names are case-insensitive (RFC 9110 §5.1): `Content-Type`
+    /// finds the `content-type` kept.
     fn name(&mut self, name: &str) -> Option<http::HeaderName> {
         let known = self.names.len();
         for look in 0..known {
             let at = (self.next + look) % known;
-            if self.names[at].as_str() == name {
+            if self.names[at].as_str().eq_ignore_ascii_case(name) {
                 self.next = at + 1;
                 return Some(self.names[at].clone());
             }
@@ -683,6 +685,9 @@ mod tests {
         assert_eq!(recent.name("ce-id").unwrap(), "ce-id");
         assert_eq!(recent.name("Webhook-ID").unwrap(), "webhook-id");
         assert_eq!(recent.name("ce-id").unwrap(), "ce-id");
+        // A name in another case is the same name, kept once.
+        assert_eq!(recent.name("WEBHOOK-id").unwrap(), "webhook-id");
+        assert_eq!(recent.names.len(), 2);
         assert!(recent.name("bad name").is_none());
         // Past the cap, names are still parsed; the cache stops growing.
         for i in 0..2 * MAX_RECENT_NAMES {
