@@ -494,15 +494,23 @@ async fn a_broker_restart_mid_run_loses_nothing_and_delivery_resumes_by_itself()
     post_all(&d, &sent[..500]).await;
     consumer.wait_for(100, Duration::from_secs(30)).await;
 
-    rabbitmqctl("stop_app");
+    let outage = BrokerStopped::now();
     let stopped = Instant::now();
     post_all(&d, &sent[500..]).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    // Readiness shows the outage while it lasts.
-    let (status, ready) = d.get("/ready").await;
+    // Readiness shows the outage while it lasts, once the daemon has seen
+    // its connection closed.
+    let mut ready = (0, serde_json::Value::Null);
+    for _ in 0..50 {
+        ready = d.get("/ready").await;
+        if ready.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, ready) = ready;
     assert_eq!(status, 503, "not ready while the broker is away: {ready}");
     assert_eq!(ready["checks"]["amqp"]["ok"], false, "{ready}");
-    rabbitmqctl("start_app");
+    drop(outage);
     wait_for_port(Duration::from_secs(60)).await;
     let outage = stopped.elapsed();
 
@@ -542,6 +550,35 @@ fn distinct(got: &[Got]) -> usize {
         .map(|g| g.message_id.clone())
         .collect::<BTreeSet<_>>()
         .len()
+}
+
+/// The broker's application stopped (`rabbitmqctl stop_app`) until this is
+/// dropped, which starts it again — also when an assertion fails in
+/// between, so one failing test never leaves the broker down for the
+/// others.
+struct BrokerStopped;
+
+impl BrokerStopped {
+    fn now() -> BrokerStopped {
+        rabbitmqctl("stop_app");
+        BrokerStopped
+    }
+}
+
+impl Drop for BrokerStopped {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // No second panic while unwinding: start it and say so if not.
+            let started = std::process::Command::new("rabbitmqctl")
+                .arg("start_app")
+                .status();
+            if !matches!(started, Ok(s) if s.success()) {
+                eprintln!("rabbitmqctl start_app failed after a failed test: {started:?}");
+            }
+        } else {
+            rabbitmqctl("start_app");
+        }
+    }
 }
 
 /// Run `rabbitmqctl <command>` and insist it succeeds.
