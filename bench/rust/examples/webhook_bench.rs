@@ -1,5 +1,5 @@
 //! Requests/s POSTed to a receiver: through the `webhook` plugin
-//! (WebAssembly guest → `wasi:http` → the host's pooled keep-alive client)
+//! (WebAssembly guest → `http-batch` → the host's pooled keep-alive client)
 //! against a native pooled client (hyper-util's, keep-alive, as the host's)
 //! sending the same signed requests with the same number in flight, in the
 //! same run, alternating rounds (the machine's speed drifts,
@@ -17,13 +17,18 @@
 //! against a native client sending the same body, built with serde_json,
 //! and the same headers.
 //!
+//! `--batches-in-flight N` (default 1) runs N batches at once on both
+//! sides, each a task with `--in-flight / N` requests in flight, as
+//! `delivery.batches-in-flight` runs a destination's turns; the calling
+//! thread then only waits, and only the process CPU is the side's.
+//!
 //! `--only plugin` (or `native`) runs one side alone, for a profiler
 //! (`perf record`) to see that side's time only; no ratio is printed then.
 //!
 //! ```sh
 //! scripts/build-plugins.sh
 //! cargo run --release -p outboxd-bench --example bench_http -- receive --listen 127.0.0.1:18090 &
-//! cargo run --release -p outboxd-bench --example webhook_bench -- --url http://127.0.0.1:18090 [--events 20000] [--rounds 3] [--batch 100] [--in-flight 32] [--sink webhook|awareness]
+//! cargo run --release -p outboxd-bench --example webhook_bench -- --url http://127.0.0.1:18090 [--events 20000] [--rounds 3] [--batch 100] [--in-flight 32] [--batches-in-flight 1] [--sink webhook|awareness]
 //! ```
 //!
 //! Prints one line per round and, last, one JSON object: requests/s of
@@ -33,8 +38,9 @@
 //! and in the whole process (the calling thread and the runtime's
 //! workers; the receiver is a process of its own). The throughput of two
 //! sides sharing 2 cores with the receiver swings by a quarter between
-//! rounds; CPU per request moves far less, so an A/B of a change to the
-//! request path reads these.
+//! rounds; CPU per request swings too, by about a tenth, so an A/B of a
+//! change reads it over many alternating runs, or counts instructions
+//! (bench/results/2026-12-05-outbound-host-copies.md).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

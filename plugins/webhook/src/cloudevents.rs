@@ -88,10 +88,11 @@ pub fn headers(
     // The signed id is the header value as sent, so a receiver that verifies
     // from the headers always agrees with the signature.
     let webhook_id = percent_encode(&event.id);
-    let mut signature = sign(key, &webhook_id, timestamp, &event.data);
+    let content = signed_content(&webhook_id, timestamp, &event.data);
+    let mut signature = sign(key, &content);
     if let Some(previous) = previous {
         signature.push(' ');
-        signature.push_str(&sign(previous, &webhook_id, timestamp, &event.data));
+        signature.push_str(&sign(previous, &content));
     }
     add("webhook-id", webhook_id);
     add("webhook-timestamp", timestamp.to_string());
@@ -99,15 +100,21 @@ pub fn headers(
     Ok(headers)
 }
 
-/// `v1,<base64 of HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`, the
-/// Standard Webhooks signature, computed by the host
-/// (`outboxd_sink::sign`).
-pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
-    let mut message = Vec::with_capacity(id.len() + 22 + body.len());
+/// What a Standard Webhooks signature covers: `{id}.{timestamp}.{body}`.
+/// Built once per request, whatever the number of keys signing it.
+pub fn signed_content(id: &str, timestamp: u64, body: &[u8]) -> Vec<u8> {
+    let mut content = Vec::with_capacity(id.len() + 22 + body.len());
     // Writing to a `Vec` cannot fail.
-    let _ = write!(message, "{id}.{timestamp}.");
-    message.extend_from_slice(body);
-    let mac = outboxd_sink::sign::hmac_sha256(key, &message);
+    let _ = write!(content, "{id}.{timestamp}.");
+    content.extend_from_slice(body);
+    content
+}
+
+/// `v1,<base64 of HMAC-SHA256(key, content)>`, the Standard Webhooks
+/// signature of [`signed_content`], computed by the host
+/// (`outboxd_sink::sign`).
+pub fn sign(key: &[u8], content: &[u8]) -> String {
+    let mac = outboxd_sink::sign::hmac_sha256(key, content);
     format!("v1,{}", STANDARD.encode(mac))
 }
 
@@ -185,9 +192,11 @@ pub(crate) mod tests {
         assert_eq!(
             sign(
                 &key,
-                "msg_p5jXN8AQM9LWM0D4loKWxJek",
-                1614265330,
-                br#"{"test": 2432232314}"#
+                &signed_content(
+                    "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                    1614265330,
+                    br#"{"test": 2432232314}"#
+                )
             ),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
@@ -213,7 +222,7 @@ pub(crate) mod tests {
         assert_eq!(get(&headers, "webhook-timestamp"), Some("1700000000"));
         assert_eq!(
             get(&headers, "webhook-signature").map(String::from),
-            Some(sign(&key, "evt-1", 1_700_000_000, b"{}"))
+            Some(sign(&key, &signed_content("evt-1", 1_700_000_000, b"{}")))
         );
     }
 
@@ -226,8 +235,8 @@ pub(crate) mod tests {
             get(&headers, "webhook-signature").map(String::from),
             Some(format!(
                 "{} {}",
-                sign(&new, "evt-1", 1_700_000_000, b"{}"),
-                sign(&old, "evt-1", 1_700_000_000, b"{}")
+                sign(&new, &signed_content("evt-1", 1_700_000_000, b"{}")),
+                sign(&old, &signed_content("evt-1", 1_700_000_000, b"{}"))
             ))
         );
         assert_eq!(
