@@ -54,3 +54,10 @@ fn start(config: &Config, event: &Event) -> Result<BatchRequest, Outcome> {
 }
 
 outboxd_sink::export!(Awareness);
+
+/// Small blocks from per-size free lists: the batch's many short strings
+/// cost a few instructions each instead of `dlmalloc`'s hundreds
+/// (`outboxd_sink::alloc`).
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOCATOR: outboxd_sink::alloc::SizeClasses = outboxd_sink::alloc::SizeClasses::new();

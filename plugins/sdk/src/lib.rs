@@ -16,6 +16,9 @@
 //!   [`configured::Configured`] keeps what `init` accepted for `deliver`.
 //! - [`trace`]: the current attempt's W3C `traceparent`, to send on.
 //! - [`sign`]: HMAC-SHA-256 computed by the host (`hmac`, since WIT 0.1.3).
+//! - [`alloc`]: a size-class allocator for a sink's instance, about 20,000
+//!   WebAssembly instructions a request cheaper than `dlmalloc` for the
+//!   `webhook` sink; a sink opts in with `#[global_allocator]`.
 //! - [`outcome`]: what an HTTP answer means — 2xx delivered; 408, 425, 429
 //!   and 5xx retry with the `Retry-After` hint (delta-seconds or HTTP-date);
 //!   anything else reject; a transport error retry, named.
@@ -45,6 +48,7 @@ pub mod bindings {
     });
 }
 
+pub mod alloc;
 pub mod batch;
 pub mod config;
 pub mod configured;
