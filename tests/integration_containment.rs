@@ -641,6 +641,36 @@ async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http_batch_records_aliasing_one_body_are_refused_before_the_host_copies_them() {
+    init_logs();
+    // 1,024 requests whose bodies are all the same 1 MiB: a gibibyte to
+    // copy from a 64 MiB guest. The host copies a request's bytes out as it
+    // reads the record, each charged to the hostcall fuel first.
+    let manifest = format!(
+        "[capabilities]\nhttp = [\"http://127.0.0.1:9\"]\n[limits]\nmemory-mib = 64\n{FAST_RETRY}"
+    );
+    let (d, receiver, _plugins) = harness_with("batchalias", &manifest).start().await.single();
+    let ids: Vec<String> = (0..2).map(|i| format!("alias-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))
+            .await;
+    }
+    for id in &ids {
+        let state = d
+            .wait_sink(id, "bad", Duration::from_secs(30), |x| {
+                x["attempts"].as_u64() >= Some(2) && x["last_error"].is_string()
+            })
+            .await;
+        assert_eq!(
+            state["last_error"], "plugin trap: answer too large",
+            "{state}"
+        );
+    }
+    healthy_sink_delivered_each_once(&receiver, &ids).await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_opening_sockets_without_wasi_http_reaches_nothing() {
     init_logs();
     // A real TCP listener and UDP socket on loopback that the guest aims at.
