@@ -172,6 +172,10 @@ pub(crate) struct Broker {
     link: tokio::sync::Mutex<Link>,
     /// Copy of the last known state, readable without waiting on `link`.
     seen: Mutex<BrokerStatus>,
+    /// The connection `seen` describes, so that [`Broker::status`] sees it
+    /// close even while `link` is held (a connect attempt holds it up to
+    /// [`CONNECT_TIMEOUT`]).
+    watched: Mutex<Option<Arc<Connection>>>,
     /// Channels in confirm mode with nothing in flight.
     idle: Mutex<Vec<Channel>>,
 }
@@ -195,6 +199,7 @@ impl Broker {
                 connected: false,
                 last_error: None,
             }),
+            watched: Mutex::new(None),
             shown,
             link: tokio::sync::Mutex::new(Link::default()),
             idle: Mutex::new(Vec::new()),
@@ -208,19 +213,17 @@ impl Broker {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         // A connection the broker closed since it was last looked at.
-        if status.connected {
-            if let Ok(link) = self.link.try_lock() {
-                if !link
-                    .connection
-                    .as_ref()
-                    .is_some_and(|c| c.status().connected())
-                {
-                    status.connected = false;
-                    status
-                        .last_error
-                        .get_or_insert_with(|| "connection lost".into());
-                }
-            }
+        let live = self
+            .watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|c| c.status().connected());
+        if status.connected && !live {
+            status.connected = false;
+            status
+                .last_error
+                .get_or_insert_with(|| "connection lost".into());
         }
         status
     }
@@ -230,6 +233,7 @@ impl Broker {
             .connection
             .as_ref()
             .is_some_and(|c| c.status().connected());
+        *self.watched.lock().unwrap_or_else(PoisonError::into_inner) = link.connection.clone();
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = BrokerStatus {
             broker: self.shown.clone(),
             connected,
@@ -247,6 +251,7 @@ impl Broker {
             let was = link.connection.take();
             drop(was);
             link.last_error = Some("connection lost".into());
+            self.record(&link);
             tracing::warn!(broker = %self.shown, "AMQP connection lost; reconnecting");
             self.idle
                 .lock()
@@ -370,6 +375,29 @@ mod tests {
         assert!(!e.contains("secret"), "{e}");
         let e = parse_url("amqp://guest:secret@h:notaport/").unwrap_err();
         assert!(!e.contains("secret"), "{e}");
+    }
+
+    /// Needs RabbitMQ on 127.0.0.1:5672, as `scripts/setup.sh` starts it.
+    #[tokio::test]
+    async fn a_closed_connection_shows_at_once_even_while_the_link_is_held() {
+        let broker = Broker::new(
+            parse_url("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap(),
+            "amqp://127.0.0.1:5672/%2f".into(),
+        );
+        let connection = broker
+            .connection()
+            .await
+            .expect("RabbitMQ on 127.0.0.1:5672 (scripts/setup.sh starts it)");
+        assert!(broker.status().connected);
+        // As a connect attempt holds it, for up to CONNECT_TIMEOUT.
+        let _held = broker.link.lock().await;
+        connection
+            .close(200, "closed by the test".into())
+            .await
+            .unwrap();
+        let status = broker.status();
+        assert!(!status.connected, "{status:?}");
+        assert_eq!(status.last_error.as_deref(), Some("connection lost"));
     }
 
     #[test]
