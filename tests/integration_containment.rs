@@ -603,17 +603,12 @@ async fn the_first_batch_is_sized_by_bytes_as_well_as_by_count() {
     d.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it() {
-    init_logs();
-    // Room for the guest to build 3,000,000 outcomes (about 96 MB as a
-    // canonical-ABI list, more as its own vector).
-    let manifest = format!("[limits]\nmemory-mib = 512\n{FAST_RETRY}");
-    let (d, receiver, _plugins) = harness_with("manyoutcomes", &manifest)
-        .start()
-        .await
-        .single();
-    let ids: Vec<String> = (0..2).map(|i| format!("many-{i}")).collect();
+/// Two events through the misbehaving component `component` (with
+/// `manifest`): each attempt fails as `plugin trap: answer too large`, the
+/// events wait for their retry, and the healthy sink delivers them once.
+async fn every_attempt_refused_as_too_large(component: &str, manifest: &str, prefix: &str) {
+    let (d, receiver, _plugins) = harness_with(component, manifest).start().await.single();
+    let ids: Vec<String> = (0..2).map(|i| format!("{prefix}-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
         d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))
             .await;
@@ -624,9 +619,6 @@ async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it(
                 x["attempts"].as_u64() >= Some(2) && x["last_error"].is_string()
             })
             .await;
-        // outboxd::plugin::runtime::hostcall_fuel: at most 16 MiB for a
-        // batch of one or two, charged before the host allocates; the
-        // answer is refused as too large, not copied and then counted.
         assert_eq!(
             state["last_error"], "plugin trap: answer too large",
             "{state}"
@@ -641,6 +633,18 @@ async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_answer_of_millions_of_outcomes_is_refused_before_the_host_copies_it() {
+    init_logs();
+    // Room for the guest to build 3,000,000 outcomes (about 96 MB as a
+    // canonical-ABI list, more as its own vector).
+    // outboxd::plugin::runtime::hostcall_fuel: at most 16 MiB for a batch
+    // of one or two, charged before the host allocates; the answer is
+    // refused as too large, not copied and then counted.
+    let manifest = format!("[limits]\nmemory-mib = 512\n{FAST_RETRY}");
+    every_attempt_refused_as_too_large("manyoutcomes", &manifest, "many").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn http_batch_records_aliasing_one_body_are_refused_before_the_host_copies_them() {
     init_logs();
     // 1,024 requests whose bodies are all the same 1 MiB: a gibibyte to
@@ -649,25 +653,7 @@ async fn http_batch_records_aliasing_one_body_are_refused_before_the_host_copies
     let manifest = format!(
         "[capabilities]\nhttp = [\"http://127.0.0.1:9\"]\n[limits]\nmemory-mib = 64\n{FAST_RETRY}"
     );
-    let (d, receiver, _plugins) = harness_with("batchalias", &manifest).start().await.single();
-    let ids: Vec<String> = (0..2).map(|i| format!("alias-{i}")).collect();
-    for (i, id) in ids.iter().enumerate() {
-        d.post_event(&event(id, &format!("s/{i}"), "t", json!({})))
-            .await;
-    }
-    for id in &ids {
-        let state = d
-            .wait_sink(id, "bad", Duration::from_secs(30), |x| {
-                x["attempts"].as_u64() >= Some(2) && x["last_error"].is_string()
-            })
-            .await;
-        assert_eq!(
-            state["last_error"], "plugin trap: answer too large",
-            "{state}"
-        );
-    }
-    healthy_sink_delivered_each_once(&receiver, &ids).await;
-    d.stop().await;
+    every_attempt_refused_as_too_large("batchalias", &manifest, "alias").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
