@@ -28,9 +28,9 @@
 //! guest's import, and a unit test checks the offsets against wasmtime's
 //! own computation.
 //!
-//! Owns: the `send-batch`, `start` and `wait` definitions, and the record
-//! type they read ([`GuestRequest`]). The checks and the sending are
-//! `egress`'s.
+//! Owns: the `send-batch`, `start`, `wait` and `keep-response-headers`
+//! definitions, and the record type they read ([`GuestRequest`]). The
+//! checks, the sending and the answers are `egress`'s.
 //!
 //! Must never: keep a borrow of guest memory past the call that lent it,
 //! copy more out of it than the hostcall fuel allows, or send a request
@@ -268,7 +268,8 @@ fn instance_name() -> String {
     format!("{WIT_PACKAGE}/http-batch@{major}.{minor}.{patch}")
 }
 
-/// Define `send-batch`, `start` and `wait` in `linker`.
+/// Define `send-batch`, `start`, `wait` and `keep-response-headers` in
+/// `linker`.
 ///
 /// # Errors
 ///
@@ -313,6 +314,14 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "wait",
         |mut store: StoreContextMut<'_, HostState>, (): ()| {
             Box::new(async move { Ok((store.data_mut().http_batch().in_flight.wait().await,)) })
+        },
+    )?;
+    instance.func_wrap(
+        "keep-response-headers",
+        |mut store: StoreContextMut<'_, HostState>, (names,): (Vec<String>,)| {
+            store.data_mut().http_batch().hooks.answer_headers =
+                egress::AnswerHeaders::only(names.iter().map(String::as_str));
+            Ok(())
         },
     )?;
     Ok(())

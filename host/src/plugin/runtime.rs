@@ -572,6 +572,7 @@ impl Plugin {
             requests_left: limits.max_requests,
             denials: Arc::default(),
             telemetry: trace.telemetry.clone(),
+            answer_headers: Default::default(),
             max_response_bytes: limits.max_response_bytes,
             timeouts: Timeouts {
                 first_byte: limits.first_byte_timeout,

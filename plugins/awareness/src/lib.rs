@@ -35,6 +35,8 @@ impl outboxd_sink::Guest for Awareness {
 
     fn deliver(batch: Vec<Event>) -> Vec<Outcome> {
         CONFIG.deliver(&batch, |config, batch| {
+            // The one response header an answer is judged by (`answer`).
+            outboxd_sink::batch::keep_response_headers(&["retry-after"]);
             streams::deliver(
                 batch,
                 config.max_concurrency,

@@ -3,7 +3,7 @@
 //! pooled client and answers each.
 
 use crate::bindings::outboxd::sink::http_batch::{
-    send_batch, Request as BatchRequest, RequestError,
+    keep_response_headers, send_batch, Request as BatchRequest, RequestError,
 };
 
 use crate::config::Config;
@@ -54,6 +54,8 @@ pub fn send_all(config: &Config, requests: &[Request]) -> Vec<Result<Response, S
     if built.is_empty() {
         return Vec::new();
     }
+    // No response header is read: CouchDB's eight are left in the host.
+    keep_response_headers(&[]);
     send_batch(&built)
         .into_iter()
         .map(|answer| match answer {

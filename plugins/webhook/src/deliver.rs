@@ -16,6 +16,8 @@ use outboxd_sink::{streams, Event, Outcome};
 
 /// POSTs every event of `batch`; `outcomes[i]` answers `batch[i]`.
 pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
+    // The one response header an answer is judged by.
+    batch::keep_response_headers(&["retry-after"]);
     streams::deliver(
         batch,
         config.max_concurrency,

@@ -18,7 +18,8 @@
 //! an `http::Request` (method, URL, headers, `content-length`) —
 //! [`prepare`] — the cap on requests at once ([`MAX_REQUESTS_PER_CALL`]),
 //! the started requests of a batch ([`InFlight`]), and reading each
-//! response body into what the guest keeps. Reading the records out of
+//! response into its answer: the body up to what the guest keeps, the
+//! headers it asked for ([`AnswerHeaders`]). Reading the records out of
 //! guest memory is `crate::plugin::batch_imports`'.
 //!
 //! Must never: send a request another way than [`EgressHooks::send`] (the
@@ -29,6 +30,7 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -144,9 +146,10 @@ impl EgressHooks {
                 keep,
             } => {
                 let sent = self.send(request, Some(options));
+                let headers = self.answer_headers.clone();
                 Box::pin(async move {
                     match sent.await {
-                        Ok(response) => Ok(read(response, keep).await),
+                        Ok(response) => Ok(read(response, keep, &headers).await),
                         Err(code) => Err(failed(&code)),
                     }
                 })
@@ -192,6 +195,31 @@ impl InFlight {
             ready.push(next);
         }
         ready
+    }
+}
+
+/// Which response headers a batch's answers carry: every one, until the
+/// guest names the ones it reads (`keep-response-headers`, WIT 0.1.4).
+/// Each header an answer carries costs the guest two allocations and the
+/// host two copies; a sink reading only `retry-after` is spared the rest
+/// (a CouchDB answer carries eight).
+#[derive(Debug, Clone, Default)]
+pub struct AnswerHeaders(Option<Arc<[http::HeaderName]>>);
+
+impl AnswerHeaders {
+    /// Only the headers named in `names` (case-insensitive, RFC 9110 §5.1;
+    /// a name that is not a valid header name matches nothing).
+    pub fn only<'a>(names: impl IntoIterator<Item = &'a str>) -> AnswerHeaders {
+        let names = names
+            .into_iter()
+            .filter_map(|name| http::HeaderName::from_bytes(name.as_bytes()).ok())
+            .collect();
+        AnswerHeaders(Some(names))
+    }
+
+    /// Whether an answer carries header `name`.
+    fn keeps(&self, name: &http::HeaderName) -> bool {
+        self.0.as_ref().is_none_or(|names| names.contains(name))
     }
 }
 
@@ -350,7 +378,11 @@ fn parse_url(url: &str) -> Result<http::Uri, HttpRequestError> {
 /// Read `response`'s body to its end (or to where it breaks off or runs
 /// past the ceilings: the status still stands), keeping its first `keep`
 /// bytes.
-async fn read(response: http::Response<WasiBody>, keep: usize) -> HttpBatchResponse {
+async fn read(
+    response: http::Response<WasiBody>,
+    keep: usize,
+    headers: &AnswerHeaders,
+) -> HttpBatchResponse {
     let (head, mut body) = response.into_parts();
     let mut kept = Vec::new();
     while let Some(Ok(frame)) = body.frame().await {
@@ -364,6 +396,7 @@ async fn read(response: http::Response<WasiBody>, keep: usize) -> HttpBatchRespo
         headers: head
             .headers
             .iter()
+            .filter(|(name, _)| headers.keeps(name))
             .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
             .collect(),
         body: kept,
@@ -509,6 +542,32 @@ mod tests {
 
     fn hooks(patterns: &[String]) -> EgressHooks {
         super::super::hooks::tests::for_tests(patterns)
+    }
+
+    #[tokio::test]
+    async fn answers_carry_every_header_until_the_guest_names_the_ones_it_reads() {
+        let (addr, _) = receiver(1).await;
+        let mut hooks = hooks(&[format!("http://{addr}")]);
+        let url = format!("http://{addr}/200");
+        let headers = async |hooks: &mut EgressHooks| {
+            let answers = hooks
+                .send_batch(vec![prepared(&request("GET", &url, &[]))])
+                .await;
+            answers[0].as_ref().unwrap().headers.clone()
+        };
+        let names: Vec<String> = headers(&mut hooks)
+            .await
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(names, ["content-length", "x-status", "connection"]);
+        hooks.answer_headers = AnswerHeaders::only(["X-Status", "not a name"]);
+        assert_eq!(
+            headers(&mut hooks).await,
+            [("x-status".to_string(), b"200".to_vec())]
+        );
+        hooks.answer_headers = AnswerHeaders::only([]);
+        assert!(headers(&mut hooks).await.is_empty());
     }
 
     #[tokio::test]

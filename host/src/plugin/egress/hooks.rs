@@ -84,6 +84,9 @@ pub struct EgressHooks {
     pub denials: Arc<Denials>,
     /// The tracer: a CLIENT span per request that carries a `traceparent`.
     pub telemetry: crate::otel::Telemetry,
+    /// The response headers `http-batch` answers carry (the guest's
+    /// `keep-response-headers`; every one until it calls it).
+    pub answer_headers: super::batch::AnswerHeaders,
 }
 
 /// The CLIENT span of `request` when it carries a `traceparent` (the
@@ -459,6 +462,7 @@ pub(super) mod tests {
             requests_left: 1000,
             denials: Arc::default(),
             telemetry: Default::default(),
+            answer_headers: Default::default(),
             max_response_bytes: 1 << 20,
             timeouts: Timeouts {
                 first_byte: Duration::from_secs(30),

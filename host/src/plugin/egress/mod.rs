@@ -37,7 +37,9 @@ mod policy;
 mod trust;
 mod watch;
 
-pub use batch::{prepare, InFlight, Prepared, Recent, RequestView, MAX_REQUESTS_PER_CALL};
+pub use batch::{
+    prepare, AnswerHeaders, InFlight, Prepared, Recent, RequestView, MAX_REQUESTS_PER_CALL,
+};
 pub use connector::{http_client, ConnectError, GuardedConnector, HttpClient};
 pub use hooks::{wit_name, Denials, EgressHooks};
 pub use policy::{internal_kind, AllowRule, EgressPolicy};
