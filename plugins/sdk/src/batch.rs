@@ -65,11 +65,12 @@ pub fn start(requests: &[(u64, BatchRequest)]) {
     }
 }
 
-/// From now on in this batch, answers carry only the response headers in
-/// `names` (case-insensitive; empty: none; WIT 0.1.4). Until it is called
-/// they carry every header, each one two allocations in the sink's memory
-/// and a copy: a sink that reads only `Retry-After` calls
-/// `keep_response_headers(&["retry-after"])` once, before it sends.
+/// Requests sent after this call in this batch are answered with only the
+/// response headers in `names` (case-insensitive; empty: none; WIT
+/// 0.1.4). Without it answers carry every header, each one two
+/// allocations in the sink's memory and a copy: a sink that reads only
+/// `Retry-After` calls `keep_response_headers(&["retry-after"])` once,
+/// before it sends.
 pub fn keep_response_headers(names: &[&str]) {
     let names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
     crate::bindings::outboxd::sink::http_batch::keep_response_headers(&names);

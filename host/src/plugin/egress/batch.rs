@@ -199,7 +199,8 @@ impl InFlight {
 }
 
 /// Which response headers a batch's answers carry: every one, until the
-/// guest names the ones it reads (`keep-response-headers`, WIT 0.1.4).
+/// guest names the ones it reads (`keep-response-headers`, WIT 0.1.4);
+/// a request takes the setting in force when it is sent.
 /// Each header an answer carries costs the guest two allocations and the
 /// host two copies; a sink reading only `retry-after` is spared the rest
 /// (a CouchDB answer carries eight).
