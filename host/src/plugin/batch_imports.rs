@@ -39,6 +39,7 @@
 
 use std::borrow::Cow;
 
+use bytes::Bytes;
 use wasmtime::component::__internal::{
     wasmtime_environ::component::StringEncoding, CanonicalAbiInfo, InstanceType, InterfaceType,
     LiftContext,
@@ -93,8 +94,9 @@ pub struct CopiedRequest {
     url_end: usize,
     /// Per header, where its name ends in `text` and its value in `bytes`.
     ends: Vec<(usize, usize)>,
-    /// Every header value, then the body.
-    bytes: Vec<u8>,
+    /// Every header value, then the body: the layout the request is
+    /// sent from ([`RequestView::copied`]).
+    bytes: Bytes,
     timeout_ms: Option<u64>,
     keep_body_bytes: u32,
 }
@@ -230,7 +232,7 @@ fn copy_request(cx: &mut LiftContext<'_>, record: &[u8]) -> wasmtime::Result<Cop
         method_end,
         url_end,
         ends,
-        bytes,
+        bytes: Bytes::from(bytes),
         timeout_ms,
         keep_body_bytes: word(record, KEEP) as u32,
     })
@@ -255,6 +257,7 @@ impl CopiedRequest {
             body: &self.bytes[value_at..],
             timeout_ms: self.timeout_ms,
             keep_body_bytes: self.keep_body_bytes,
+            copied: Some(&self.bytes),
         };
         egress::prepare(&view, recent)
     }
@@ -388,6 +391,7 @@ fn prepare(
         body: request.body.as_le_slice(&memory),
         timeout_ms: request.timeout_ms,
         keep_body_bytes: request.keep_body_bytes,
+        copied: None,
     };
     Ok(egress::prepare(&view, recent))
 }

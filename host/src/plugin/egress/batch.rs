@@ -76,6 +76,12 @@ pub struct RequestView<'a> {
     pub timeout_ms: Option<u64>,
     /// `keep-body-bytes`.
     pub keep_body_bytes: u32,
+    /// The header values, in order, then the body, when they were already
+    /// copied out of guest memory together in that layout
+    /// ([`crate::plugin::batch_imports::CopiedRequest`]): the request's
+    /// values and body are then slices of it, not copied again. `None`:
+    /// copied from `headers` and `body`.
+    pub copied: Option<&'a Bytes>,
 }
 
 /// A request made ready from its [`RequestView`] (its bytes copied out
@@ -283,7 +289,9 @@ impl Recent {
 /// The `http::Request` a guest's record describes, with its timeouts; or
 /// why it cannot be sent as given. The header values and the body are
 /// copied out of guest memory together, into one buffer that each is a
-/// slice of (a reference, not an allocation, per value).
+/// slice of (a reference, not an allocation, per value); a view that
+/// carries that buffer already ([`RequestView::copied`]) is sliced as it
+/// is.
 fn build(
     r: &RequestView<'_>,
     recent: &mut Recent,
@@ -301,13 +309,18 @@ fn build(
         )
     })?;
     let uri = recent.url(r.url)?;
-    let size = r.body.len() + r.headers.iter().map(|(_, v)| v.len()).sum::<usize>();
-    let mut copied = Vec::with_capacity(size);
-    for (_, value) in r.headers {
-        copied.extend_from_slice(value);
-    }
-    copied.extend_from_slice(r.body);
-    let copied = Bytes::from(copied);
+    let copied = match r.copied {
+        Some(copied) => copied.clone(),
+        None => {
+            let size = r.body.len() + r.headers.iter().map(|(_, v)| v.len()).sum::<usize>();
+            let mut copied = Vec::with_capacity(size);
+            for (_, value) in r.headers {
+                copied.extend_from_slice(value);
+            }
+            copied.extend_from_slice(r.body);
+            Bytes::from(copied)
+        }
+    };
     let mut headers = http::HeaderMap::with_capacity(r.headers.len() + 2);
     let mut at = 0;
     for (name, value) in r.headers {
@@ -479,6 +492,7 @@ mod tests {
                 body: &r.body,
                 timeout_ms: r.timeout_ms,
                 keep_body_bytes: r.keep_body_bytes,
+                copied: None,
             },
             &mut Recent::default(),
         )
@@ -729,6 +743,42 @@ mod tests {
             .unwrap()
             .to_bytes();
         assert_eq!(&body[..], b"{\"k\":1}");
+    }
+
+    #[test]
+    fn a_request_already_copied_out_is_sliced_not_copied_again() {
+        let r = request("POST", "http://h:1/p", &[("ce-id", "evt-1"), ("x-b", "")]);
+        let copied = Bytes::from_static(b"evt-1{}");
+        let headers: Vec<(Cow<'_, str>, &[u8])> = vec![
+            (Cow::Borrowed("ce-id"), &copied[..5]),
+            (Cow::Borrowed("x-b"), &copied[5..5]),
+        ];
+        let view = RequestView {
+            method: "POST",
+            url: "http://h:1/p",
+            headers: &headers,
+            body: &copied[5..],
+            timeout_ms: None,
+            keep_body_bytes: 0,
+            copied: Some(&copied),
+        };
+        let (
+            Prepared::Send {
+                request: sliced, ..
+            },
+            Prepared::Send { request: own, .. },
+        ) = (prepare(&view, &mut Recent::default()), prepared(&r))
+        else {
+            panic!("refused");
+        };
+        assert_eq!(sliced.headers(), own.headers());
+        let within = |bytes: &[u8]| copied.as_ptr_range().contains(&bytes.as_ptr());
+        assert!(within(sliced.headers()["ce-id"].as_bytes()));
+        let body = futures::executor::block_on(sliced.into_body().collect())
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&body[..], b"{}");
+        assert!(within(&body), "the body is the buffer's tail, not a copy");
     }
 
     #[test]
