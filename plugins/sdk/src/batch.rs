@@ -37,7 +37,7 @@ pub const MAX_PER_CALL: usize = 1024;
 pub fn post(url: &Url, headers: Vec<Header>, body: Vec<u8>, timeout: Duration) -> BatchRequest {
     BatchRequest {
         method: "POST".into(),
-        url: url.to_string(),
+        url: url.to_text(),
         headers,
         body,
         timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),

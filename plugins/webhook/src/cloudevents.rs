@@ -5,8 +5,6 @@
 //! Pure functions of the event, the key and the timestamp, so they are tested
 //! natively.
 
-use std::io::Write as _;
-
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 
@@ -16,21 +14,25 @@ use outboxd_sink::Event;
 /// Sent as `user-agent`.
 pub const USER_AGENT: &str = concat!("outboxd-webhook/", env!("CARGO_PKG_VERSION"));
 
-/// Attributes this sink writes from the event's own fields. An extension of
-/// the same name is not sent again: the event's field is the one that counts.
-const OWN_ATTRIBUTES: [&str; 11] = [
-    "specversion",
-    "id",
-    "source",
-    "type",
-    "subject",
-    "time",
-    "datacontenttype",
-    "dataschema",
-    "data",
-    "partitionkey",
-    "sequence",
-];
+/// Whether `name` (lower-case) is an attribute this sink writes from the
+/// event's own fields. An extension of the same name is not sent again: the
+/// event's field is the one that counts.
+fn is_own_attribute(name: &str) -> bool {
+    matches!(
+        name,
+        "specversion"
+            | "id"
+            | "source"
+            | "type"
+            | "subject"
+            | "time"
+            | "datacontenttype"
+            | "dataschema"
+            | "data"
+            | "partitionkey"
+            | "sequence"
+    )
+}
 
 /// All headers of the POST for `event`, signed with `key` at `timestamp`
 /// (unix seconds), and with `previous` too while a secret rotation keeps the
@@ -46,21 +48,27 @@ pub fn headers(
     previous: Option<&[u8]>,
     timestamp: u64,
 ) -> Result<Vec<Header>, String> {
-    let mut headers = Vec::with_capacity(16 + event.extensions.len());
-    let mut add = |name: &str, value: String| headers.push((name.to_string(), value.into_bytes()));
+    let mut headers: Vec<Header> = Vec::with_capacity(16 + event.extensions.len());
+    let add = |headers: &mut Vec<Header>, name: &str, value: String| {
+        headers.push((name.to_string(), value.into_bytes()))
+    };
 
-    add("ce-specversion", "1.0".into());
-    add("ce-id", percent_encode(&event.id));
-    add("ce-source", percent_encode(&event.source));
-    add("ce-type", percent_encode(&event.type_));
+    add(&mut headers, "ce-specversion", "1.0".into());
+    add(&mut headers, "ce-id", percent_encode(&event.id));
+    add(&mut headers, "ce-source", percent_encode(&event.source));
+    add(&mut headers, "ce-type", percent_encode(&event.type_));
     if let Some(subject) = &event.subject {
-        add("ce-subject", percent_encode(subject));
+        add(&mut headers, "ce-subject", percent_encode(subject));
     }
-    add("ce-time", percent_encode(&event.time));
-    add("ce-partitionkey", percent_encode(&event.stream));
-    add("ce-sequence", event.sequence.to_string());
+    add(&mut headers, "ce-time", percent_encode(&event.time));
+    add(
+        &mut headers,
+        "ce-partitionkey",
+        percent_encode(&event.stream),
+    );
+    add(&mut headers, "ce-sequence", event.sequence.to_string());
     if let Some(schema) = &event.dataschema {
-        add("ce-dataschema", percent_encode(schema));
+        add(&mut headers, "ce-dataschema", percent_encode(schema));
     }
     for (name, value) in &event.extensions {
         if name.is_empty() || !name.bytes().all(is_token_char) {
@@ -69,21 +77,32 @@ pub fn headers(
                 name.escape_default()
             ));
         }
-        let name = name.to_ascii_lowercase();
-        if OWN_ATTRIBUTES.contains(&name.as_str()) {
+        // CloudEvents names are lower-case already (§3.1.1 of the spec);
+        // only another producer's name is lowered here.
+        let lowered;
+        let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            lowered = name.to_ascii_lowercase();
+            lowered.as_str()
+        } else {
+            name.as_str()
+        };
+        if is_own_attribute(name) {
             continue;
         }
-        add(&format!("ce-{name}"), percent_encode(value));
+        let mut header = String::with_capacity(3 + name.len());
+        header.push_str("ce-");
+        header.push_str(name);
+        headers.push((header, percent_encode(value).into_bytes()));
     }
 
     if let Some(content_type) = &event.datacontenttype {
         if !is_header_value(content_type) {
             return Err("datacontenttype is not a valid HTTP header value".into());
         }
-        add("content-type", content_type.clone());
+        add(&mut headers, "content-type", content_type.clone());
     }
-    add("content-length", event.data.len().to_string());
-    add("user-agent", USER_AGENT.into());
+    add(&mut headers, "content-length", event.data.len().to_string());
+    add(&mut headers, "user-agent", USER_AGENT.into());
 
     // The signed id is the header value as sent, so a receiver that verifies
     // from the headers always agrees with the signature.
@@ -94,19 +113,20 @@ pub fn headers(
         signature.push(' ');
         signature.push_str(&sign(previous, &content));
     }
-    add("webhook-id", webhook_id);
-    add("webhook-timestamp", timestamp.to_string());
-    add("webhook-signature", signature);
+    add(&mut headers, "webhook-id", webhook_id);
+    add(&mut headers, "webhook-timestamp", timestamp.to_string());
+    add(&mut headers, "webhook-signature", signature);
     Ok(headers)
 }
 
 /// What a Standard Webhooks signature covers: `{id}.{timestamp}.{body}`.
 /// Built once per request, whatever the number of keys signing it.
 pub fn signed_content(id: &str, timestamp: u64, body: &[u8]) -> Vec<u8> {
-    let mut content = Vec::with_capacity(id.len() + 22 + body.len());
-    // Writing to a `Vec` cannot fail.
-    let _ = write!(content, "{id}.{timestamp}.");
-    content.extend_from_slice(body);
+    let timestamp = timestamp.to_string();
+    let mut content = Vec::with_capacity(id.len() + timestamp.len() + 2 + body.len());
+    for part in [id.as_bytes(), b".", timestamp.as_bytes(), b".", body] {
+        content.extend_from_slice(part);
+    }
     content
 }
 
@@ -115,7 +135,10 @@ pub fn signed_content(id: &str, timestamp: u64, body: &[u8]) -> Vec<u8> {
 /// (`outboxd_sink::sign`).
 pub fn sign(key: &[u8], content: &[u8]) -> String {
     let mac = outboxd_sink::sign::hmac_sha256(key, content);
-    format!("v1,{}", STANDARD.encode(mac))
+    let mut signature = String::with_capacity(3 + 44);
+    signature.push_str("v1,");
+    STANDARD.encode_string(mac, &mut signature);
+    signature
 }
 
 /// Percent-encodes an attribute value for a header (CloudEvents HTTP binding
@@ -123,7 +146,7 @@ pub fn sign(key: &[u8], content: &[u8]) -> String {
 /// space, `"` and `%`, becomes `%XY`.
 pub fn percent_encode(value: &str) -> String {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let kept = |byte: u8| byte.is_ascii_graphic() && byte != b'"' && byte != b'%';
+    let kept = |byte: u8| KEPT[usize::from(byte)];
     // Most values need nothing encoded: one copy, not a push per byte.
     if value.bytes().all(kept) {
         return value.to_owned();
@@ -140,6 +163,19 @@ pub fn percent_encode(value: &str) -> String {
     }
     out
 }
+
+/// The bytes [`percent_encode`] keeps as they are: printable ASCII
+/// U+0021..U+007E but `"` and `%`. A table, since every byte of every
+/// attribute value of every request is looked up in it.
+const KEPT: [bool; 256] = {
+    let mut kept = [false; 256];
+    let mut byte = 0x21;
+    while byte <= 0x7E {
+        kept[byte] = byte != b'"' as usize && byte != b'%' as usize;
+        byte += 1;
+    }
+    kept
+};
 
 /// `tchar` of RFC 9110 §5.6.2, the characters of a header name.
 fn is_token_char(b: u8) -> bool {
@@ -273,6 +309,18 @@ pub(crate) mod tests {
         let mut bad_type = event();
         bad_type.datacontenttype = Some("text/plain\r\nx-injected: 1".into());
         assert!(headers(&bad_type, &key, None, 0).is_err());
+    }
+
+    #[test]
+    fn the_kept_bytes_are_printable_ascii_but_quote_and_percent() {
+        for byte in 0..=255u8 {
+            let printable = (0x21..=0x7E).contains(&byte);
+            assert_eq!(
+                KEPT[usize::from(byte)],
+                printable && byte != b'"' && byte != b'%',
+                "byte {byte:#04x}"
+            );
+        }
     }
 
     #[test]
