@@ -18,7 +18,7 @@
 //! Must never: start an event while an earlier event of its stream in the
 //! batch is undelivered, or have more than `max_in_flight` requests out.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::batch::{self, BatchRequest};
 use crate::http::Response;
@@ -40,24 +40,27 @@ pub fn deliver<'a>(
 ) -> Vec<Outcome> {
     let max_in_flight = max_in_flight.clamp(1, batch::MAX_PER_CALL);
     let mut state = Batch::new(batch);
-    // The stream of each event in flight, by event index (the request's tag).
-    let mut in_flight: BTreeMap<usize, usize> = BTreeMap::new();
+    // The stream of each event in flight, by event index (the request's
+    // tag), and how many are.
+    let mut in_flight: Vec<Option<usize>> = vec![None; batch.len()];
+    let mut out = 0;
     loop {
         let mut starting: Vec<(u64, BatchRequest)> = Vec::new();
-        while in_flight.len() < max_in_flight {
+        while out < max_in_flight {
             let Some((stream, event)) = state.next_ready() else {
                 break;
             };
             match start(&batch[event]) {
                 Ok(request) => {
-                    in_flight.insert(event, stream);
+                    in_flight[event] = Some(stream);
+                    out += 1;
                     starting.push((event as u64, request));
                 }
                 Err(decided) => state.settle(stream, event, decided),
             }
         }
         batch::start(&starting);
-        if in_flight.is_empty() {
+        if out == 0 {
             break;
         }
         let answers = batch::wait();
@@ -69,10 +72,12 @@ pub fn deliver<'a>(
         for (tag, answer) in answers {
             let Some(stream) = usize::try_from(tag)
                 .ok()
-                .and_then(|event| in_flight.remove(&event))
+                .and_then(|event| in_flight.get_mut(event))
+                .and_then(Option::take)
             else {
                 continue;
             };
+            out -= 1;
             let event = tag as usize;
             let outcome = match answer {
                 Ok(response) => judge(&batch[event], response),
@@ -99,7 +104,7 @@ struct Batch<'a> {
 impl<'a> Batch<'a> {
     fn new(events: &'a [Event]) -> Batch<'a> {
         let mut queues: Vec<VecDeque<usize>> = Vec::new();
-        let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut by_name: HashMap<&str, usize> = HashMap::new();
         for (index, event) in events.iter().enumerate() {
             let stream = *by_name.entry(event.stream.as_str()).or_insert_with(|| {
                 queues.push(VecDeque::new());
