@@ -191,12 +191,8 @@ impl EgressHooks {
                 let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, body.collect()).await;
                 return Err(HttpError::HttpRequestDenied);
             }
-            let authority = request
-                .uri()
-                .authority()
-                .map(|a| a.as_str().to_string())
-                .unwrap_or_default();
-            let host = http::HeaderValue::from_str(&authority)
+            let authority = request.uri().authority().map_or("", |a| a.as_str());
+            let host = http::HeaderValue::from_str(authority)
                 .map_err(|_| HttpError::HttpRequestUriInvalid)?;
             request.headers_mut().insert(http::header::HOST, host);
             let uri = request.uri().clone();

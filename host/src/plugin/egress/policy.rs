@@ -5,6 +5,7 @@
 //! and port, and for each address its host is or resolves to. Must never:
 //! connect, resolve or send anything — it only decides.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 /// One `scheme://host[:port]` allow-list entry.
@@ -99,6 +100,17 @@ pub(super) fn default_port(scheme: &str) -> u16 {
     }
 }
 
+/// `text` in lower case, borrowed when it is already (schemes and host
+/// names compare case-insensitively, RFC 3986 §3.1 and §3.2.2; nearly
+/// every URL writes them lower-case, so a request costs no allocation).
+fn lowered(text: &str) -> Cow<'_, str> {
+    if text.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(text.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
 /// `127.0.0.1` or `[::1]` as an address; `None` for a name.
 pub(super) fn parse_ip(host: &str) -> Option<IpAddr> {
     host.strip_prefix('[')
@@ -177,12 +189,12 @@ impl EgressPolicy {
 
     /// Whether `uri` may be called; `Err` says why not.
     pub fn check(&self, uri: &http::Uri) -> Result<(), String> {
-        let scheme = uri.scheme_str().unwrap_or("").to_ascii_lowercase();
+        let scheme = lowered(uri.scheme_str().unwrap_or(""));
         let authority = uri.authority().ok_or("request has no host")?;
         if authority.as_str().contains('@') {
             return Err("userinfo in the request URL is not allowed".into());
         }
-        let host = authority.host().to_ascii_lowercase();
+        let host = lowered(authority.host());
         let port = authority
             .port_u16()
             .unwrap_or_else(|| default_port(&scheme));
@@ -234,6 +246,16 @@ mod tests {
         let p =
             EgressPolicy::new(&patterns.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
         p.check(&uri.parse().unwrap()).is_ok()
+    }
+
+    #[test]
+    fn scheme_and_host_match_in_any_case() {
+        assert!(check(&["https://example.com"], "HTTPS://Example.COM/x"));
+        assert!(check(
+            &["https://*.example.com"],
+            "https://API.example.com/"
+        ));
+        assert!(!check(&["https://example.com"], "https://EXAMPLE.org/"));
     }
 
     #[test]
