@@ -167,7 +167,7 @@ pub fn percent_encode(value: &str) -> String {
 /// The bytes [`percent_encode`] keeps as they are: printable ASCII
 /// U+0021..U+007E but `"` and `%`. A table, since every byte of every
 /// attribute value of every request is looked up in it.
-const KEPT: [bool; 256] = {
+static KEPT: [bool; 256] = {
     let mut kept = [false; 256];
     let mut byte = 0x21;
     while byte <= 0x7E {

@@ -6,6 +6,8 @@
 //! answer judged by the SDK's HTTP table (`outboxd_sink::outcome`). Each
 //! request carries the attempt's `traceparent` (`outboxd_sink::trace`).
 
+use std::time::Duration;
+
 use crate::awareness::{self, Prepared};
 use crate::cloudevents;
 use crate::config::{Config, Payload};
@@ -23,12 +25,11 @@ pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
         config.max_concurrency,
         |event| start(config, event),
         |_, response| {
-            outcome::for_response(
-                response.status,
-                response.header("retry-after"),
-                &response.body,
-                pending::now(),
-            )
+            let retry_after = response.header("retry-after");
+            // The clock (a host call) is read only for a `Retry-After`,
+            // the one thing the time is needed for.
+            let now = retry_after.map_or(Duration::ZERO, |_| pending::now());
+            outcome::for_response(response.status, retry_after, &response.body, now)
         },
     )
 }
