@@ -265,24 +265,34 @@ impl Recent {
         Ok(uri)
     }
 
-    /// `name` as a header name, or `None` when it is not valid HTTP.
-    /// Header names are case-insensitive (RFC 9110 §5.1): `Content-Type`
-    /// finds the `content-type` kept.
-    fn name(&mut self, name: &str) -> Option<http::HeaderName> {
+    /// `name` as a header name a request may carry, or why not: not valid
+    /// HTTP (`invalid-syntax`), or set by the host (`forbidden`, checked
+    /// when a name is first seen; a forbidden name is never kept, so each
+    /// use of it is checked and refused). Header names are
+    /// case-insensitive (RFC 9110 §5.1): `Content-Type` finds the
+    /// `content-type` kept.
+    fn name(&mut self, name: &str) -> Result<http::HeaderName, HttpRequestError> {
         let known = self.names.len();
         for look in 0..known {
             let at = (self.next + look) % known;
             if self.names[at].as_str().eq_ignore_ascii_case(name) {
                 self.next = at + 1;
-                return Some(self.names[at].clone());
+                return Ok(self.names[at].clone());
             }
         }
-        let parsed = http::HeaderName::from_bytes(name.as_bytes()).ok()?;
+        let parsed = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| header_error("invalid-syntax", "a header name is not valid HTTP"))?;
+        if FORBIDDEN.contains(&parsed) {
+            return Err(header_error(
+                "forbidden",
+                &format!("header `{parsed}` is set by the host"),
+            ));
+        }
         if known < MAX_RECENT_NAMES {
             self.names.push(parsed.clone());
             self.next = known + 1;
         }
-        Some(parsed)
+        Ok(parsed)
     }
 }
 
@@ -324,15 +334,7 @@ fn build(
     let mut headers = http::HeaderMap::with_capacity(r.headers.len() + 2);
     let mut at = 0;
     for (name, value) in r.headers {
-        let name = recent
-            .name(name)
-            .ok_or_else(|| header_error("invalid-syntax", "a header name is not valid HTTP"))?;
-        if FORBIDDEN.contains(&name) {
-            return Err(header_error(
-                "forbidden",
-                &format!("header `{name}` is set by the host"),
-            ));
-        }
+        let name = recent.name(name)?;
         let slice = copied.slice(at..at + value.len());
         at += value.len();
         let value = http::HeaderValue::from_maybe_shared(slice).map_err(|_| {
@@ -798,7 +800,12 @@ mod tests {
         // A name in another case is the same name, kept once.
         assert_eq!(recent.name("WEBHOOK-id").unwrap(), "webhook-id");
         assert_eq!(recent.names.len(), 2);
-        assert!(recent.name("bad name").is_none());
+        assert_eq!(recent.name("bad name").unwrap_err().code, "invalid-syntax");
+        // A forbidden name is refused each time it comes, never kept.
+        for _ in 0..2 {
+            assert_eq!(recent.name("Host").unwrap_err().code, "forbidden");
+        }
+        assert_eq!(recent.names.len(), 2);
         // Past the cap, names are still parsed; the cache stops growing.
         for i in 0..2 * MAX_RECENT_NAMES {
             assert_eq!(
