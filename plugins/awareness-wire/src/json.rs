@@ -154,22 +154,65 @@ fn array_index(key: &str) -> Option<u64> {
 }
 
 /// `JSON.stringify` of a string (ECMA-262 §25.5.2.3 QuoteJSONString).
+/// Runs that need no escape are found eight bytes at a time
+/// ([`needs_escape`]) and copied whole: every byte to escape is ASCII, and
+/// no byte of a multi-byte UTF-8 character is, so the runs end on
+/// character boundaries.
 fn write_string(out: &mut String, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\u{c}' => out.push_str("\\f"),
-            '\r' => out.push_str("\\r"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
+    let (mut run, mut at) = (0, 0);
+    while at < bytes.len() {
+        if let Some(word) = bytes[at..].first_chunk::<8>() {
+            if !needs_escape(u64::from_le_bytes(*word)) {
+                at += 8;
+                continue;
+            }
         }
+        let byte = bytes[at];
+        let escape = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            0x08 => "\\b",
+            b'\t' => "\\t",
+            b'\n' => "\\n",
+            0x0c => "\\f",
+            b'\r' => "\\r",
+            0x00..=0x1f => "",
+            _ => {
+                at += 1;
+                continue;
+            }
+        };
+        out.push_str(&s[run..at]);
+        if escape.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+        } else {
+            out.push_str(escape);
+        }
+        at += 1;
+        run = at;
     }
+    out.push_str(&s[run..]);
     out.push('"');
+}
+
+/// Whether any of the eight bytes of `word` is one a JSON string escapes:
+/// a control character (below 0x20), `"` or `\`. The word-at-a-time tests
+/// "has a byte less than n" and "has a zero byte" of Sean Anderson's Bit
+/// Twiddling Hacks; bytes from 0x80 (UTF-8 beyond ASCII) never match.
+fn needs_escape(word: u64) -> bool {
+    const ONES: u64 = u64::MAX / 255;
+    const HIGHS: u64 = ONES * 0x80;
+    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS != 0;
+    let has_control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS != 0;
+    has_control
+        || has_zero(word ^ (ONES * u64::from(b'"')))
+        || has_zero(word ^ (ONES * u64::from(b'\\')))
 }
 
 /// `JSON.stringify` of a number: `null` when not finite, else
@@ -309,5 +352,54 @@ mod tests {
             r#"{"z":"é\n","y":null,"x":18446744073709551615,"w":[1]}"#
         );
         assert_eq!(Object::new().finish(), b"{}");
+    }
+
+    #[test]
+    fn a_word_needs_escaping_exactly_when_one_of_its_bytes_does() {
+        let escaped = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
+        for background in [b'a', 0x80, 0xff, b' ', b'!', b'#', b'[', b']'] {
+            for at in 0..8 {
+                for byte in 0..=255u8 {
+                    let mut word = [background; 8];
+                    word[at] = byte;
+                    assert_eq!(
+                        needs_escape(u64::from_le_bytes(word)),
+                        escaped(byte) || escaped(background),
+                        "{word:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strings_are_escaped_wherever_the_escapes_fall_in_a_word() {
+        // The character-by-character QuoteJSONString, to compare with.
+        let quoted = |s: &str| {
+            let mut out = String::from('"');
+            for c in s.chars() {
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    '\u{8}' => out.push_str("\\b"),
+                    '\t' => out.push_str("\\t"),
+                    '\n' => out.push_str("\\n"),
+                    '\u{c}' => out.push_str("\\f"),
+                    '\r' => out.push_str("\\r"),
+                    c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+            out
+        };
+        for special in ["\"", "\\", "\n", "\u{1}", "\u{1f}", "é", "😀"] {
+            for at in 0..20 {
+                let s = format!("{}{special}{}", "x".repeat(at), "y".repeat(19 - at));
+                let mut out = String::new();
+                write_string(&mut out, &s);
+                assert_eq!(out, quoted(&s), "{s:?}");
+            }
+        }
     }
 }
