@@ -266,13 +266,19 @@ async fn a_traced_post_reaches_the_webhook_in_the_producers_trace_with_every_att
     }
 
     // Spans: producer → ingest; producer → attempt 1 (retry), attempt 2
-    // (delivered), each → its HTTP client request.
+    // (delivered), each → its HTTP client request. Each attempt's batch is
+    // finished by a span of its own, exported when that batch is done:
+    // wait for the second attempt's, not only the first.
     assert!(
-        eventually(T, || attempts(&collector, "hook", "t-1", &trace, &producer)
-            .len()
-            == 2
-            && collector.named("POST").len() == 2
-            && !collector.named("finish hook").is_empty())
+        eventually(T, || {
+            let attempts = attempts(&collector, "hook", "t-1", &trace, &producer);
+            attempts.len() == 2
+                && collector.named("POST").len() == 2
+                && collector.named("finish hook").iter().any(|f| {
+                    f.links
+                        .contains(&(trace.clone(), attempts[1].span_id.clone()))
+                })
+        })
         .await,
         "spans: {:#?}",
         collector.spans()
