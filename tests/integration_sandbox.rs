@@ -457,3 +457,90 @@ async fn every_kind_of_misbehaviour_at_once_harms_neither_the_healthy_sink_nor_e
     );
     scene.stop().await;
 }
+
+/// `name` (a test component) loaded into `runtime` with `limits`, as the
+/// daemon loads a plugins folder.
+fn load_test_plugin(
+    runtime: &outboxd::plugin::Runtime,
+    name: &str,
+    limits: &str,
+) -> outboxd::plugin::Plugin {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        test_component(name),
+        dir.path().join(format!("{name}.wasm")),
+    )
+    .unwrap();
+    let manifest = dir.path().join(format!("{name}.toml"));
+    std::fs::write(
+        &manifest,
+        format!(
+            "name = {name:?}\nversion = \"0.1.0\"\ncomponent = \"{name}.wasm\"\nwit = \"outboxd:sink@0.1.0\"\n{limits}"
+        ),
+    )
+    .unwrap();
+    outboxd::plugin::load_one(runtime, &manifest)
+        .unwrap_or_else(|f| panic!("{}: {}", f.file.display(), f.reason))
+}
+
+fn plugin_event(id: &str) -> outboxd::plugin::bindings::Event {
+    outboxd::plugin::bindings::Event {
+        id: id.into(),
+        source: "/pool".into(),
+        type_: "t".into(),
+        subject: None,
+        stream: id.into(),
+        sequence: 1,
+        time: "2026-12-05T00:00:00Z".into(),
+        datacontenttype: None,
+        dataschema: None,
+        data: b"{}".to_vec(),
+        extensions: Vec::new(),
+        attempt: 1,
+        ingested_at: "2026-12-05T00:00:00Z".into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_finds_the_instance_pool_full_runs_on_demand() {
+    init_logs();
+    // One slot, taken by a batch that computes until its 3 s deadline.
+    let runtime = outboxd::plugin::Runtime::with_instance_pool(1).unwrap();
+    let spin = load_test_plugin(&runtime, "spin", "[limits]\ndeadline = \"3s\"\n");
+    let ok = load_test_plugin(&runtime, "ok", "");
+    assert_eq!(runtime.pooled_instances(), Some(0));
+    let held = tokio::spawn(async move { spin.deliver(&[plugin_event("held")]).await });
+    assert!(
+        eventually(Duration::from_secs(2), || runtime.pooled_instances()
+            == Some(1))
+        .await,
+        "the spinning batch took the pool's slot"
+    );
+    // The pool is full: this batch is instantiated on demand, and answered.
+    let outcomes = ok.deliver(&[plugin_event("beside")]).await;
+    assert!(
+        matches!(
+            outcomes.as_deref(),
+            Ok([outboxd::plugin::bindings::Outcome::Delivered])
+        ),
+        "{outcomes:?}"
+    );
+    assert!(
+        !held.is_finished(),
+        "answered while the slot was still held"
+    );
+    let spun = held.await.unwrap();
+    assert!(
+        matches!(
+            &spun,
+            Err(outboxd::plugin::SinkFailure::Trap {
+                kind: outboxd::plugin::TrapKind::Deadline,
+                ..
+            })
+        ),
+        "{spun:?}"
+    );
+    // The slot is given back, and serves the next batch.
+    assert_eq!(runtime.pooled_instances(), Some(0));
+    assert!(ok.deliver(&[plugin_event("after")]).await.is_ok());
+}

@@ -102,7 +102,7 @@ impl Daemon {
             .map_err(|e| StartError::Config(format!("[otel]: {e}")))?;
         let url = config.effective_database_url();
         let store = open_store(&url, config.delivery.db_timeout, migrations).await?;
-        let runtime = Runtime::new()
+        let runtime = Runtime::with_instance_pool(crate::plugin::DAEMON_POOL_SLOTS)
             .map_err(|e| StartError::Runtime(format!("{e:#}")))?
             .with_cache(config.data_dir.join("cache"))
             .with_trust(trust);

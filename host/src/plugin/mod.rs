@@ -43,7 +43,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use manifest::Manifest;
-pub use runtime::{Plugin, Runtime, SinkFailure, TrapKind};
+pub use runtime::{Plugin, Runtime, SinkFailure, TrapKind, DAEMON_POOL_SLOTS};
 
 /// A plugin that could not be loaded, and why.
 #[derive(Debug, Clone)]

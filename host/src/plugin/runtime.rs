@@ -9,7 +9,10 @@
 //! Every batch gets a fresh `Store` instantiated from the plugin's
 //! `InstancePre` (about 19 µs here, docs/measurements.md): after a trap an instance
 //! only answers `CannotEnterComponent`, and a fresh store also means no
-//! state leaks between batches.
+//! state leaks between batches. The daemon's runtime takes that instance
+//! from a pool of slots while one is free ([`Runtime::with_instance_pool`]:
+//! wasmtime resets a slot's memory to the component's initial image
+//! before it serves another batch), else on demand.
 //!
 //! A guest that computes without end gives its thread back at every epoch
 //! tick through `tokio::task::yield_now`, which lets the worker poll I/O and
@@ -52,6 +55,22 @@ use super::host_state::HostState;
 use super::log_limit::{log_dropped, LogLimit};
 use super::manifest::{Builtin, Manifest};
 use crate::limits::{DEADLINE_MARGIN, MAX_RESOURCES};
+
+/// Instances the daemon's pool holds ([`Runtime::with_instance_pool`]):
+/// batches of 16 busy destinations at the default two batches in flight;
+/// past them, batches are instantiated on demand. About 130 GiB of address
+/// space reserved, none of it memory until used.
+pub const DAEMON_POOL_SLOTS: u32 = 32;
+
+/// The largest memory a pooled instance may grow to: that of the largest
+/// `limits.memory-mib` (4,096), so the pool serves every plugin; each
+/// plugin's own cap is its `ResourceLimiter`'s, as on demand.
+const MAX_POOLED_MEMORY: usize = 4 << 30;
+
+/// How much of a pooled memory (and table) stays resident between
+/// batches: a webhook batch of 100 touches about 200 KiB; a slot that
+/// touched more gives the rest back to the kernel.
+const POOL_KEEP_RESIDENT: usize = 1 << 20;
 
 /// How often the epoch ticks; the deadline is checked at this grain.
 pub use crate::limits::EPOCH_TICK;
@@ -170,6 +189,10 @@ impl std::fmt::Display for TrapKind {
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
+    /// The same engine settings with wasmtime's pooling allocator, for
+    /// [`Runtime::with_instance_pool`]: a batch's instance comes from here
+    /// while a slot is free, else from `engine`.
+    pool: Option<Engine>,
     /// Broker connections of the `amqp` interface, shared by all plugins.
     amqp: AmqpPool,
     /// Compiled components on disk (`<data-dir>/cache/`); `None` compiles
@@ -185,6 +208,37 @@ impl Runtime {
     /// epoch ticker (a thread that stops when the engine is dropped).
     pub fn new() -> wasmtime::Result<Runtime> {
         Runtime::with_config(wasmtime::Config::new())
+    }
+
+    /// As [`Runtime::new`], and batches are instantiated from a pool of
+    /// `slots` instances first (the daemon's runtime). A slot keeps the
+    /// pages its memory touched, reset between batches to the component's
+    /// initial image, instead of mapping fresh memory for each batch and
+    /// unmapping it after: a fresh instance per batch costs the kernel
+    /// some 50 page faults and an unmap with its TLB shootdowns, about 5%
+    /// of a webhook request's CPU (bench/results/2026-12-05-per-request-cuts.md).
+    /// Each plugin is compiled once and loaded into both engines. A batch
+    /// that finds no free slot, or whose component the pool cannot hold,
+    /// gets its instance on demand as before: the pool only ever makes a
+    /// batch cheaper, never refuses one. The reservation is virtual
+    /// memory: `slots` × 4 GiB (the largest `limits.memory-mib`) for
+    /// memories, and a fiber stack a slot.
+    pub fn with_instance_pool(slots: u32) -> wasmtime::Result<Runtime> {
+        let mut runtime = Runtime::new()?;
+        let mut pool = wasmtime::PoolingAllocationConfig::default();
+        pool.total_component_instances(slots)
+            .total_core_instances(slots.saturating_mul(8))
+            .total_memories(slots)
+            .total_tables(slots.saturating_mul(8))
+            .total_stacks(slots)
+            .max_memory_size(MAX_POOLED_MEMORY)
+            .linear_memory_keep_resident(POOL_KEEP_RESIDENT)
+            .table_keep_resident(POOL_KEEP_RESIDENT)
+            .pagemap_scan(wasmtime::Enabled::Auto);
+        let mut config = wasmtime::Config::new();
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        runtime.pool = Some(Runtime::with_config(config)?.engine);
+        Ok(runtime)
     }
 
     /// As [`Runtime::new`], with wasmtime's pooling allocator: `slots`
@@ -227,6 +281,7 @@ impl Runtime {
             .map_err(|e| wasmtime::format_err!("cannot start the epoch thread: {e}"))?;
         Ok(Runtime {
             engine,
+            pool: None,
             amqp: AmqpPool::new(),
             cache: None,
             tls: super::egress::webpki_only(),
@@ -248,6 +303,13 @@ impl Runtime {
         self
     }
 
+    /// Instances the pool holds now (batches running in a slot); `None`
+    /// without a pool ([`Runtime::with_instance_pool`]).
+    pub fn pooled_instances(&self) -> Option<u64> {
+        let pool = self.pool.as_ref()?;
+        Some(pool.pooling_allocator_metrics()?.component_instances())
+    }
+
     /// The compiled-component cache, when there is one.
     pub fn cache(&self) -> Option<&CompiledCache> {
         self.cache.as_ref()
@@ -266,21 +328,7 @@ impl Runtime {
     /// A linker with WASI 0.2 and our `log` import; with `wasi:http` when
     /// `http` is true.
     pub fn linker(&self, http: bool) -> wasmtime::Result<Linker<HostState>> {
-        let mut linker = Linker::new(&self.engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        if http {
-            wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
-        }
-        // The world's interfaces one by one: `http-batch` is defined by
-        // hand, reading requests in place (`batch_imports`).
-        use super::bindings::outboxd::sink::{amqp, hmac, log, trace, types};
-        types::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
-        log::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
-        amqp::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
-        trace::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
-        hmac::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
-        super::batch_imports::add_to_linker(&mut linker)?;
-        Ok(linker)
+        linker(&self.engine, http)
     }
 
     /// Compile a component file, or load its compiled form from the cache.
@@ -313,6 +361,7 @@ impl Runtime {
             .map_err(|e| explain_link_error(&e, grants_http))?;
         let pre = SinkPre::new(pre)
             .map_err(|e| format!("does not match the world outboxd:sink/sink: {e:#}"))?;
+        let pooled = self.pooled_pre(component, grants_http);
         let config = manifest
             .config
             .iter()
@@ -325,18 +374,39 @@ impl Runtime {
         Ok(Plugin {
             name: Arc::from(manifest.name.as_str()),
             manifest,
-            body: Body::Component(pre),
+            body: Body::Component { pre, pooled },
             config,
             client: super::egress::http_client(policy.clone(), &self.tls),
             policy,
             amqp,
             log_limit: Arc::default(),
-            runtime: self.clone(),
         })
     }
 }
 
 impl Runtime {
+    /// `component` loaded into the pooled engine and pre-instantiated
+    /// there, when this runtime has a pool. `None` when it has none, or
+    /// when the component cannot be loaded there (the plugin's batches
+    /// then all run on demand; the reason is logged).
+    fn pooled_pre(&self, component: &Component, http: bool) -> Option<SinkPre<HostState>> {
+        let pool = self.pool.as_ref()?;
+        let loaded = component.serialize().and_then(|bytes| {
+            // SAFETY: the bytes are this process's own serialization of a
+            // component compiled by an engine of the same settings.
+            let pooled = unsafe { Component::deserialize(pool, bytes) }?;
+            let pre = linker(pool, http)?.instantiate_pre(&pooled)?;
+            SinkPre::new(pre)
+        });
+        match loaded {
+            Ok(pre) => Some(pre),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the instance pool cannot load this component; its batches run on demand");
+                None
+            }
+        }
+    }
+
     /// A sink built into the host ([`super::manifest::Builtin`]): no
     /// component, no sandbox; its batches never leave the host.
     pub fn builtin(&self, manifest: Manifest, builtin: Builtin) -> Plugin {
@@ -349,10 +419,29 @@ impl Runtime {
             policy,
             amqp: self.amqp.access(None).expect("no AMQP capability is valid"),
             log_limit: Arc::default(),
-            runtime: self.clone(),
             manifest,
         }
     }
+}
+
+/// The linker of every plugin of `engine`: WASI 0.2, the world's
+/// interfaces, and `wasi:http` when `http` is true.
+fn linker(engine: &Engine, http: bool) -> wasmtime::Result<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    if http {
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    }
+    // The world's interfaces one by one: `http-batch` is defined by
+    // hand, reading requests in place (`batch_imports`).
+    use super::bindings::outboxd::sink::{amqp, hmac, log, trace, types};
+    types::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+    log::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+    amqp::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+    trace::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+    hmac::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)?;
+    super::batch_imports::add_to_linker(&mut linker)?;
+    Ok(linker)
 }
 
 /// Turn a linker error into a sentence naming the import.
@@ -408,8 +497,15 @@ fn missing_import(text: &str) -> Option<String> {
 /// What runs a plugin's batches.
 #[derive(Clone)]
 enum Body {
-    /// The pre-instantiated component, instantiated afresh per batch.
-    Component(SinkPre<HostState>),
+    /// The pre-instantiated component, instantiated afresh per batch:
+    /// from the instance pool's engine when a slot is free
+    /// ([`Runtime::with_instance_pool`]), else on demand.
+    Component {
+        /// On demand.
+        pre: SinkPre<HostState>,
+        /// In the pool.
+        pooled: Option<SinkPre<HostState>>,
+    },
     /// A sink built into the host (manifest `builtin`).
     Builtin(Builtin),
 }
@@ -428,7 +524,6 @@ pub struct Plugin {
     amqp: AmqpAccess,
     /// How much this version may log ([`super::log_limit`]).
     log_limit: Arc<LogLimit>,
-    runtime: Runtime,
 }
 
 impl Plugin {
@@ -497,24 +592,46 @@ impl Plugin {
         deliver: bool,
         trace: super::trace::BatchTrace,
     ) -> Result<Vec<Outcome>, SinkFailure> {
-        let pre = match &self.body {
-            Body::Component(pre) => pre,
+        let (pre, pooled) = match &self.body {
+            Body::Component { pre, pooled } => (pre, pooled),
             Body::Builtin(Builtin::Discard) => {
                 return Ok(batch.iter().map(|_| Outcome::Delivered).collect())
             }
         };
         let deadline = self.manifest.limits.deadline;
-        let mut store = self.store(batch.len(), trace);
         let started = Instant::now();
+        let mut store = None;
         let call = async {
-            let sink = pre.instantiate_async(&mut store).await?;
-            if let Err(reason) = sink.call_init(&mut store, &self.config).await? {
+            // A slot of the pool if one is free and the component fits it;
+            // else (the pool's refusal) on demand, as without a pool. A
+            // trap is the guest's own doing, and answers as it would on
+            // demand.
+            let mut sink = None;
+            if let Some(pooled) = pooled {
+                let mut in_pool = self.store(pooled.engine(), batch.len(), trace.clone());
+                let instantiated = pooled.instantiate_async(&mut in_pool).await;
+                store = Some(in_pool);
+                match instantiated {
+                    Ok(instance) => sink = Some(instance),
+                    Err(e) if e.is::<wasmtime::Trap>() => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            let store = match sink {
+                Some(_) => store.as_mut().expect("the pooled store is kept"),
+                None => store.insert(self.store(pre.engine(), batch.len(), trace)),
+            };
+            let sink = match sink {
+                Some(sink) => sink,
+                None => pre.instantiate_async(&mut *store).await?,
+            };
+            if let Err(reason) = sink.call_init(&mut *store, &self.config).await? {
                 return Ok(Err(reason));
             }
             if !deliver {
                 return Ok(Ok(Vec::new()));
             }
-            let outcomes = sink.call_deliver(&mut store, batch).await?;
+            let outcomes = sink.call_deliver(&mut *store, batch).await?;
             Ok::<_, wasmtime::Error>(Ok(outcomes))
         };
         // The epoch deadline stops a guest that computes; this timeout stops
@@ -527,8 +644,13 @@ impl Plugin {
                 detail: format!("batch exceeded {deadline:?}"),
             });
         };
-        let refused_memory = store.data().refused_memory();
-        let denied = store.data().denials().all_denied();
+        // The store is there: `call` makes it before its first await.
+        let (refused_memory, denied) = store.as_ref().map_or((None, None), |store| {
+            (
+                store.data().refused_memory(),
+                store.data().denials().all_denied(),
+            )
+        });
         match result {
             Ok(Err(reason)) => Err(SinkFailure::Init(guest_text::clean(
                 &reason,
@@ -554,13 +676,18 @@ impl Plugin {
         }
     }
 
-    /// A fresh store for one batch of `events`, its clock starting now: the
-    /// sandbox's state ([`HostState`]), the memory cap, the hostcall fuel,
-    /// and the epoch deadline — every tick stops the guest past its
-    /// deadline, else lets the worker poll I/O and run other tasks before
-    /// it resumes (see the module note on why `yield_now`, not
-    /// `UpdateDeadline::Yield`).
-    fn store(&self, events: usize, trace: super::trace::BatchTrace) -> Store<HostState> {
+    /// A fresh store of `engine` for one batch of `events`, its clock
+    /// starting now: the sandbox's state ([`HostState`]), the memory cap,
+    /// the hostcall fuel, and the epoch deadline — every tick stops the
+    /// guest past its deadline, else lets the worker poll I/O and run
+    /// other tasks before it resumes (see the module note on why
+    /// `yield_now`, not `UpdateDeadline::Yield`).
+    fn store(
+        &self,
+        engine: &Engine,
+        events: usize,
+        trace: super::trace::BatchTrace,
+    ) -> Store<HostState> {
         let limits = &self.manifest.limits;
         let deadline = limits.deadline;
         let now = Instant::now();
@@ -588,7 +715,7 @@ impl Plugin {
             self.amqp.for_batch(now + deadline),
             trace,
         );
-        let mut store = Store::new(self.runtime.engine(), state);
+        let mut store = Store::new(engine, state);
         store.limiter(|s| s.limiter());
         store.set_hostcall_fuel(hostcall_fuel(events, memory_bytes));
         store.set_epoch_deadline(1);

@@ -74,7 +74,9 @@ pub fn load_plugin(name: &str, manifest: &str) -> anyhow::Result<outboxd::plugin
     std::fs::copy(&wasm, dir.path().join(format!("{name}.wasm")))?;
     let path = dir.path().join(format!("{name}.toml"));
     std::fs::write(&path, manifest)?;
-    let runtime = outboxd::plugin::Runtime::new().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    // The daemon's runtime: instances from its pool while a slot is free.
+    let runtime = outboxd::plugin::Runtime::with_instance_pool(outboxd::plugin::DAEMON_POOL_SLOTS)
+        .map_err(|e| anyhow::anyhow!("{e:#}"))?;
     let plugin = outboxd::plugin::load_one(&runtime, &path)
         .map_err(|f| anyhow::anyhow!("{}: {}", f.file.display(), f.reason))?;
     // The component is compiled into memory; the folder may go.
