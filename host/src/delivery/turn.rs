@@ -553,7 +553,7 @@ fn start_attempts(
     }
     let trace = BatchTrace {
         telemetry: telemetry.clone(),
-        contexts,
+        contexts: std::sync::Arc::new(contexts),
     };
     (spans, trace)
 }

@@ -7,6 +7,7 @@
 //! request's is `egress::hooks`'), or answer for an event of another batch.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::otel::Telemetry;
 
@@ -16,8 +17,9 @@ pub struct BatchTrace {
     /// The daemon's tracer (off: no outbound request gets a span).
     pub telemetry: Telemetry,
     /// Event id → the `traceparent` its attempt propagates: the attempt
-    /// span's, or with tracing off the event's creation context.
-    pub contexts: HashMap<String, String>,
+    /// span's, or with tracing off the event's creation context. Shared:
+    /// a batch that tries the instance pool first hands it to two stores.
+    pub contexts: Arc<HashMap<String, String>>,
 }
 
 impl BatchTrace {
