@@ -58,7 +58,7 @@ use crate::limits::{DEADLINE_MARGIN, MAX_RESOURCES};
 
 /// Instances the daemon's pool holds ([`Runtime::with_instance_pool`]):
 /// batches of 16 busy destinations at the default two batches in flight;
-/// past them, batches are instantiated on demand. About 130 GiB of address
+/// past them, batches are instantiated on demand. About 260 GiB of address
 /// space reserved, none of it memory until used.
 pub const DAEMON_POOL_SLOTS: u32 = 32;
 
@@ -215,29 +215,21 @@ impl Runtime {
     /// pages its memory touched, reset between batches to the component's
     /// initial image, instead of mapping fresh memory for each batch and
     /// unmapping it after: a fresh instance per batch costs the kernel
-    /// some 50 page faults and an unmap with its TLB shootdowns, about 5%
+    /// some 50 page faults and an unmap with its TLB shootdowns, about 4%
     /// of a webhook request's CPU (bench/results/2026-12-05-per-request-cuts.md).
     /// Each plugin is compiled once and loaded into both engines. A batch
     /// that finds no free slot, or whose component the pool cannot hold,
     /// gets its instance on demand as before: the pool only ever makes a
     /// batch cheaper, never refuses one. The reservation is virtual
-    /// memory: `slots` × 4 GiB (the largest `limits.memory-mib`) for
-    /// memories, and a fiber stack a slot.
+    /// memory: two memories of 4 GiB a slot (the largest
+    /// `limits.memory-mib`), and a fiber stack.
     pub fn with_instance_pool(slots: u32) -> wasmtime::Result<Runtime> {
-        let mut runtime = Runtime::new()?;
-        let mut pool = wasmtime::PoolingAllocationConfig::default();
-        pool.total_component_instances(slots)
-            .total_core_instances(slots.saturating_mul(8))
-            .total_memories(slots)
-            .total_tables(slots.saturating_mul(8))
-            .total_stacks(slots)
-            .max_memory_size(MAX_POOLED_MEMORY)
-            .linear_memory_keep_resident(POOL_KEEP_RESIDENT)
+        let mut pool = pooling(slots, MAX_POOLED_MEMORY);
+        pool.linear_memory_keep_resident(POOL_KEEP_RESIDENT)
             .table_keep_resident(POOL_KEEP_RESIDENT)
             .pagemap_scan(wasmtime::Enabled::Auto);
-        let mut config = wasmtime::Config::new();
-        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-        runtime.pool = Some(Runtime::with_config(config)?.engine);
+        let mut runtime = Runtime::new()?;
+        runtime.pool = Some(Runtime::with_config(pooled_config(pool))?.engine);
         Ok(runtime)
     }
 
@@ -247,16 +239,7 @@ impl Runtime {
     /// (about 6.6 µs against 19 µs, docs/measurements.md); the reservation is virtual
     /// memory whether used or not. Used by the plugin benchmark.
     pub fn with_pooling(max_memory: usize, slots: u32) -> wasmtime::Result<Runtime> {
-        let mut pool = wasmtime::PoolingAllocationConfig::default();
-        pool.total_component_instances(slots)
-            .total_core_instances(slots * 8)
-            .total_memories(slots * 2)
-            .total_tables(slots * 8)
-            .total_stacks(slots)
-            .max_memory_size(max_memory);
-        let mut config = wasmtime::Config::new();
-        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-        Runtime::with_config(config)
+        Runtime::with_config(pooled_config(pooling(slots, max_memory)))
     }
 
     fn with_config(mut config: wasmtime::Config) -> wasmtime::Result<Runtime> {
@@ -422,6 +405,26 @@ impl Runtime {
             manifest,
         }
     }
+}
+
+/// A pool of `slots` instances, each with its memories (two), tables and
+/// fiber stack, each memory at most `max_memory` bytes.
+fn pooling(slots: u32, max_memory: usize) -> wasmtime::PoolingAllocationConfig {
+    let mut pool = wasmtime::PoolingAllocationConfig::default();
+    pool.total_component_instances(slots)
+        .total_core_instances(slots.saturating_mul(8))
+        .total_memories(slots.saturating_mul(2))
+        .total_tables(slots.saturating_mul(8))
+        .total_stacks(slots)
+        .max_memory_size(max_memory);
+    pool
+}
+
+/// Engine settings that allocate instances from `pool`.
+fn pooled_config(pool: wasmtime::PoolingAllocationConfig) -> wasmtime::Config {
+    let mut config = wasmtime::Config::new();
+    config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    config
 }
 
 /// The linker of every plugin of `engine`: WASI 0.2, the world's
@@ -617,14 +620,14 @@ impl Plugin {
                     Err(_) => {}
                 }
             }
-            let store = match sink {
-                Some(_) => store.as_mut().expect("the pooled store is kept"),
-                None => store.insert(self.store(pre.engine(), batch.len(), trace)),
-            };
             let sink = match sink {
                 Some(sink) => sink,
-                None => pre.instantiate_async(&mut *store).await?,
+                None => {
+                    let fresh = store.insert(self.store(pre.engine(), batch.len(), trace));
+                    pre.instantiate_async(fresh).await?
+                }
             };
+            let store = store.as_mut().expect("a store was made for the instance");
             if let Err(reason) = sink.call_init(&mut *store, &self.config).await? {
                 return Ok(Err(reason));
             }
