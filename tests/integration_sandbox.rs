@@ -544,3 +544,22 @@ async fn a_batch_that_finds_the_instance_pool_full_runs_on_demand() {
     assert_eq!(runtime.pooled_instances(), Some(0));
     assert!(ok.deliver(&[plugin_event("after")]).await.is_ok());
 }
+
+#[tokio::test]
+async fn a_pool_the_address_space_cannot_hold_leaves_every_batch_on_demand() {
+    init_logs();
+    // 32,768 slots of two 4 GiB memories: some 256 TiB, past the 128 TiB
+    // a Linux process can map (as a `ulimit -v` would refuse far less).
+    let runtime = outboxd::plugin::Runtime::with_instance_pool(1 << 15)
+        .expect("a runtime starts without its pool");
+    assert_eq!(runtime.pooled_instances(), None, "no pool was reserved");
+    let ok = load_test_plugin(&runtime, "ok", "");
+    let outcomes = ok.deliver(&[plugin_event("on demand")]).await;
+    assert!(
+        matches!(
+            outcomes.as_deref(),
+            Ok([outboxd::plugin::bindings::Outcome::Delivered])
+        ),
+        "{outcomes:?}"
+    );
+}

@@ -223,13 +223,31 @@ impl Runtime {
     /// batch cheaper, never refuses one. The reservation is virtual
     /// memory: two memories of 4 GiB a slot (the largest
     /// `limits.memory-mib`), and a fiber stack.
+    ///
+    /// A process that cannot reserve that much address space (a `ulimit
+    /// -v`, a sandbox that caps mappings) runs without the pool: the
+    /// warning names the slots and wasmtime's error, and every batch is
+    /// instantiated on demand ([`Runtime::pooled_instances`] is `None`).
+    ///
+    /// # Errors
+    ///
+    /// Only [`Runtime::new`]'s: the pool is never the reason a runtime
+    /// cannot start.
     pub fn with_instance_pool(slots: u32) -> wasmtime::Result<Runtime> {
         let mut pool = pooling(slots, MAX_POOLED_MEMORY);
         pool.linear_memory_keep_resident(POOL_KEEP_RESIDENT)
             .table_keep_resident(POOL_KEEP_RESIDENT)
             .pagemap_scan(wasmtime::Enabled::Auto);
         let mut runtime = Runtime::new()?;
-        runtime.pool = Some(Runtime::with_config(pooled_config(pool))?.engine);
+        match Runtime::with_config(pooled_config(pool)) {
+            Ok(pooled) => runtime.pool = Some(pooled.engine),
+            Err(e) => tracing::warn!(
+                slots,
+                error = %format!("{e:#}"),
+                "the plugin instance pool cannot be reserved (is the address space limited, \
+                 `ulimit -v`?); every batch is instantiated on demand"
+            ),
+        }
         Ok(runtime)
     }
 
