@@ -563,3 +563,27 @@ async fn a_pool_the_address_space_cannot_hold_leaves_every_batch_on_demand() {
         "{outcomes:?}"
     );
 }
+
+#[test]
+fn every_shipped_sink_starts_with_the_memory_a_batch_needs() {
+    // plugins/initial-memory.rs links each with 2 MiB, so a batch of 100
+    // needs no `memory.grow` (an `mprotect` in the instance pool, every
+    // batch); the toolchain's default is about 1.1 MiB.
+    for sink in ["webhook", "awareness", "couchdb-mark", "amqp"] {
+        let path = built_plugins().join(format!("{sink}.wasm"));
+        let bytes = std::fs::read(&path).unwrap();
+        let mut largest = 0u64;
+        for payload in wasmparser::Parser::new(0).parse_all(&bytes) {
+            if let wasmparser::Payload::MemorySection(memories) = payload.unwrap() {
+                for memory in memories {
+                    largest = largest.max(memory.unwrap().initial);
+                }
+            }
+        }
+        assert_eq!(
+            largest * 65_536,
+            2 << 20,
+            "{sink}: initial linear memory in bytes"
+        );
+    }
+}
