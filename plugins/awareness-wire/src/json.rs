@@ -105,7 +105,10 @@ fn write_value(out: &mut String, value: &Value) {
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
         Value::Bool(false) => out.push_str("false"),
-        Value::Number(n) => write_number(out, n.as_f64().unwrap_or(f64::NAN)),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) if i.unsigned_abs() <= MAX_EXACT_INTEGER => write_integer(out, i),
+            _ => write_number(out, n.as_f64().unwrap_or(f64::NAN)),
+        },
         Value::String(s) => write_string(out, s),
         Value::Array(items) => {
             out.push('[');
@@ -215,6 +218,34 @@ fn needs_escape(word: u64) -> bool {
         || has_zero(word ^ (ONES * u64::from(b'\\')))
 }
 
+/// Largest integer every double below it holds exactly (2^53,
+/// ECMA-262 §6.1.6.1): up to it an integer token reads back as itself.
+const MAX_EXACT_INTEGER: u64 = 1 << 53;
+
+/// `JSON.stringify` of an integer a double holds exactly (|i| ≤ 2^53):
+/// its decimal digits, as `Number::toString` writes every integer below
+/// 10^21 — what [`write_number`] gives for it, without formatting the
+/// double and cutting its digits apart.
+fn write_integer(out: &mut String, i: i64) {
+    if i < 0 {
+        out.push('-');
+    }
+    let mut rest = i.unsigned_abs();
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[at..] {
+        out.push(char::from(digit));
+    }
+}
+
 /// `JSON.stringify` of a number: `null` when not finite, else
 /// `Number::toString` (ECMA-262 §6.1.6.1.20) of the shortest round-trip
 /// digits, which Rust's `{:e}` gives.
@@ -311,6 +342,24 @@ mod tests {
                 "JSON.stringify(JSON.parse({input:?}))"
             );
         }
+    }
+
+    #[test]
+    fn integers_are_written_as_their_double_would_be() {
+        let exact = MAX_EXACT_INTEGER as i64;
+        let mut integers = vec![0, 1, 9, 10, 99, 100, 12_345, i64::MAX, i64::MIN];
+        for edge in [exact - 1, exact, exact + 1, exact + 2, 1 << 60] {
+            integers.extend([edge, -edge]);
+        }
+        integers.extend((0..63).map(|shift| 3_i64 << shift.min(61)));
+        for i in integers {
+            let mut through_value = String::new();
+            write_value(&mut through_value, &Value::from(i));
+            let mut through_double = String::new();
+            write_number(&mut through_double, i as f64);
+            assert_eq!(through_value, through_double, "{i}");
+        }
+        assert_eq!(round_trip("[-0, 9007199254740993]"), "[0,9007199254740992]");
     }
 
     #[test]
