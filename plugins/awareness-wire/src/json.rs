@@ -55,6 +55,14 @@ impl Object {
         Object::default()
     }
 
+    /// An object whose text will take about `bytes`: written without
+    /// growing it again and again.
+    pub fn with_capacity(bytes: usize) -> Object {
+        Object {
+            out: String::with_capacity(bytes),
+        }
+    }
+
     fn key(&mut self, key: &str) {
         self.out.push(if self.out.is_empty() { '{' } else { ',' });
         write_string(&mut self.out, key);
@@ -87,7 +95,7 @@ impl Object {
     /// `"key":<decimal integer>`, exact.
     pub fn integer(&mut self, key: &str, value: u64) {
         self.key(key);
-        self.out.push_str(&value.to_string());
+        write_digits(&mut self.out, value);
     }
 
     /// The object's bytes.
@@ -230,7 +238,12 @@ fn write_integer(out: &mut String, i: i64) {
     if i < 0 {
         out.push('-');
     }
-    let mut rest = i.unsigned_abs();
+    write_digits(out, i.unsigned_abs());
+}
+
+/// The decimal digits of `n`, exact.
+fn write_digits(out: &mut String, n: u64) {
+    let mut rest = n;
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {

@@ -63,6 +63,9 @@ pub struct Packet<'e> {
     pub stream_version: u64,
     /// `data`: the event's data parsed as JSON; `null` when it is empty.
     pub data: Value,
+    /// Bytes of the event's data as it came, to size the body before it
+    /// is written (written compactly, the data is seldom longer).
+    pub data_bytes: usize,
 }
 
 impl<'e> Packet<'e> {
@@ -98,6 +101,7 @@ impl<'e> Packet<'e> {
             occurred_at: &event.time,
             stream_version: event.sequence,
             data,
+            data_bytes: event.data.len(),
         })
     }
 }
@@ -137,10 +141,31 @@ pub fn webhook_body(packet: &Packet<'_>) -> Vec<u8> {
     out.finish()
 }
 
+/// Bytes the ingest body takes, keys and values, when its data is written
+/// no longer than it came (compact JSON): the body is written without
+/// growing.
+fn body_capacity(packet: &Packet<'_>) -> usize {
+    let text = [
+        Some(packet.event_id),
+        Some(packet.packet_id),
+        packet.w3id,
+        packet.evault_public_key,
+        Some(packet.schema_id),
+        packet.operation,
+        packet.requesting_platform,
+        Some(packet.occurred_at),
+    ];
+    BODY_KEYS_BYTES + packet.data_bytes + text.iter().flatten().map(|s| s.len()).sum::<usize>()
+}
+
+/// Room for the ingest body's keys, quotes, separators, `null`s and the
+/// `streamVersion` digits (about 160 bytes), beside its values.
+const BODY_KEYS_BYTES: usize = 192;
+
 /// `eventId, id, w3id, evaultPublicKey, data, schemaId`: the six keys both
 /// bodies open with, in that order.
 fn common_fields(packet: &Packet<'_>) -> json::Object {
-    let mut out = json::Object::new();
+    let mut out = json::Object::with_capacity(body_capacity(packet));
     out.string("eventId", packet.event_id);
     out.string("id", packet.packet_id);
     out.optional("w3id", packet.w3id);
@@ -231,6 +256,22 @@ mod tests {
             String::from_utf8(body).unwrap(),
             r#"{"eventId":"evt-1","id":"envelope-9","w3id":"@owner","evaultPublicKey":"z6Mk","data":{"b":1,"a":[true,null]},"schemaId":"550e8400-schema","operation":"update","requestingPlatform":"https://blabsy.example","occurredAt":"2026-11-30T01:02:03.456Z","streamVersion":3}"#
         );
+    }
+
+    #[test]
+    fn the_ingest_body_is_written_without_growing() {
+        // Every field present, no extension at all, and the longest
+        // `streamVersion`: the body still fits the room made for it.
+        for extensions in [&ALL[..], &[("schemaid", "s")][..]] {
+            let mut e = event(extensions, br#"{"k":12345678901234,"pad":"xxxxxxxx"}"#);
+            e.sequence = u64::MAX;
+            let packet = Packet::from_event(&e).unwrap();
+            let body = ingest_body(&packet);
+            assert_eq!(body.capacity(), body_capacity(&packet), "{extensions:?}");
+            assert!(String::from_utf8(body)
+                .unwrap()
+                .ends_with(r#""streamVersion":18446744073709551615}"#));
+        }
     }
 
     #[test]
