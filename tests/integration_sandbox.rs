@@ -501,6 +501,19 @@ fn plugin_event(id: &str) -> outboxd::plugin::bindings::Event {
     }
 }
 
+/// Delivers one event named `id` through `plugin`, which must answer
+/// `delivered`.
+async fn assert_delivers_one(plugin: &outboxd::plugin::Plugin, id: &str) {
+    let outcomes = plugin.deliver(&[plugin_event(id)]).await;
+    assert!(
+        matches!(
+            outcomes.as_deref(),
+            Ok([outboxd::plugin::bindings::Outcome::Delivered])
+        ),
+        "{outcomes:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_finds_the_instance_pool_full_runs_on_demand() {
     init_logs();
@@ -517,14 +530,7 @@ async fn a_batch_that_finds_the_instance_pool_full_runs_on_demand() {
         "the spinning batch took the pool's slot"
     );
     // The pool is full: this batch is instantiated on demand, and answered.
-    let outcomes = ok.deliver(&[plugin_event("beside")]).await;
-    assert!(
-        matches!(
-            outcomes.as_deref(),
-            Ok([outboxd::plugin::bindings::Outcome::Delivered])
-        ),
-        "{outcomes:?}"
-    );
+    assert_delivers_one(&ok, "beside").await;
     assert!(
         !held.is_finished(),
         "answered while the slot was still held"
@@ -554,14 +560,7 @@ async fn a_pool_the_address_space_cannot_hold_leaves_every_batch_on_demand() {
         .expect("a runtime starts without its pool");
     assert_eq!(runtime.pooled_instances(), None, "no pool was reserved");
     let ok = load_test_plugin(&runtime, "ok", "");
-    let outcomes = ok.deliver(&[plugin_event("on demand")]).await;
-    assert!(
-        matches!(
-            outcomes.as_deref(),
-            Ok([outboxd::plugin::bindings::Outcome::Delivered])
-        ),
-        "{outcomes:?}"
-    );
+    assert_delivers_one(&ok, "on demand").await;
 }
 
 #[test]
