@@ -5,10 +5,11 @@
 //! about 200 KiB) comes from `memory.grow`, again in every batch, as every
 //! batch gets a fresh instance. In the daemon's instance pool each grow,
 //! and each reset of a grown memory to its initial size, is an `mprotect`:
-//! with 2 MiB none is needed, and the webhook sink spends about 2% less
-//! CPU a request (bench/results/2026-12-05-initial-memory.md). The pages
-//! cost nothing until touched; the manifest's `limits.memory-mib` still
-//! caps the memory (at least 2).
+//! with 2 MiB none is needed, and the thread that runs the webhook sink
+//! spends about 2.5% less CPU a request
+//! (bench/results/2026-12-05-initial-memory.md). The pages cost nothing
+//! until touched; the manifest's `limits.memory-mib` still caps the
+//! memory, and must be at least 2 for these sinks.
 //!
 //! Native builds (the sinks' own tests) are linked as usual.
 

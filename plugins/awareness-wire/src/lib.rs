@@ -159,7 +159,9 @@ fn body_capacity(packet: &Packet<'_>) -> usize {
 }
 
 /// Room for the ingest body's keys, quotes, separators, `null`s and the
-/// `streamVersion` digits (about 160 bytes), beside its values.
+/// `streamVersion` digits, beside its values: about 185 bytes at most.
+/// Values that need escaping, or numbers written longer than they came
+/// (`1.5e300` is written `1.5e+300`), make the body grow as it is written.
 const BODY_KEYS_BYTES: usize = 192;
 
 /// `eventId, id, w3id, evaultPublicKey, data, schemaId`: the six keys both
