@@ -96,6 +96,15 @@ async fn metrics_parse_and_move_as_events_flow() {
         ),
         Some(1.0)
     );
+    // The daemon's instance pool: its slots, none in use while idle.
+    assert_eq!(
+        sample(&before, "outboxd_plugin_pool_slots", &[]),
+        Some(32.0)
+    );
+    assert_eq!(
+        sample(&before, "outboxd_plugin_pool_instances", &[]),
+        Some(0.0)
+    );
     // Known label values are present at 0 before anything happens, so a
     // rate() or an alert sees the series on a fresh daemon.
     for outcome in ["stored", "duplicate", "conflict", "rejected"] {

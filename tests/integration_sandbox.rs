@@ -559,6 +559,7 @@ async fn a_pool_the_address_space_cannot_hold_leaves_every_batch_on_demand() {
     let runtime = outboxd::plugin::Runtime::with_instance_pool(1 << 15)
         .expect("a runtime starts without its pool");
     assert_eq!(runtime.pooled_instances(), None, "no pool was reserved");
+    assert_eq!(runtime.pool_slots(), 0, "a pool of no slots is reported");
     let ok = load_test_plugin(&runtime, "ok", "");
     assert_delivers_one(&ok, "on demand").await;
 }

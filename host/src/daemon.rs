@@ -191,6 +191,7 @@ impl Daemon {
             metrics_require_token: config.metrics_require_token(),
             gate,
             amqp: runtime.amqp().clone(),
+            runtime: runtime.clone(),
             routes,
             sources,
             live,

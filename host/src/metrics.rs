@@ -279,6 +279,13 @@ pub struct Metrics {
     pub plugin_loads: Family<PluginLabel, Counter>,
     /// `outboxd_plugin_load_failures_total{plugin}`.
     pub plugin_load_failures: Family<PluginLabel, Counter>,
+    /// `outboxd_plugin_pool_slots`: slots of the plugin instance pool (0:
+    /// no pool, every batch instantiated on demand).
+    pub plugin_pool_slots: Gauge,
+    /// `outboxd_plugin_pool_instances`: batches running in a slot of the
+    /// pool now; at `plugin_pool_slots`, further batches are instantiated
+    /// on demand.
+    pub plugin_pool_instances: Gauge,
     /// `outboxd_source_entries_total{source, outcome}`.
     pub source_entries: Family<SourceOutcomeLabel, Counter>,
     /// `outboxd_source_checkpoint_lag_seconds{source}`.
@@ -358,6 +365,8 @@ impl Metrics {
             plugin_quarantines: Family::default(),
             plugin_loads: Family::default(),
             plugin_load_failures: Family::default(),
+            plugin_pool_slots: Gauge::default(),
+            plugin_pool_instances: Gauge::default(),
             source_entries: Family::default(),
             source_checkpoint_lag: Family::default(),
             source_oldest_pending_age: Family::default(),
@@ -473,6 +482,16 @@ impl Metrics {
             "plugin_load_failures",
             "Plugins refused at load or reload",
             self.plugin_load_failures.clone(),
+        );
+        registry.register(
+            "plugin_pool_slots",
+            "Slots of the plugin instance pool (0: every batch is instantiated on demand)",
+            self.plugin_pool_slots.clone(),
+        );
+        registry.register(
+            "plugin_pool_instances",
+            "Plugin batches running in a slot of the instance pool now",
+            self.plugin_pool_instances.clone(),
         );
     }
 

@@ -54,6 +54,8 @@ pub struct OpsState {
     pub admin_token: Option<String>,
     /// The AMQP brokers plugins publish to (readiness shows an outage).
     pub amqp: crate::plugin::amqp::AmqpPool,
+    /// The plugin runtime (`/metrics` shows its instance pool).
+    pub runtime: crate::plugin::Runtime,
     /// The routing table (backfill routes past events with it).
     pub routes: Arc<crate::routing::routes::Router>,
     /// The configured sources' status (readiness shows each).
@@ -287,6 +289,14 @@ async fn metrics(State(state): State<OpsState>, headers: axum::http::HeaderMap) 
         }
     }
     let m = &state.metrics;
+    m.plugin_pool_slots
+        .set(i64::from(state.runtime.pool_slots()));
+    m.plugin_pool_instances.set(
+        state
+            .runtime
+            .pooled_instances()
+            .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+    );
     for (sink, beat) in state.heartbeats.snapshot() {
         let label = SinkLabel { sink };
         m.heartbeat_age

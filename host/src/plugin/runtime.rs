@@ -193,6 +193,8 @@ pub struct Runtime {
     /// [`Runtime::with_instance_pool`]: a batch's instance comes from here
     /// while a slot is free, else from `engine`.
     pool: Option<Engine>,
+    /// The pool's slots; 0 without `pool`.
+    pool_slots: u32,
     /// Broker connections of the `amqp` interface, shared by all plugins.
     amqp: AmqpPool,
     /// Compiled components on disk (`<data-dir>/cache/`); `None` compiles
@@ -240,7 +242,10 @@ impl Runtime {
             .pagemap_scan(wasmtime::Enabled::Auto);
         let mut runtime = Runtime::new()?;
         match Runtime::with_config(pooled_config(pool)) {
-            Ok(pooled) => runtime.pool = Some(pooled.engine),
+            Ok(pooled) => {
+                runtime.pool = Some(pooled.engine);
+                runtime.pool_slots = slots;
+            }
             Err(e) => tracing::warn!(
                 slots,
                 error = %format!("{e:#}"),
@@ -283,6 +288,7 @@ impl Runtime {
         Ok(Runtime {
             engine,
             pool: None,
+            pool_slots: 0,
             amqp: AmqpPool::new(),
             cache: None,
             tls: super::egress::webpki_only(),
@@ -309,6 +315,12 @@ impl Runtime {
     pub fn pooled_instances(&self) -> Option<u64> {
         let pool = self.pool.as_ref()?;
         Some(pool.pooling_allocator_metrics()?.component_instances())
+    }
+
+    /// The pool's slots: `slots` of [`Runtime::with_instance_pool`], 0
+    /// without a pool (none asked for, or its address space refused).
+    pub fn pool_slots(&self) -> u32 {
+        self.pool_slots
     }
 
     /// The compiled-component cache, when there is one.
