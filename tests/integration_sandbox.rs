@@ -548,7 +548,7 @@ async fn a_batch_that_finds_the_instance_pool_full_runs_on_demand() {
     );
     // The slot is given back, and serves the next batch.
     assert_eq!(runtime.pooled_instances(), Some(0));
-    assert!(ok.deliver(&[plugin_event("after")]).await.is_ok());
+    assert_delivers_one(&ok, "after").await;
 }
 
 #[tokio::test]

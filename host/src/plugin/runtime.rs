@@ -189,12 +189,9 @@ impl std::fmt::Display for TrapKind {
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
-    /// The same engine settings with wasmtime's pooling allocator, for
-    /// [`Runtime::with_instance_pool`]: a batch's instance comes from here
-    /// while a slot is free, else from `engine`.
-    pool: Option<Engine>,
-    /// The pool's slots; 0 without `pool`.
-    pool_slots: u32,
+    /// The instance pool of [`Runtime::with_instance_pool`]: a batch's
+    /// instance comes from it while a slot is free, else from `engine`.
+    pool: Option<InstancePool>,
     /// Broker connections of the `amqp` interface, shared by all plugins.
     amqp: AmqpPool,
     /// Compiled components on disk (`<data-dir>/cache/`); `None` compiles
@@ -243,8 +240,10 @@ impl Runtime {
         let mut runtime = Runtime::new()?;
         match Runtime::with_config(pooled_config(pool)) {
             Ok(pooled) => {
-                runtime.pool = Some(pooled.engine);
-                runtime.pool_slots = slots;
+                runtime.pool = Some(InstancePool {
+                    engine: pooled.engine,
+                    slots,
+                })
             }
             Err(e) => tracing::warn!(
                 slots,
@@ -288,7 +287,6 @@ impl Runtime {
         Ok(Runtime {
             engine,
             pool: None,
-            pool_slots: 0,
             amqp: AmqpPool::new(),
             cache: None,
             tls: super::egress::webpki_only(),
@@ -314,13 +312,17 @@ impl Runtime {
     /// without a pool ([`Runtime::with_instance_pool`]).
     pub fn pooled_instances(&self) -> Option<u64> {
         let pool = self.pool.as_ref()?;
-        Some(pool.pooling_allocator_metrics()?.component_instances())
+        Some(
+            pool.engine
+                .pooling_allocator_metrics()?
+                .component_instances(),
+        )
     }
 
     /// The pool's slots: `slots` of [`Runtime::with_instance_pool`], 0
     /// without a pool (none asked for, or its address space refused).
     pub fn pool_slots(&self) -> u32 {
-        self.pool_slots
+        self.pool.as_ref().map_or(0, |pool| pool.slots)
     }
 
     /// The compiled-component cache, when there is one.
@@ -403,7 +405,7 @@ impl Runtime {
     /// when the component cannot be loaded there (the plugin's batches
     /// then all run on demand; the reason is logged).
     fn pooled_pre(&self, component: &Component, http: bool) -> Option<SinkPre<HostState>> {
-        let pool = self.pool.as_ref()?;
+        let pool = &self.pool.as_ref()?.engine;
         let loaded = component.serialize().and_then(|bytes| {
             // SAFETY: the bytes are this process's own serialization of a
             // component compiled by an engine of the same settings.
@@ -435,6 +437,14 @@ impl Runtime {
             manifest,
         }
     }
+}
+
+/// The engine whose instances come from wasmtime's pooling allocator, and
+/// how many slots it has.
+#[derive(Clone)]
+struct InstancePool {
+    engine: Engine,
+    slots: u32,
 }
 
 /// A pool of `slots` instances, each with its memories (two), tables and
