@@ -1049,6 +1049,11 @@ async fn a_broker_restart_mid_run_resumes_consumption_by_itself_and_loses_nothin
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     broker.start().await;
+    // A mandatory publish right after the node took connections again came
+    // back NO_ROUTE once (RabbitMQ 3.10): the queue was not yet routable.
+    // The source declares its queue and bindings again when it reattaches,
+    // so once it is attached the producer's messages route.
+    wait_source_ready(&d, Duration::from_secs(30)).await;
     {
         let (conn, ch) = connect_to(&broker.url()).await;
         publish_all(&ch, &names.exchange, &after).await;
