@@ -97,8 +97,15 @@ async fn every_event_arrives_once_in_stream_order_with_cloudevents_headers_and_a
                 r.header("ce-traceparent").as_deref(),
                 Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
             );
+            // With tracing off the attempt's context is the event's
+            // creation context (`trace.traceparents`), sent on as W3C's.
+            assert_eq!(
+                r.header("traceparent").as_deref(),
+                Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            );
         } else {
             assert_eq!(body["stream"], json!(stream));
+            assert_eq!(r.header("traceparent"), None, "{id} has no context");
         }
     }
     assert_eq!(last_seq.len(), 3);

@@ -9,7 +9,7 @@
 // Built into a WebAssembly component by componentize-js (see package.json
 // and scripts/build-js-plugins.sh); the WIT contract is ../../wit/sink.wit.
 
-import { log } from 'outboxd:sink/log@0.1.4';
+import { log } from 'outboxd:sink/log@0.1.5';
 
 let strict = true;
 

@@ -316,7 +316,13 @@ async fn handle(
     (StatusCode::from_u16(status).unwrap(), out, text)
 }
 
-/// Verify a Standard Webhooks signature; returns true when valid.
+/// Most seconds a `webhook-timestamp` may be from now: the Standard
+/// Webhooks reference verifiers' tolerance (5 minutes).
+const TIMESTAMP_TOLERANCE_SECS: u64 = 300;
+
+/// Verify a Standard Webhooks signature; returns true when valid: it signs
+/// `{webhook-id}.{webhook-timestamp}.{body}` and the timestamp is within
+/// the specification's tolerance of now, as a receiver's verifier checks.
 pub fn verify_signature(secret: &str, r: &Received) -> bool {
     use hmac::{Hmac, Mac};
     let key = base64::engine::general_purpose::STANDARD
@@ -329,6 +335,14 @@ pub fn verify_signature(secret: &str, r: &Received) -> bool {
     ) else {
         return false;
     };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    match ts.parse::<u64>() {
+        Ok(at) if at.abs_diff(now) <= TIMESTAMP_TOLERANCE_SECS => {}
+        _ => return false,
+    }
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&key).unwrap();
     mac.update(format!("{id}.{ts}.").as_bytes());
     mac.update(&r.body);

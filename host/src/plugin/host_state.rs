@@ -154,6 +154,10 @@ impl bindings::outboxd::sink::trace::Host for HostState {
     fn traceparent(&mut self, event_id: String) -> Option<String> {
         self.trace.traceparent(&event_id)
     }
+
+    fn traceparents(&mut self) -> Vec<(String, String)> {
+        self.trace.traceparents()
+    }
 }
 
 impl bindings::outboxd::sink::hmac::Host for HostState {

@@ -21,7 +21,7 @@ use crate::interpolate::{interpolate_checked, Interpolation};
 pub const WIT_PACKAGE: &str = "outboxd:sink";
 /// Its version. Manifests must target the same major version (for 0.x: the
 /// same minor), per semver.
-pub const WIT_VERSION: (u64, u64, u64) = (0, 1, 4);
+pub const WIT_VERSION: (u64, u64, u64) = (0, 1, 5);
 
 /// A parsed, resolved manifest.
 #[derive(Debug, Clone, Deserialize)]

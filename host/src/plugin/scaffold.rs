@@ -183,7 +183,7 @@ mod tests {
             assert!(!manifest.contains(token), "{manifest}");
         }
         assert!(
-            manifest.contains("wit = \"outboxd:sink@0.1.4\""),
+            manifest.contains("wit = \"outboxd:sink@0.1.5\""),
             "{manifest}"
         );
         assert!(project.join("wit/sink.wit").is_file());

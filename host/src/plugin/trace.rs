@@ -1,4 +1,5 @@
-//! The `trace` interface of the `outboxd:sink` world (since 0.1.1): the
+//! The `trace` interface of the `outboxd:sink` world (since 0.1.1;
+//! `traceparents`, the whole batch's in one call, since 0.1.5): the
 //! trace context of each attempt of a batch, handed to the plugin that
 //! asks for it, and the tracer its outbound requests' spans are made with.
 //!
@@ -26,5 +27,14 @@ impl BatchTrace {
     /// The `traceparent` of the attempt delivering `event_id`.
     pub fn traceparent(&self, event_id: &str) -> Option<String> {
         self.contexts.get(event_id).cloned()
+    }
+
+    /// Every attempt's `traceparent`, as (event id, `traceparent`) pairs
+    /// in no particular order (`trace.traceparents`, since 0.1.5).
+    pub fn traceparents(&self) -> Vec<(String, String)> {
+        self.contexts
+            .iter()
+            .map(|(id, context)| (id.clone(), context.clone()))
+            .collect()
     }
 }

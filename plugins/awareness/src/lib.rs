@@ -20,7 +20,6 @@ mod request;
 use config::Config;
 use outboxd_sink::batch::{self, BatchRequest};
 use outboxd_sink::configured::Configured;
-use outboxd_sink::pending;
 use outboxd_sink::{streams, Event, Outcome};
 
 /// The configuration `init` accepted, for this instance's `deliver` call.
@@ -41,7 +40,7 @@ impl outboxd_sink::Guest for Awareness {
                 batch,
                 config.max_concurrency,
                 |event| start(config, event),
-                |_, response| answer::judge(&response, pending::now()),
+                |_, response| answer::judge(&response, batch::now()),
             )
         })
     }

@@ -45,13 +45,43 @@ pub fn post(url: &Url, headers: Vec<Header>, body: Vec<u8>, timeout: Duration) -
     }
 }
 
+std::thread_local! {
+    /// The wall clock as [`now`] read it since the last call that waited
+    /// on the host ([`send_all`], [`wait`]); `None`: not read since.
+    static NOW: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// Wall-clock time since the unix epoch, read from the host
+/// (`wasi:clocks/wall-clock`) once after each call here that waits on the
+/// host ([`send_all`], [`wait`]) and kept until the next: the requests a
+/// sink builds between two waits are built within microseconds of each
+/// other, and share one reading instead of a host call each (what a
+/// `webhook-timestamp`, in seconds, is made from).
+pub fn now() -> Duration {
+    NOW.with(|now| match now.get() {
+        Some(read) => read,
+        None => {
+            let read = crate::pending::now();
+            now.set(Some(read));
+            read
+        }
+    })
+}
+
+/// Time passes while the host is waited on: the next [`now`] reads again.
+fn waited() {
+    NOW.with(|now| now.set(None));
+}
+
 /// Send every request of `requests` at once and wait for all the answers:
 /// `answers[i]` answers `requests[i]`.
 pub fn send_all(requests: &[BatchRequest]) -> Vec<Result<Response, RequestError>> {
     if requests.is_empty() {
         return Vec::new();
     }
-    crate::bindings::outboxd::sink::http_batch::send_batch(requests)
+    let answers = crate::bindings::outboxd::sink::http_batch::send_batch(requests);
+    waited();
+    answers
         .into_iter()
         .map(|answer| answer.map(response))
         .collect()
@@ -79,7 +109,9 @@ pub fn keep_response_headers(names: &[&str]) {
 /// Wait for at least one started request's answer and take every answer
 /// ready then, each with its tag. Empty when none is in flight.
 pub fn wait() -> Vec<(u64, Result<Response, RequestError>)> {
-    crate::bindings::outboxd::sink::http_batch::wait()
+    let answers = crate::bindings::outboxd::sink::http_batch::wait();
+    waited();
+    answers
         .into_iter()
         .map(|(tag, answer)| (tag, answer.map(response)))
         .collect()

@@ -1,4 +1,4 @@
-//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.4`, from the WIT in
+//! Guest SDK for outboxd sinks (`outboxd:sink@0.1.5`, from the WIT in
 //! `wit/`).
 //!
 //! - The world's bindings under plain names: [`Event`], [`Outcome`],

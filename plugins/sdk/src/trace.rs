@@ -1,5 +1,7 @@
 //! The trace context of the current attempt (the WIT `trace` interface,
-//! `outboxd:sink@0.1.1`), to carry a trace on to the target.
+//! `outboxd:sink@0.1.1`), to carry a trace on to the target. The batch's
+//! contexts are asked for once, together (`traceparents`, since 0.1.5),
+//! the first time one is wanted, and kept for the instance's one batch.
 //!
 //! The host makes a span for each attempt, under the event's creation
 //! context, and one under it for every outbound HTTP request that carries
@@ -14,12 +16,29 @@
 
 use crate::Event;
 
+#[cfg(target_arch = "wasm32")]
+std::thread_local! {
+    /// The batch's contexts by event id, once asked for. An instance
+    /// delivers one batch, so they are never another batch's.
+    static CONTEXTS: std::cell::OnceCell<std::collections::HashMap<String, String>> =
+        const { std::cell::OnceCell::new() };
+}
+
 /// The W3C `traceparent` of the attempt delivering `event`, if any.
 /// (Outside a component, in a sink's native unit tests: none.)
 pub fn traceparent(event: &Event) -> Option<String> {
     #[cfg(target_arch = "wasm32")]
     {
-        crate::bindings::outboxd::sink::trace::traceparent(&event.id)
+        CONTEXTS.with(|contexts| {
+            contexts
+                .get_or_init(|| {
+                    crate::bindings::outboxd::sink::trace::traceparents()
+                        .into_iter()
+                        .collect()
+                })
+                .get(&event.id)
+                .cloned()
+        })
     }
     #[cfg(not(target_arch = "wasm32"))]
     {

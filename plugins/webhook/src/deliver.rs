@@ -13,7 +13,6 @@ use crate::cloudevents;
 use crate::config::{Config, Payload};
 use outboxd_sink::batch::{self, BatchRequest};
 use outboxd_sink::outcome;
-use outboxd_sink::pending;
 use outboxd_sink::{streams, Event, Outcome};
 
 /// POSTs every event of `batch`; `outcomes[i]` answers `batch[i]`.
@@ -26,9 +25,9 @@ pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
         |event| start(config, event),
         |_, response| {
             let retry_after = response.header("retry-after");
-            // The clock (a host call) is read only for a `Retry-After`,
-            // the one thing the time is needed for.
-            let now = retry_after.map_or(Duration::ZERO, |_| pending::now());
+            // The clock is read only for a `Retry-After`, the one thing
+            // the time is needed for.
+            let now = retry_after.map_or(Duration::ZERO, |_| batch::now());
             outcome::for_response(response.status, retry_after, &response.body, now)
         },
     )
@@ -39,7 +38,8 @@ pub fn deliver(config: &Config, batch: &[Event]) -> Vec<Outcome> {
 fn start(config: &Config, event: &Event) -> Result<BatchRequest, Outcome> {
     let (mut headers, body) = match &config.payload {
         Payload::CloudEvents { key, previous } => {
-            let timestamp = pending::now().as_secs();
+            // One clock reading for the requests built between two waits.
+            let timestamp = batch::now().as_secs();
             let headers = cloudevents::headers(event, key, previous.as_deref(), timestamp)
                 .map_err(Outcome::Reject)?;
             (headers, event.data.clone())

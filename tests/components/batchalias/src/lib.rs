@@ -29,7 +29,7 @@ const TAGGED_SIZE: usize = 64;
 
 #[cfg(target_arch = "wasm32")]
 // The WIT package's version (wit/sink.wit): the import must name it.
-#[link(wasm_import_module = "outboxd:sink/http-batch@0.1.4")]
+#[link(wasm_import_module = "outboxd:sink/http-batch@0.1.5")]
 extern "C" {
     #[link_name = "start"]
     fn start(list: *const u8, len: usize);
