@@ -743,6 +743,7 @@ impl Plugin {
             denials: Arc::default(),
             telemetry: trace.telemetry.clone(),
             answer_headers: Default::default(),
+            last_host: None,
             max_response_bytes: limits.max_response_bytes,
             timeouts: Timeouts {
                 first_byte: limits.first_byte_timeout,

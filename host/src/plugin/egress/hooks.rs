@@ -87,6 +87,10 @@ pub struct EgressHooks {
     /// The response headers `http-batch` answers carry (the guest's
     /// `keep-response-headers`; every one until it calls it).
     pub answer_headers: super::batch::AnswerHeaders,
+    /// The `Host` header of the last authority sent to, made once: a
+    /// sink's requests go to one authority, and a value made from text is
+    /// an allocation each time (a clone of this one is a count).
+    pub last_host: Option<(http::uri::Authority, http::HeaderValue)>,
 }
 
 /// The CLIENT span of `request` when it carries a `traceparent` (the
@@ -168,6 +172,7 @@ impl EgressHooks {
         let denials = self.denials.clone();
         denials.sent();
         let span = client_span(&self.telemetry, &plugin, &mut request);
+        let host = self.host_header(request.uri());
         async move {
             let mut span = span;
             let mut failed = |code: &HttpError, message: &str| {
@@ -191,9 +196,7 @@ impl EgressHooks {
                 let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, body.collect()).await;
                 return Err(HttpError::HttpRequestDenied);
             }
-            let authority = request.uri().authority().map_or("", |a| a.as_str());
-            let host = http::HeaderValue::from_str(authority)
-                .map_err(|_| HttpError::HttpRequestUriInvalid)?;
+            let host = host.ok_or(HttpError::HttpRequestUriInvalid)?;
             request.headers_mut().insert(http::header::HOST, host);
             let uri = request.uri().clone();
             let timeouts = request_timeouts(ceilings, options);
@@ -234,7 +237,7 @@ impl EgressHooks {
                     span.fail(&status.to_string(), response.status().as_str());
                 }
             }
-            let head_bytes = watch::head_bytes(&captured, started);
+            // One box a response: the cap and the watch inside it.
             let response = response.map(|body| {
                 let body =
                     http_body_util::Limited::new(body.map_err(HttpError::from), max_body as usize)
@@ -244,12 +247,29 @@ impl EgressHooks {
                                 HttpError::HttpResponseBodySize(Some(max_body))
                             }
                             Err(e) => HttpError::InternalError(Some(e.to_string())),
-                        })
-                        .boxed_unsync();
-                watch::Watched::new(body, timeouts, started, head_bytes, plugin, uri).boxed_unsync()
+                        });
+                watch::Watched::new(body, timeouts, started, captured, plugin, uri).boxed_unsync()
             });
             Ok(response)
         }
+    }
+}
+
+impl EgressHooks {
+    /// The `Host` header naming `uri`'s authority (empty without one);
+    /// `None` when the authority is not a valid header value.
+    fn host_header(&mut self, uri: &http::Uri) -> Option<http::HeaderValue> {
+        let Some(authority) = uri.authority() else {
+            return Some(http::HeaderValue::from_static(""));
+        };
+        if let Some((last, value)) = &self.last_host {
+            if last.as_str() == authority.as_str() {
+                return Some(value.clone());
+            }
+        }
+        let value = http::HeaderValue::from_str(authority.as_str()).ok()?;
+        self.last_host = Some((authority.clone(), value.clone()));
+        Some(value)
     }
 }
 
@@ -459,6 +479,7 @@ pub(super) mod tests {
             denials: Arc::default(),
             telemetry: Default::default(),
             answer_headers: Default::default(),
+            last_host: None,
             max_response_bytes: 1 << 20,
             timeouts: Timeouts {
                 first_byte: Duration::from_secs(30),
@@ -628,6 +649,21 @@ pub(super) mod tests {
             vec![addr.to_string()],
             "the Host header is the checked authority"
         );
+    }
+
+    #[tokio::test]
+    async fn each_request_of_a_batch_names_its_own_authority_in_host() {
+        let (a, seen_a) = host_recorder().await;
+        let (b, seen_b) = host_recorder().await;
+        let mut hooks = hooks(&[&format!("http://{a}"), &format!("http://{b}")]);
+        for to in [a, b, a] {
+            let status = send(&mut hooks, &format!("http://{to}/x"), None)
+                .await
+                .unwrap();
+            assert_eq!(status, 200);
+        }
+        assert_eq!(*seen_a.lock().unwrap(), vec![a.to_string(), a.to_string()]);
+        assert_eq!(*seen_b.lock().unwrap(), vec![b.to_string()]);
     }
 
     #[tokio::test]

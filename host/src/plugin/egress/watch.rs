@@ -316,46 +316,49 @@ pub struct Watched<B> {
     body: B,
     timeouts: Timeouts,
     started: Instant,
-    /// Response bytes so far, head included.
+    /// The connection the response comes on: what it received is read
+    /// only when a stall is named (reading it is four allocations).
+    captured: CaptureConnection,
+    /// Body bytes read so far.
     bytes: u64,
     last: Instant,
-    wake: Pin<Box<tokio::time::Sleep>>,
+    /// When the timeouts are next checked.
+    check_at: Instant,
+    /// The timer for `check_at`, made the first time the body is waited
+    /// on: a response whose body is there with its head (most answers)
+    /// never needs one.
+    wake: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Who is reading, for the log line.
     plugin: Arc<str>,
     uri: http::Uri,
 }
 
 impl<B> Watched<B> {
-    /// Watch `body`, whose head has just come, after `head_bytes` bytes, of
-    /// a request handed over at `started`.
+    /// Watch `body`, whose head has just come on the connection
+    /// `captured`, of a request handed over at `started`.
     pub fn new(
         body: B,
         timeouts: Timeouts,
         started: Instant,
-        head_bytes: u64,
+        captured: CaptureConnection,
         plugin: Arc<str>,
         uri: http::Uri,
     ) -> Watched<B> {
         let now = Instant::now();
-        let wake = timeouts
-            .check(started, head_bytes, Some(now), now)
-            .unwrap_or(now);
+        let check_at = timeouts.check(started, 0, Some(now), now).unwrap_or(now);
         Watched {
             body,
             timeouts,
             started,
-            bytes: head_bytes,
+            captured,
+            bytes: 0,
             last: now,
-            wake: Box::pin(tokio::time::sleep_until(wake.into())),
+            check_at,
+            wake: None,
             plugin,
             uri,
         }
     }
-}
-
-/// The head's byte count of a request, once its response came.
-pub fn head_bytes(captured: &CaptureConnection, started: Instant) -> u64 {
-    received(captured, started).0
 }
 
 impl<B> http_body::Body for Watched<B>
@@ -377,15 +380,22 @@ where
             }
             return Poll::Ready(frame);
         }
+        let check_at = this.check_at;
+        let wake = this
+            .wake
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(check_at.into())));
         loop {
-            if this.wake.as_mut().poll(cx).is_pending() {
+            if wake.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
+            // The response's bytes so far: what its HTTP/1.1 connection
+            // received for it (head and body), else (HTTP/2) the body's.
+            let bytes = received(&this.captured, this.started).0.max(this.bytes);
             match this
                 .timeouts
-                .check(this.started, this.bytes, Some(this.last), Instant::now())
+                .check(this.started, bytes, Some(this.last), Instant::now())
             {
-                Ok(wake) => this.wake.as_mut().reset(wake.into()),
+                Ok(next) => wake.as_mut().reset(next.into()),
                 Err(stall) => {
                     tracing::warn!(plugin = %this.plugin, uri = %this.uri, "outbound response body given up: {stall}");
                     return Poll::Ready(Some(Err(stall.code())));
