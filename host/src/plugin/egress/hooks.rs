@@ -253,9 +253,7 @@ impl EgressHooks {
             Ok(response)
         }
     }
-}
 
-impl EgressHooks {
     /// The `Host` header naming `uri`'s authority (empty without one);
     /// `None` when the authority is not a valid header value.
     fn host_header(&mut self, uri: &http::Uri) -> Option<http::HeaderValue> {
