@@ -23,11 +23,14 @@ use serde_json::json;
 
 const TOKEN: &str = "console-test-admin-token";
 
-/// chromedriver and the browser session it drives; the driver is killed
-/// on drop.
+/// chromedriver and the browser session it drives; on drop the driver is
+/// killed, and so is every Chromium process of the session's profile.
 struct Browser {
     client: Client,
     driver: Child,
+    /// The session's own Chromium profile (`--user-data-dir`): what names
+    /// its processes, which a killed chromedriver leaves running.
+    profile: tempfile::TempDir,
     shots: PathBuf,
     taken: usize,
 }
@@ -36,6 +39,29 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        kill_processes_naming(self.profile.path());
+    }
+}
+
+/// Kill (SIGKILL) every process whose command line contains `path`.
+fn kill_processes_naming(path: &std::path::Path) {
+    let needle = path.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+            // A positive process id only: never a group or -1.
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", &pid.to_string()])
+                .status();
+        }
     }
 }
 
@@ -58,11 +84,13 @@ impl Browser {
             .spawn()
             .expect("chromedriver (Debian's chromium-driver; scripts/setup.sh installs it)");
         let url = format!("http://127.0.0.1:{port}");
+        let profile = tempfile::tempdir().unwrap();
         let caps: fantoccini::wd::Capabilities = serde_json::from_value(json!({
             "goog:chromeOptions": {
                 "binary": "/usr/bin/chromium",
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--window-size=1360,1000"],
+                         "--disable-dev-shm-usage", "--window-size=1360,1000",
+                         format!("--user-data-dir={}", profile.path().display())],
             }
         }))
         .unwrap();
@@ -83,6 +111,7 @@ impl Browser {
                     return Browser {
                         client,
                         driver,
+                        profile,
                         shots,
                         taken: 0,
                     };
