@@ -5,7 +5,8 @@
 #   - system packages: PostgreSQL, RabbitMQ, Node.js + npm, Python's venv
 #     support, Java 17 + Maven (the embedded Neo4j of the tests), a C
 #     toolchain and curl, Chromium and its WebDriver (the console's
-#     browser tests);
+#     browser tests), procps (`kill`, with which tests signal what they
+#     started);
 #   - PostgreSQL: a cluster (created when there is none), trust for loopback
 #     TCP, started without systemd, waited for on 127.0.0.1:5432;
 #   - RabbitMQ: started detached, waited for on 127.0.0.1:5672;
@@ -73,6 +74,9 @@ command -v spin >/dev/null 2>&1 || need_apt+=(spin)
 # A real browser and its WebDriver for the console's browser tests.
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+# `kill` as a program (not the shell's builtin): the tests signal the
+# servers they start, and the browsers a finished console test leaves.
+[[ -x /bin/kill || -x /usr/bin/kill ]] || need_apt+=(procps)
 fi
 
 if ((${#need_apt[@]})); then
