@@ -173,19 +173,22 @@ impl EgressHooks {
 }
 
 /// The requests one batch has `start`ed and not yet handed back by
-/// `wait`, each with the guest's tag. Driven only while the guest waits
-/// (no task of their own); hyper's connection tasks move the bytes
-/// meanwhile.
+/// `wait`, each with the guest's tag. Driven while the guest waits, and
+/// once as each is started (no task of their own); hyper's connection
+/// tasks move the bytes meanwhile.
 #[derive(Default)]
 pub struct InFlight {
     requests: FuturesUnordered<Tagged>,
+    /// Answers that came while requests were being started, handed back
+    /// by the next `wait` before any other.
+    early: Vec<(u64, Answer)>,
 }
 
 impl InFlight {
     /// How many more requests may be started now: the rest of
     /// [`MAX_REQUESTS_PER_CALL`].
     pub fn room(&self) -> usize {
-        MAX_REQUESTS_PER_CALL.saturating_sub(self.requests.len())
+        MAX_REQUESTS_PER_CALL.saturating_sub(self.requests.len() + self.early.len())
     }
 
     /// Start every request of `requests` (checked and counted in list
@@ -199,13 +202,27 @@ impl InFlight {
         }
     }
 
+    /// Drive the requests in flight as far as they go without waiting:
+    /// a request just started takes its pooled connection and is handed
+    /// to it, so it is on the wire while the guest builds the next rather
+    /// than at its next `wait`. Answers that come meanwhile are kept for
+    /// that `wait`.
+    pub fn drive(&mut self, cx: &mut std::task::Context<'_>) {
+        while let std::task::Poll::Ready(Some(answer)) = self.requests.poll_next_unpin(cx) {
+            self.early.push(answer);
+        }
+    }
+
     /// Wait for the next answer, then take it and every other answer
     /// ready now, in the order they came. Empty when nothing is in flight.
     pub async fn wait(&mut self) -> Vec<(u64, Answer)> {
-        let Some(first) = self.requests.next().await else {
-            return Vec::new();
-        };
-        let mut ready = vec![first];
+        let mut ready = std::mem::take(&mut self.early);
+        if ready.is_empty() {
+            let Some(first) = self.requests.next().await else {
+                return ready;
+            };
+            ready.push(first);
+        }
         while let Some(Some(next)) = self.requests.next().now_or_never() {
             ready.push(next);
         }
@@ -696,6 +713,71 @@ mod tests {
         );
         assert_eq!(answered(in_flight.wait().await), vec![(7, 503)]);
         assert!(in_flight.wait().await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_started_request_is_on_the_wire_before_the_guest_waits() {
+        use tokio::io::AsyncWriteExt;
+        // A keep-alive receiver counting request heads.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let seen = counted.clone();
+                tokio::spawn(async move {
+                    while super::super::hooks::tests::read_head(&mut socket)
+                        .await
+                        .is_some()
+                    {
+                        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if socket.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let url = format!("http://{addr}/");
+        let mut hooks = hooks(&[format!("http://{addr}")]);
+        let mut in_flight = InFlight::default();
+        // The first request opens the connection the pool keeps.
+        in_flight.start(&mut hooks, vec![(1, prepared(&request("GET", &url, &[])))]);
+        assert_eq!(in_flight.wait().await.len(), 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        // Started and driven once, as the `start` import does; no `wait`
+        // while the guest builds its next requests.
+        in_flight.start(&mut hooks, vec![(2, prepared(&request("GET", &url, &[])))]);
+        std::future::poll_fn(|cx| {
+            in_flight.drive(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while seen.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the started request reached the receiver only at `wait`"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Driven again once answered (the guest starts more), the answer
+        // is kept for the next `wait`.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::future::poll_fn(|cx| {
+            in_flight.drive(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let answered = tokio::time::timeout(Duration::from_secs(5), in_flight.wait())
+            .await
+            .expect("the kept answer is handed back at once");
+        assert_eq!(answered.len(), 1);
+        assert_eq!(answered[0].0, 2);
+        assert_eq!(answered[0].1.as_ref().unwrap().status, 200);
     }
 
     fn code(r: HttpBatchRequest) -> String {
