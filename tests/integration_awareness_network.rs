@@ -55,12 +55,13 @@ fn sender(k: usize) -> Option<&'static str> {
 
 fn child(
     name: &str,
+    data: &std::path::Path,
     listen: std::net::SocketAddr,
     db: &TestDb,
     plugins: &PluginsDir,
     env: &[(&str, String)],
 ) -> ChildConfig {
-    let data = std::env::temp_dir().join(format!("outboxd-network-{name}-{}", std::process::id()));
+    let data = data.join(name);
     let mut all = vec![
         ("OUTBOXD_DELIVERY__LEASE".to_string(), "12s".to_string()),
         (
@@ -106,6 +107,9 @@ async fn vaults_to_platforms_through_two_outboxd_sigkilled_every_event_once_in_o
         .collect();
 
     // outboxd B: the awareness ingest, one destination per platform.
+    // Each daemon's data folder (its compiled-plugin cache), removed
+    // with the test.
+    let data = tempfile::tempdir().unwrap();
     let (db_a, db_b) = (
         TestDb::new(Backend::Postgres).await,
         TestDb::new(Backend::Postgres).await,
@@ -123,6 +127,7 @@ async fn vaults_to_platforms_through_two_outboxd_sigkilled_every_event_once_in_o
     let listen_b = common::free_loopback_addr();
     let config_b = child(
         "b",
+        data.path(),
         listen_b,
         &db_b,
         &plugins_b,
@@ -171,6 +176,7 @@ async fn vaults_to_platforms_through_two_outboxd_sigkilled_every_event_once_in_o
     let listen_a = common::free_loopback_addr();
     let config_a = child(
         "a",
+        data.path(),
         listen_a,
         &db_a,
         &plugins_a,

@@ -171,8 +171,10 @@ async fn progress(graph: &neo4rs::Graph, label: &str, n: i64) {
     }
 }
 
+/// The daemon's configuration; `data` is its data folder, whose last
+/// component names its log.
 fn outboxd(
-    name: &str,
+    data: &std::path::Path,
     db: &TestDb,
     plugins: &PluginsDir,
     listen: std::net::SocketAddr,
@@ -180,7 +182,9 @@ fn outboxd(
     label: &str,
     receiver: &Receiver,
 ) -> ChildConfig {
-    let data = std::env::temp_dir().join(format!("outboxd-takeover-{name}-{}", std::process::id()));
+    let name = data
+        .file_name()
+        .map_or("a".into(), |n| n.to_string_lossy().into_owned());
     let env: Vec<(&str, String)> = vec![
         (
             "OUTBOXD_CONFIG",
@@ -207,7 +211,7 @@ fn outboxd(
         listen,
         database_url: db.url.clone(),
         plugins_dir: plugins.path().to_path_buf(),
-        data_dir: data,
+        data_dir: data.to_path_buf(),
         env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         log: common::child_log(&format!("takeover-{name}")),
     }
@@ -309,7 +313,16 @@ async fn a_running_vault_is_taken_over_mid_flight_and_handed_back_losing_nothing
     )
     .unwrap();
     let listen = common::free_loopback_addr();
-    let config = outboxd("a", &db, &plugins, listen, &neo4j.uri, &label, &receiver);
+    let data = tempfile::tempdir().unwrap();
+    let config = outboxd(
+        &data.path().join("a"),
+        &db,
+        &plugins,
+        listen,
+        &neo4j.uri,
+        &label,
+        &receiver,
+    );
     let mut daemon = ChildDaemon::spawn(&config);
     daemon.wait_healthy(Duration::from_secs(60)).await;
     for _ in 0..KILLS_ALONE {
