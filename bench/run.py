@@ -29,6 +29,7 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -564,17 +565,15 @@ def plugin_share(ctx, n, rounds):
     for key, rs in runs.items():
         ranked = sorted(rs, key=lambda r: r["e2e_eps"])
         out[key] = dict(ranked[len(ranked) // 2], e2e_eps_rounds=[round(r["e2e_eps"]) for r in rs])
-    ratios = sorted(w["e2e_eps"] / o["e2e_eps"] for w, o in zip(runs["webhook"], runs["noop"]))
+    ratios = [w["e2e_eps"] / o["e2e_eps"] for w, o in zip(runs["webhook"], runs["noop"])]
     out["rounds"] = rounds
-    out["webhook_over_noop_rounds"] = [round(w["e2e_eps"] / o["e2e_eps"], 3)
-                                       for w, o in zip(runs["webhook"], runs["noop"])]
-    out["webhook_over_noop"] = ratios[len(ratios) // 2]
-    receiver = sorted(r["receiver_cpu_us_per_event"] for r in runs["webhook"] if "receiver_cpu_us_per_event" in r)
+    out["webhook_over_noop_rounds"] = [round(x, 3) for x in ratios]
+    out["webhook_over_noop"] = statistics.median(ratios)
+    receiver = [r["receiver_cpu_us_per_event"] for r in runs["webhook"] if "receiver_cpu_us_per_event" in r]
     if receiver:
-        out["receiver_cpu_us_per_event"] = receiver[len(receiver) // 2]
+        out["receiver_cpu_us_per_event"] = statistics.median(receiver)
     for key in ("noop", "webhook"):
-        machine = sorted(r["machine_cpu_us_per_event"] for r in runs[key])
-        out[f"{key}_machine_cpu_us_per_event"] = machine[len(machine) // 2]
+        out[f"{key}_machine_cpu_us_per_event"] = statistics.median(r["machine_cpu_us_per_event"] for r in runs[key])
     return out
 
 

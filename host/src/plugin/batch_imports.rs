@@ -299,32 +299,14 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "start",
         |mut store: StoreContextMut<'_, HostState>,
          (requests,): (WasmList<(u64, GuestRequest)>,)| {
-            let started = (|| -> wasmtime::Result<()> {
-                let room = store.data_mut().http_batch().in_flight.room();
-                let (tags, records): (Vec<u64>, Vec<GuestRequest>) = requests
-                    .iter(&mut store)?
-                    .collect::<wasmtime::Result<Vec<_>>>()?
-                    .into_iter()
-                    .unzip();
-                let prepared = prepare_all(&mut store, &records, room)?;
-                let state = store.data_mut().http_batch();
-                state
-                    .in_flight
-                    .start(state.hooks, tags.into_iter().zip(prepared).collect());
-                Ok(())
-            })();
+            let started = start(&mut store, &requests);
             Box::new(async move {
                 started?;
                 // Hand the new requests to their connections before the
                 // guest goes on building the next ones.
-                let in_flight = &mut store.data_mut().http_batch().in_flight;
-                std::future::poll_fn(|cx| {
-                    in_flight.drive(cx);
-                    std::task::Poll::Ready(())
-                })
-                .await;
+                store.data_mut().http_batch().in_flight.drive().await;
                 Ok(())
-            }) as Box<dyn std::future::Future<Output = wasmtime::Result<()>> + Send>
+            })
         },
     )?;
     instance.func_wrap_async(
@@ -341,6 +323,26 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             Ok(())
         },
     )?;
+    Ok(())
+}
+
+/// `start`'s records read out of guest memory, checked and started in
+/// list order (the ones past the room left answered unsent).
+fn start(
+    store: &mut StoreContextMut<'_, HostState>,
+    requests: &WasmList<(u64, GuestRequest)>,
+) -> wasmtime::Result<()> {
+    let room = store.data_mut().http_batch().in_flight.room();
+    let (tags, records): (Vec<u64>, Vec<GuestRequest>) = requests
+        .iter(&mut *store)?
+        .collect::<wasmtime::Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    let prepared = prepare_all(store, &records, room)?;
+    let state = store.data_mut().http_batch();
+    state
+        .in_flight
+        .start(state.hooks, tags.into_iter().zip(prepared).collect());
     Ok(())
 }
 

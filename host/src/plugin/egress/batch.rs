@@ -207,10 +207,14 @@ impl InFlight {
     /// to it, so it is on the wire while the guest builds the next rather
     /// than at its next `wait`. Answers that come meanwhile are kept for
     /// that `wait`.
-    pub fn drive(&mut self, cx: &mut std::task::Context<'_>) {
-        while let std::task::Poll::Ready(Some(answer)) = self.requests.poll_next_unpin(cx) {
-            self.early.push(answer);
-        }
+    pub async fn drive(&mut self) {
+        std::future::poll_fn(|cx| {
+            while let std::task::Poll::Ready(Some(answer)) = self.requests.poll_next_unpin(cx) {
+                self.early.push(answer);
+            }
+            std::task::Poll::Ready(())
+        })
+        .await
     }
 
     /// Wait for the next answer, then take it and every other answer
@@ -751,11 +755,7 @@ mod tests {
         // Started and driven once, as the `start` import does; no `wait`
         // while the guest builds its next requests.
         in_flight.start(&mut hooks, vec![(2, prepared(&request("GET", &url, &[])))]);
-        std::future::poll_fn(|cx| {
-            in_flight.drive(cx);
-            std::task::Poll::Ready(())
-        })
-        .await;
+        in_flight.drive().await;
         let deadline = Instant::now() + Duration::from_secs(5);
         while seen.load(std::sync::atomic::Ordering::SeqCst) < 2 {
             assert!(
@@ -767,11 +767,7 @@ mod tests {
         // Driven again once answered (the guest starts more), the answer
         // is kept for the next `wait`.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        std::future::poll_fn(|cx| {
-            in_flight.drive(cx);
-            std::task::Poll::Ready(())
-        })
-        .await;
+        in_flight.drive().await;
         let answered = tokio::time::timeout(Duration::from_secs(5), in_flight.wait())
             .await
             .expect("the kept answer is handed back at once");
